@@ -1,0 +1,15 @@
+"""Problems: one module per op, each with shapes, counts and a pure-torch reference."""
+from __future__ import annotations
+
+from .ag_gemm import OP as AG_GEMM
+from .base import Op
+from .gemm_rs import OP as GEMM_RS
+
+OPS: dict[str, Op] = {AG_GEMM.name: AG_GEMM, GEMM_RS.name: GEMM_RS}
+
+
+def get_op(name: str) -> Op:
+    try:
+        return OPS[name]
+    except KeyError:
+        raise KeyError(f"unknown op {name!r}; known ops: {', '.join(OPS)}") from None

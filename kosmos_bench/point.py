@@ -1,0 +1,101 @@
+"""One benchmark point: the full, hashable configuration of a single measurement.
+
+A sweep file expands into a list of `Point`s (see `spec.py`). Everything that can change a
+result is a field here, so `Point.key()` (a hash of all fields but the bookkeeping ones) is
+a stable identity used by `--resume` and by the results store.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+OPS = ("ag-gemm", "gemm-rs")
+DTYPES = ("bf16", "fp16", "fp32")
+FABRICS = ("nvlink", "local", "host", "gloo")
+BACKENDS = ("gpu", "cpu", "sim")
+QUEUE_ORDERS = ("demand", "fifo", "reverse", "random")
+
+# Fields that describe how a point is *recorded*, not what is measured: excluded from the key.
+_NON_KEY_FIELDS = ("trace", "model", "layer", "tokens", "sweep")
+
+
+@dataclass(frozen=True)
+class Point:
+    """A fully resolved point. Global GEMM shape conventions (W = world):
+
+    * ag-gemm: A is (M x K) gathered along M from W shards of (M/W x K); B is (K x N) split
+      along N, rank r holds B_r (K x N/W); rank r outputs C_r = A @ B_r, (M x N/W).
+    * gemm-rs: A is (M x K) split along K, rank r holds A_r (M x K/W); B is (K x N) split
+      along K, B_r (K/W x N); rank r outputs band r (M/W x N) of sum_r A_r @ B_r.
+    """
+
+    op: str
+    impl: str
+    M: int
+    N: int
+    K: int
+    world: int
+    dtype: str = "bf16"
+    fabric: str = "host"
+    backend: str = "gpu"
+    # KOSMOS kernel knobs (None for implementations that have no such knob).
+    policy: str | None = None  # self | fixed:<k> | predicted
+    queue_order: str | None = None  # demand | fifo | reverse | random
+    local_first: bool | None = None
+    chunk: int | None = None  # rows per mover band, in builder tiles (BM); None = default
+    profile: str | None = None  # simulator hardware profile (backend=sim)
+    warmup: int = 5
+    reps: int = 20
+    seed: int = 0
+    # Bookkeeping: where the point came from; not part of the key.
+    trace: bool = False
+    model: str | None = None
+    layer: str | None = None
+    tokens: int | None = None
+    sweep: str | None = None
+
+    def config(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in _NON_KEY_FIELDS}
+
+    def key(self) -> str:
+        blob = json.dumps(self.config(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+    @property
+    def variant(self) -> str:
+        """Short label: 'kosmos[self]', 'kosmos[fixed:4,fifo]', 'nccl-seq'."""
+        if self.policy is None:
+            return self.impl
+        extra = [self.policy]
+        if self.queue_order not in (None, "demand"):
+            extra.append(self.queue_order)
+        if self.local_first is False:
+            extra.append("no-local-first")
+        if self.chunk not in (None, 1):
+            extra.append(f"chunk={self.chunk}")
+        return f"{self.impl}[{','.join(extra)}]"
+
+    def replace(self, **kw) -> "Point":
+        return dataclasses.replace(self, **kw)
+
+    def as_row(self) -> dict:
+        row = dataclasses.asdict(self)
+        row["key"] = self.key()
+        row["variant"] = self.variant
+        return row
+
+
+def parse_policy(policy: str) -> tuple[str, int | None]:
+    """'self' -> ('self', None); 'fixed:4' -> ('fixed', 4); 'predicted' -> ('predicted', None)."""
+    if policy in ("self", "predicted"):
+        return policy, None
+    if policy.startswith("fixed:"):
+        try:
+            k = int(policy.split(":", 1)[1])
+        except ValueError:
+            k = -1
+        if k >= 1:
+            return "fixed", k
+    raise ValueError(f"policy {policy!r}: expected 'self', 'predicted' or 'fixed:<k>' with k >= 1")

@@ -1,0 +1,187 @@
+"""Results store: a Parquet dataset under results/<run-id>/ plus manifest.json.
+
+Layout (all writes atomic: tmp file + os.replace, so a killed sweep loses nothing that
+finished and never leaves a torn file):
+
+    results/<run-id>/manifest.json          environment + command line (see manifest())
+    results/<run-id>/points/<key>.parquet   one row per point (RESULT_COLUMNS, plus extras)
+    results/<run-id>/traces/<key>.parquet   role timeline of a traced point (TRACE_COLUMNS)
+    results/<run-id>/profiles/...           external profiler outputs (torch, rocprofv3)
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+# Status values of a row. 'wrong' means it ran but failed the correctness check.
+STATUSES = ("ok", "wrong", "failed", "skipped", "timeout")
+
+# Columns every row has (the Point's fields come first; see Point.as_row()).
+RESULT_COLUMNS = [
+    "key", "run_id", "op", "impl", "variant", "policy", "queue_order", "local_first", "chunk",
+    "fabric", "backend", "profile", "world", "dtype", "M", "N", "K", "model", "layer", "tokens",
+    "status", "error",
+    "wrong", "max_rel_err", "deterministic",
+    "t_median_us", "t_min_us", "t_p99_us", "cv", "reps",
+    "t_gemm_us", "t_comm_us", "overlap_efficiency", "speedup_vs_seq",
+    "tflops", "algbw_gbs", "busbw_gbs", "flops", "comm_bytes",
+    "collective", "emulated", "timestamp",
+]
+# Role timeline records, one row per (WG, role interval). Roles: MOVE, BUILD, REDUCE, WAIT.
+TRACE_COLUMNS = ["key", "rank", "wg", "sm", "role", "item", "t0_ns", "t1_ns"]
+
+
+def _atomic_write(path: Path, write) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: Path, obj) -> None:
+    _atomic_write(Path(path), lambda tmp: Path(tmp).write_text(json.dumps(obj, indent=2, default=str)))
+
+
+def write_frame(path: Path, df: pd.DataFrame) -> None:
+    _atomic_write(Path(path), lambda tmp: df.to_parquet(tmp, index=False))
+
+
+class RunStore:
+    """One run directory. Rows are dicts; missing RESULT_COLUMNS are filled with None."""
+
+    def __init__(self, root: Path | str):
+        self.root = Path(root)
+        self.run_id = self.root.name
+
+    @classmethod
+    def create(cls, base: Path | str = "results", run_id: str | None = None) -> "RunStore":
+        run_id = run_id or _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        root = Path(base) / run_id
+        n = 1
+        while root.exists():
+            root = Path(base) / f"{run_id}-{n}"
+            n += 1
+        root.mkdir(parents=True)
+        return cls(root)
+
+    @property
+    def points_dir(self) -> Path:
+        return self.root / "points"
+
+    @property
+    def traces_dir(self) -> Path:
+        return self.root / "traces"
+
+    def write_row(self, row: dict) -> None:
+        row = {c: row.get(c) for c in RESULT_COLUMNS} | {k: v for k, v in row.items() if k not in RESULT_COLUMNS}
+        row["run_id"] = self.run_id
+        write_frame(self.points_dir / f"{row['key']}.parquet", pd.DataFrame([row]))
+
+    def write_trace(self, key: str, df: pd.DataFrame) -> Path:
+        path = self.traces_dir / f"{key}.parquet"
+        write_frame(path, df)
+        return path
+
+    def rows(self) -> pd.DataFrame:
+        return load_rows(self.root)
+
+    def done_keys(self) -> set[str]:
+        """Keys of points that already succeeded (skipped by --resume)."""
+        df = self.rows()
+        if df.empty:
+            return set()
+        return set(df.loc[df["status"] == "ok", "key"])
+
+    def write_manifest(self, extra: dict | None = None) -> None:
+        m = manifest()
+        if extra:
+            m.update(extra)
+        path = self.root / "manifest.json"
+        if path.exists():  # a resumed run keeps its history of invocations
+            old = json.loads(path.read_text())
+            m["previous"] = old.get("previous", []) + [{k: old.get(k) for k in ("command", "time", "git_sha")}]
+        write_json(path, m)
+
+    def manifest(self) -> dict:
+        path = self.root / "manifest.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+
+def load_rows(root: Path | str) -> pd.DataFrame:
+    """All result rows under a run directory (or a parent holding several runs)."""
+    root = Path(root)
+    files = sorted(root.glob("points/*.parquet")) or sorted(root.glob("*/points/*.parquet"))
+    if not files:
+        return pd.DataFrame(columns=RESULT_COLUMNS)
+    frames = [pd.read_parquet(f) for f in files]
+    frames = [f.dropna(axis=1, how="all") for f in frames]
+    df = pd.concat(frames, ignore_index=True)
+    for c in RESULT_COLUMNS:
+        if c not in df.columns:
+            df[c] = None
+    return df
+
+
+def load_traces(root: Path | str, key: str | None = None) -> pd.DataFrame:
+    root = Path(root)
+    files = sorted(root.glob(f"traces/{key or '*'}.parquet"))
+    if not files:
+        return pd.DataFrame(columns=TRACE_COLUMNS)
+    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+
+
+def _cmd(args: list[str]) -> str | None:
+    try:
+        return subprocess.run(args, capture_output=True, text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def git_info() -> dict:
+    here = Path(__file__).resolve().parent.parent
+    sha = _cmd(["git", "-C", str(here), "rev-parse", "HEAD"])
+    dirty = _cmd(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"])
+    return {"git_sha": sha, "git_dirty": bool(dirty) if sha else None}
+
+
+def manifest() -> dict:
+    """Environment of this run: GPU, driver, CUDA/ROCm, NCCL, torch, git, host, command."""
+    import torch
+
+    m = {
+        "time": _dt.datetime.now().isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "gpus": [],
+        "driver": None,
+        "nccl": None,
+    }
+    if torch.cuda.is_available():
+        m["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        m["driver"] = _cmd(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+        try:
+            m["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception as e:  # noqa: BLE001 - a missing NCCL is reported, not fatal
+            m["nccl"] = f"unavailable: {e}"
+    m.update(git_info())
+    return m
