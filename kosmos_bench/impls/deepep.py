@@ -1,1 +1,59 @@
-IMPLS = []
+"""`deepep`: DeepEP expert-parallel dispatch/combine — detection only, for now.
+
+DeepEP is the baseline of the MoE op (dispatch all-to-all -> expert GEMMs -> combine); that
+op is not in the suite yet, so this family implements no op: ``kosmos-bench list`` /
+``doctor`` show whether ``deep_ep`` is installed and imports, and every point is skipped with
+that reason. The MoE issue fills in ``ops`` and ``prepare``.
+"""
+from __future__ import annotations
+
+from ..point import Point
+from .base import RankCtx
+from .symm_mem import (
+    MULTI_GPU_FABRICS,
+    dist_version,
+    gpu_nccl_ready,
+    module_present,
+    multi_gpu_unsupported,
+    probe_import,
+)
+
+_MODULE = "deep_ep"
+
+
+class DeepEpImpl:
+    name = "deepep"
+    ops: tuple[str, ...] = ()  # the MoE op comes later
+    fabrics = MULTI_GPU_FABRICS
+    module = _MODULE
+
+    def available(self, backend: str) -> tuple[bool, str]:
+        try:
+            if not module_present(_MODULE):
+                return False, "deepep: DeepEP is not installed (no module 'deep_ep'; build it from github.com/deepseek-ai/DeepEP)"
+            ok, why = gpu_nccl_ready(self.name, backend)
+            if not ok:
+                return ok, why
+            mod, why = probe_import(_MODULE)
+            if mod is None:
+                return False, f"deepep: {why}"
+            if not hasattr(mod, "Buffer"):
+                return False, f"deepep: module 'deep_ep' ({getattr(mod, '__file__', '?')}) has no deep_ep.Buffer"
+            return True, ""
+        except Exception as e:  # noqa: BLE001 -- available() never raises; the reason is reported
+            return False, f"deepep: availability check failed: {type(e).__name__}: {e}"
+
+    def version(self) -> str | None:
+        return dist_version("deep_ep", "deep-ep", module=_MODULE)
+
+    def unsupported(self, point: Point) -> str | None:
+        if not self.ops:
+            return f"deepep is detected only; it implements no op yet (asked for {point.op}; the MoE op comes later)"
+        return multi_gpu_unsupported(self, point)
+
+    def prepare(self, point: Point, ctx: RankCtx, inputs):
+        raise NotImplementedError("deepep: detection only; the MoE op and its DeepEP runner come later")
+
+
+DEEPEP = DeepEpImpl()
+IMPLS = [DEEPEP]
