@@ -1,0 +1,639 @@
+"""KOSMOS schedules: the items, their dependencies and the priority-ordered queues.
+
+One source of truth for "what order", two consumers: the CUDA kernels (which receive the
+int32 arrays of :meth:`RankSchedule.arrays`) and the simulator (which reads the same
+tables plus the per-item FLOPs and bytes). Pure Python + numpy; no torch.
+
+Conventions (``W`` = world, ``r`` = rank, shapes as in :class:`kosmos_bench.point.Point`)
+------------------------------------------------------------------------------------------
+* ``m_loc = M / W``. Builder tiles are ``BM x BN``; partial tiles at the M / N edges are
+  ordinary items with fewer ``rows`` / ``cols``. A *band* is ``chunk`` builder-tile rows
+  (``BM * chunk`` rows) of one rank's ``m_loc`` rows; the last band may be shorter.
+* Every rank has one **flag array** of ``num_flags`` uint32 words (layout in
+  :class:`FlagLayout`). A flag is *ready* in call ``e`` when it equals ``e`` (epoch flags,
+  never reset). Items wait only on flags of their **own** rank's array (``deps``, indices
+  into that array); they release one flag, possibly in another rank's array
+  (``rel_rank``, ``rel_flag``; ``rel_flag = -1`` releases nothing).
+
+Items (one int32 row of ``ITEM_FIELDS`` per item; the id of an item is its row index in
+its table; tables are in *natural* order, queues are permutations of the ids)
+--------------------------------------------------------------------------------------
+ag-gemm (pull), rank r: gathered A is ``M x K``; rank p's rows are ``[p*m_loc, (p+1)*m_loc)``.
+
+* mover ``AG_PULL`` (p != r, band j): copy rows ``[m0, m0+rows)`` of A_p (all K columns) into
+  the gathered buffer at row ``p*m_loc + m0``; release band flag (p, j) of rank r.
+* builder ``AG_BUILD`` (p, mt, nt): C_r rows ``p*m_loc + m0 ..`` (``m0`` is the row inside
+  shard p), cols ``n0 .. n0+cols``; A rows come from A_r itself when p == r (no deps), else
+  from the gathered buffer (dep: band flag (p, mt // chunk)). K = full K.
+
+gemm-rs (push, owner reduces), rank r: A_r is ``M x K/W``, partials are ``M x N``.
+
+* builder ``RS_BUILD`` (d, mt, nt): partial tile of destination band d (``m0`` is the row
+  inside band d), K = K/W; written to recv[r][slot r] when d == r, else to the local
+  staging buffer (row ``d*m_loc + m0``); releases builder flag (d, mt, nt) of rank r.
+* mover ``RS_PUSH`` (d != r, band j, nt): copy the ``rows x cols`` partial from staging to
+  recv[d][slot r] (same ``m0``, ``n0``); deps: the builder flags of its ``chunk`` tiles;
+  releases arrival flag (r, j, nt) **of rank d**.
+* mover ``RS_PROXY`` (host fabric only; s != r, band j, nt): rank r copies peer s's
+  (static, host-resident) contribution to its own band into recv[r][slot s] and releases
+  arrival flag (s, j, nt) of rank r, i.e. it performs the peer's push on its behalf so
+  that both PCIe directions carry the traffic they would on a real fabric.
+* reduce ``RS_REDUCE`` (mt, nt): ``C_r[m0:m0+rows, n0:n0+cols] = sum_{s=0..W-1} slot s``
+  (fp32, in rank order: bitwise deterministic); deps: arrival flags (s, mt // chunk, nt)
+  for s != r and builder flag (r, mt, nt).
+
+Queues and the WG loop (the kernels implement exactly this; the simulator should too)
+------------------------------------------------------------------------------------
+Queue orders (``queue_order``): ``demand`` (below), ``fifo`` (natural id order),
+``reverse`` (demand reversed), ``random`` (seeded permutation, ``seed + 7919*rank``).
+
+* ag-gemm demand: builder bands in order [local bands if local_first] + [remote bands in
+  ring order r+1, r+2, ... (all bands of one peer, in band order)] + [local bands if not
+  local_first]; within a band, all N tiles (band-major). Mover order = remote bands in the
+  same ring order (= the order builders need them).
+* gemm-rs demand: builders by destination r+1, r+2, ..., r (local last; ``local_first``
+  puts the local destination first instead — an ablation), band-major within a
+  destination; movers in the order their builder tiles finish (the host fabric interleaves
+  push and proxy items 1:1); reduces in band-major order.
+
+WG loop (``policy='self'``): one thread per WG decides, the WG executes.
+
+* ag-gemm: builder head if its deps are ready (non-blocking check, CAS claim) > claim the
+  next mover item > claim the builder head and wait on it (movers exhausted) > done.
+* gemm-rs: reduce head if ready > mover head if ready > claim the next builder (builders
+  never wait) > claim the next mover and wait (builders exhausted) > claim the next reduce
+  and wait (movers exhausted) > done. (Builders are always ready here, so a builder-first
+  rule would run the whole GEMM before any push; ready movers go first instead.)
+
+``policy='fixed:k'``: on each rank, WGs 0..k-1 only claim movers (and wait on them), the
+others only builders then reduces. ``'predicted'`` is fixed with k = :func:`predicted_movers`.
+Both loops are deadlock-free for *every* queue order: a WG blocks on an item only once
+every item that item can depend on has been claimed by a WG that never blocks on it
+(tests/test_schedule.py checks this by simulation).
+
+Kernel-side bookkeeping (documented here for the simulator): queue counters are reset by
+the last WG of each call; flags are epoch-based and never reset.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+OPS = ("ag-gemm", "gemm-rs")
+QUEUE_ORDERS = ("demand", "fifo", "reverse", "random")
+
+# Item kinds (column 'kind' of an item row).
+AG_PULL, AG_BUILD, RS_BUILD, RS_PUSH, RS_PROXY, RS_REDUCE = range(6)
+KIND_NAMES = ("AG_PULL", "AG_BUILD", "RS_BUILD", "RS_PUSH", "RS_PROXY", "RS_REDUCE")
+# Roles in traces (TRACE_COLUMNS 'role').
+ROLE_MOVE, ROLE_BUILD, ROLE_REDUCE, ROLE_WAIT = range(4)
+ROLE_NAMES = ("MOVE", "BUILD", "REDUCE", "WAIT")
+# Queue indices (the kernel's per-rank queue slots).
+Q_BUILD, Q_MOVE, Q_REDUCE = range(3)
+
+ITEM_FIELDS = ("kind", "peer", "m0", "rows", "n0", "cols", "dep_begin", "dep_count", "rel_rank", "rel_flag")
+ITEM_STRIDE = len(ITEM_FIELDS)  # int32 words per item row; must match csrc/kosmos/queue.cuh
+F = {name: i for i, name in enumerate(ITEM_FIELDS)}
+
+ELEM_BYTES = 2  # bf16
+
+# Default cost-model parameters for predicted_movers (per fabric). Units in the keys.
+# The simulator's hardware profiles can pass their own dict with the same keys.
+MODEL_DEFAULTS: dict[str, dict[str, float]] = {
+    # one H200, peers' data in pinned host memory over PCIe gen5 (~51 GB/s measured H2D)
+    "host": {"link_gbs": 51.0, "link_duplex": 1.0, "alpha_us": 2.0, "wg_copy_gbs": 10.0,
+             "wg_tflops": 2.5, "wg_reduce_gbs": 40.0},
+    # W emulated ranks on one GPU: "links" are HBM copies
+    "local": {"link_gbs": 1500.0, "link_duplex": 1.0, "alpha_us": 1.0, "wg_copy_gbs": 30.0,
+              "wg_tflops": 2.5, "wg_reduce_gbs": 40.0},
+    # 8x H200 NVLink 4 (~450 GB/s per direction per GPU, practical ~360)
+    "nvlink": {"link_gbs": 360.0, "link_duplex": 1.0, "alpha_us": 1.5, "wg_copy_gbs": 30.0,
+               "wg_tflops": 2.5, "wg_reduce_gbs": 40.0},
+}
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class FlagLayout:
+    """Per-rank flag array layout (uint32 words; same on every rank).
+
+    * ``[entry, entry+W)``: entry flag of rank s ("my inputs are written, you may read/write
+      my buffers"), written by s into every rank's array at ``entry + s``.
+    * ``[exit, exit+W)``: exit flag of rank s ("I will not touch your buffers again this
+      call"), written by s into every rank's array at ``exit + s``.
+    * ag-gemm: band flag (p, j) at ``band + p*num_bands + j``.
+    * gemm-rs: builder flag (d, mt, nt) at ``built + (d*mt_per_band_set + mt)*nt_n + nt``
+      (``mt_per_band_set = m_tiles``), arrival flag (s, j, nt) at
+      ``arrived + (s*num_bands + j)*nt_n + nt``.
+    """
+
+    world: int
+    entry: int
+    exit: int
+    band: int = -1
+    built: int = -1
+    arrived: int = -1
+    num_flags: int = 0
+
+
+@dataclass
+class ItemTable:
+    """One kind-group of items (builders, movers or reduces) of one rank.
+
+    table: int32 (n, ITEM_STRIDE) rows (see ITEM_FIELDS), natural order, id = row index.
+    queue: int32 (n,) item ids in priority order (a permutation of arange(n)).
+    flops, bytes: float64 (n,) cost of each item (bytes = bytes moved through the link for
+    movers, bytes read + written for builders / reduces).
+    """
+
+    table: np.ndarray
+    queue: np.ndarray
+    flops: np.ndarray
+    bytes: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.table.shape[0])
+
+    def col(self, name: str) -> np.ndarray:
+        return self.table[:, F[name]]
+
+    def deps_of(self, i: int, deps: np.ndarray) -> np.ndarray:
+        b, c = self.table[i, F["dep_begin"]], self.table[i, F["dep_count"]]
+        return deps[b:b + c]
+
+
+@dataclass
+class RankSchedule:
+    """Everything rank ``rank`` executes in one call (see the module docstring)."""
+
+    op: str
+    M: int
+    N: int
+    K: int
+    world: int
+    rank: int
+    BM: int
+    BN: int
+    chunk: int
+    num_wgs: int  # WGs of THIS rank
+    policy: str
+    num_movers: int | None  # k for fixed/predicted, None for self
+    queue_order: str
+    local_first: bool
+    fabric: str
+    flags: FlagLayout
+    builders: ItemTable
+    movers: ItemTable
+    reduces: ItemTable
+    deps: np.ndarray  # int32 flat list of flag indices (own flag array)
+    # Flags of this rank's array that *peers* release (entry/exit/arrivals); on the host
+    # fabric, where peers do not execute, the kernel sets these to the epoch at entry.
+    peer_flags: np.ndarray
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def queues(self) -> tuple[ItemTable, ItemTable, ItemTable]:
+        """(builders, movers, reduces), indexed by Q_BUILD, Q_MOVE, Q_REDUCE."""
+        return self.builders, self.movers, self.reduces
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The int32 arrays the kernel receives (contiguous)."""
+        out = {}
+        for name, t in (("builder", self.builders), ("mover", self.movers), ("reduce", self.reduces)):
+            out[f"{name}_items"] = np.ascontiguousarray(t.table, dtype=np.int32).reshape(-1)
+            out[f"{name}_queue"] = np.ascontiguousarray(t.queue, dtype=np.int32)
+        out["deps"] = np.ascontiguousarray(self.deps, dtype=np.int32)
+        out["peer_flags"] = np.ascontiguousarray(self.peer_flags, dtype=np.int32)
+        return out
+
+    def total_flops(self) -> float:
+        return float(sum(t.flops.sum() for t in self.queues))
+
+    def link_bytes(self) -> float:
+        return float(self.movers.bytes.sum())
+
+
+# ---------------------------------------------------------------------------------------
+# WG assignment and the mover count
+
+
+def wg_ranks(num_wgs: int, world: int) -> np.ndarray:
+    """Rank of each WG on the ``local`` fabric: contiguous blocks, sizes differ by <= 1.
+
+    Returns int32 (num_wgs,). Rank r owns WGs [starts[r], starts[r+1]) of wg_starts().
+    """
+    return np.repeat(np.arange(world, dtype=np.int32), np.diff(wg_starts(num_wgs, world)))
+
+
+def wg_starts(num_wgs: int, world: int) -> np.ndarray:
+    """int32 (world+1,) first WG of each rank on the local fabric (last entry = num_wgs)."""
+    if num_wgs < world:
+        raise ValueError(f"{num_wgs} WGs cannot host {world} emulated ranks")
+    base, extra = divmod(num_wgs, world)
+    sizes = [base + (1 if r < extra else 0) for r in range(world)]
+    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+
+
+def _comm_and_compute(op: str, M: int, N: int, K: int, world: int) -> tuple[float, float, float]:
+    """(link bytes, builder FLOPs, reduce bytes) of one rank."""
+    W = world
+    if op == "ag-gemm":
+        return (W - 1) * (M // W) * K * ELEM_BYTES, 2.0 * M * (N // W) * K, 0.0
+    if op == "gemm-rs":
+        red = (M // W) * N * ELEM_BYTES * (W + 1)
+        return (W - 1) * (M // W) * N * ELEM_BYTES, 2.0 * M * N * (K // W), red
+    raise ValueError(f"unknown op {op!r}")
+
+
+def predicted_movers(op: str, M: int, N: int, K: int, world: int, num_wgs: int,
+                     model: dict | None = None, fabric: str = "host", num_items: int | None = None) -> int:
+    """Mover WG count k (1 <= k <= num_wgs-1) of the 'predicted' policy.
+
+    Alpha-beta + GEMM-rate model of one rank with ``num_wgs`` WGs:
+    ``t_comm(k) = alpha * items / k + bytes / min(k * wg_copy_bw, link_bw)`` and
+    ``t_build(k) = flops / ((num_wgs - k) * wg_rate) + reduce_bytes / ((num_wgs - k) * wg_reduce_bw)``;
+    k minimises ``max(t_comm, t_build)`` (ties: fewer movers). ``model`` keys are those of
+    ``MODEL_DEFAULTS[fabric]`` (missing keys fall back to them).
+    """
+    if num_wgs < 2:
+        raise ValueError("predicted policy needs at least 2 WGs per rank")
+    p = dict(MODEL_DEFAULTS.get(fabric, MODEL_DEFAULTS["host"]))
+    p.update(model or {})
+    nbytes, flops, red = _comm_and_compute(op, M, N, K, world)
+    if num_items is None:
+        num_items = max(1, (world - 1) * cdiv(M // world, 128))
+    link = p["link_gbs"] * 1e9 * (p.get("link_duplex", 1.0) if op == "gemm-rs" else 1.0)
+    best_k, best_t = 1, math.inf
+    for k in range(1, num_wgs):
+        t_comm = p["alpha_us"] * 1e-6 * num_items / k + nbytes / min(k * p["wg_copy_gbs"] * 1e9, link)
+        b = num_wgs - k
+        t_build = flops / (b * p["wg_tflops"] * 1e12) + red / (b * p["wg_reduce_gbs"] * 1e9)
+        t = max(t_comm, t_build)
+        if t < best_t * (1 - 1e-9):
+            best_k, best_t = k, t
+    return best_k
+
+
+def resolve_movers(policy: str, op: str, M: int, N: int, K: int, world: int, num_wgs: int,
+                   model: dict | None = None, fabric: str = "host") -> int | None:
+    """k for 'fixed:k' / 'predicted' (validated against num_wgs), None for 'self'."""
+    if policy == "self":
+        return None
+    if policy == "predicted":
+        return predicted_movers(op, M, N, K, world, num_wgs, model, fabric)
+    if policy.startswith("fixed:"):
+        try:
+            k = int(policy.split(":", 1)[1])
+        except ValueError:
+            k = 0
+        if k < 1:
+            raise ValueError(f"policy {policy!r}: k must be an integer >= 1")
+        if k >= num_wgs:
+            raise ValueError(f"policy {policy!r}: k={k} leaves no builder among {num_wgs} WGs per rank")
+        return k
+    raise ValueError(f"policy {policy!r}: expected 'self', 'predicted' or 'fixed:<k>'")
+
+
+# ---------------------------------------------------------------------------------------
+# Builders of the item tables
+
+
+class _Tab:
+    def __init__(self):
+        self.rows: list[list[int]] = []
+        self.flops: list[float] = []
+        self.bytes: list[float] = []
+
+    def add(self, kind, peer, m0, rows, n0, cols, deps_list, deps, rel_rank, rel_flag, flops, nbytes) -> int:
+        self.rows.append([kind, peer, m0, rows, n0, cols, len(deps), len(deps_list), rel_rank, rel_flag])
+        deps.extend(deps_list)
+        self.flops.append(float(flops))
+        self.bytes.append(float(nbytes))
+        return len(self.rows) - 1
+
+    def done(self, order: list[int]) -> ItemTable:
+        t = np.asarray(self.rows, dtype=np.int32).reshape(-1, ITEM_STRIDE)
+        return ItemTable(t, np.asarray(order, dtype=np.int32), np.asarray(self.flops), np.asarray(self.bytes))
+
+
+def _order(natural: list[int], demand: list[int], queue_order: str, rng: np.random.Generator) -> list[int]:
+    if queue_order == "demand":
+        return list(demand)
+    if queue_order == "fifo":
+        return list(natural)
+    if queue_order == "reverse":
+        return list(reversed(demand))
+    if queue_order == "random":
+        return [int(i) for i in rng.permutation(np.asarray(natural, dtype=np.int64))]
+    raise ValueError(f"queue_order {queue_order!r}: expected one of {', '.join(QUEUE_ORDERS)}")
+
+
+def validate(op: str, M: int, N: int, K: int, world: int, BM: int = 128, BN: int = 128, chunk: int = 1) -> str | None:
+    """None if the kernels take this problem, else a one-line reason."""
+    if op not in OPS:
+        return f"unknown op {op!r}"
+    if world < 1 or world > 8:
+        return f"world={world}: the kosmos kernels support 1..8 ranks"
+    if M % world:
+        return f"M={M} is not divisible by world={world}"
+    if op == "ag-gemm" and N % world:
+        return f"N={N} is not divisible by world={world}"
+    if op == "gemm-rs" and K % world:
+        return f"K={K} is not divisible by world={world}"
+    if min(M, N, K) < 1 or chunk < 1:
+        return "M, N, K and chunk must be >= 1"
+    if M // world < 1:
+        return "empty shards"
+    if M * max(N, K) >= 2 ** 31:
+        return f"M*max(N,K)={M * max(N, K)} elements does not fit int32 item offsets"
+    return None
+
+
+def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM: int = 128, BN: int = 128,
+                   chunk: int = 1, num_wgs: int = 132, policy: str = "self", queue_order: str = "demand",
+                   seed: int = 0, local_first: bool | None = None, fabric: str = "local",
+                   model: dict | None = None) -> RankSchedule:
+    """The schedule of one rank. ``num_wgs`` is the WG count of THIS rank (on the local
+    fabric: ``np.diff(wg_starts(G, W))[rank]``). ``local_first`` defaults to True for
+    ag-gemm and False (local destination last) for gemm-rs. ``fabric='host'`` adds the
+    RS_PROXY items of gemm-rs; other fabrics share one schedule.
+    """
+    why = validate(op, M, N, K, world, BM, BN, chunk)
+    if why:
+        raise ValueError(why)
+    if queue_order not in QUEUE_ORDERS:
+        raise ValueError(f"queue_order {queue_order!r}: expected one of {', '.join(QUEUE_ORDERS)}")
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} outside world {world}")
+    W, r = world, rank
+    if local_first is None:
+        local_first = op == "ag-gemm"
+    k_movers = resolve_movers(policy, op, M, N, K, W, num_wgs, model, fabric)
+    rng = np.random.default_rng(seed + 7919 * rank)
+    m_loc = M // W
+    mt_n = cdiv(m_loc, BM)
+    nb = cdiv(mt_n, chunk)
+    band_rows = BM * chunk
+    ring = [(r + i) % W for i in range(1, W)]  # remote ranks, ring-staggered
+    deps: list[int] = []
+    bt, mv, rd = _Tab(), _Tab(), _Tab()
+
+    if op == "ag-gemm":
+        n_loc = N // W
+        nt_n = cdiv(n_loc, BN)
+        lay = FlagLayout(W, entry=0, exit=W, band=2 * W, num_flags=2 * W + W * nb)
+        pull_id: dict[tuple[int, int], int] = {}
+        for p in range(W):
+            if p == r:
+                continue
+            for j in range(nb):
+                m0 = j * band_rows
+                rows = min(band_rows, m_loc - m0)
+                pull_id[p, j] = mv.add(AG_PULL, p, m0, rows, 0, K, [lay.entry + p], deps, r,
+                                       lay.band + p * nb + j, 0, rows * K * ELEM_BYTES)
+        build_id: dict[tuple[int, int, int], int] = {}
+        for p in range(W):
+            for mt in range(mt_n):
+                m0 = mt * BM
+                rows = min(BM, m_loc - m0)
+                dl = [] if p == r else [lay.band + p * nb + mt // chunk]
+                for nt in range(nt_n):
+                    n0 = nt * BN
+                    cols = min(BN, n_loc - n0)
+                    build_id[p, mt, nt] = bt.add(AG_BUILD, p, m0, rows, n0, cols, dl, deps, -1, -1,
+                                                 2.0 * rows * cols * K, (rows * K + K * cols + rows * cols) * ELEM_BYTES)
+        band_seq = ([r] if local_first else []) + ring + ([] if local_first else [r])
+        b_demand = [build_id[p, mt, nt] for p in band_seq for mt in range(mt_n) for nt in range(nt_n)]
+        m_demand = [pull_id[p, j] for p in ring for j in range(nb)]
+        builders = bt.done(_order(list(range(len(bt.rows))), b_demand, queue_order, rng))
+        movers = mv.done(_order(list(range(len(mv.rows))), m_demand, queue_order, rng))
+        reduces = rd.done([])
+        peer_flags = [lay.entry + s for s in range(W) if s != r] + [lay.exit + s for s in range(W) if s != r]
+    else:
+        k_loc = K // W
+        nt_n = cdiv(N, BN)
+        built = 2 * W
+        arrived = built + W * mt_n * nt_n
+        lay = FlagLayout(W, entry=0, exit=W, built=built, arrived=arrived, num_flags=arrived + W * nb * nt_n)
+
+        def built_flag(d, mt, nt):
+            return built + (d * mt_n + mt) * nt_n + nt
+
+        def arrived_flag(s, j, nt):
+            return arrived + (s * nb + j) * nt_n + nt
+
+        build_id = {}
+        for d in range(W):
+            for mt in range(mt_n):
+                m0 = mt * BM
+                rows = min(BM, m_loc - m0)
+                for nt in range(nt_n):
+                    n0 = nt * BN
+                    cols = min(BN, N - n0)
+                    build_id[d, mt, nt] = bt.add(RS_BUILD, d, m0, rows, n0, cols, [], deps, r, built_flag(d, mt, nt),
+                                                 2.0 * rows * cols * k_loc,
+                                                 (rows * k_loc + k_loc * cols + rows * cols) * ELEM_BYTES)
+        push_id = {}
+        for d in range(W):
+            if d == r:
+                continue
+            for j in range(nb):
+                m0 = j * band_rows
+                rows = min(band_rows, m_loc - m0)
+                for nt in range(nt_n):
+                    n0 = nt * BN
+                    cols = min(BN, N - n0)
+                    dl = [built_flag(d, mt, nt) for mt in range(j * chunk, min(mt_n, (j + 1) * chunk))]
+                    push_id[d, j, nt] = mv.add(RS_PUSH, d, m0, rows, n0, cols, [lay.entry + d] + dl, deps, d,
+                                               arrived_flag(r, j, nt), 0, rows * cols * ELEM_BYTES)
+        proxy_id = {}
+        if fabric == "host":
+            for s in range(W):
+                if s == r:
+                    continue
+                for j in range(nb):
+                    m0 = j * band_rows
+                    rows = min(band_rows, m_loc - m0)
+                    for nt in range(nt_n):
+                        n0 = nt * BN
+                        cols = min(BN, N - n0)
+                        proxy_id[s, j, nt] = mv.add(RS_PROXY, s, m0, rows, n0, cols, [], deps, r,
+                                                    arrived_flag(s, j, nt), 0, rows * cols * ELEM_BYTES)
+        red_id = {}
+        for mt in range(mt_n):
+            m0 = mt * BM
+            rows = min(BM, m_loc - m0)
+            for nt in range(nt_n):
+                n0 = nt * BN
+                cols = min(BN, N - n0)
+                dl = [arrived_flag(s, mt // chunk, nt) for s in range(W) if s != r] + [built_flag(r, mt, nt)]
+                red_id[mt, nt] = rd.add(RS_REDUCE, r, m0, rows, n0, cols, dl, deps, -1, -1,
+                                        float(rows * cols * (W - 1)), rows * cols * ELEM_BYTES * (W + 1))
+        dest_seq = ([r] if local_first else []) + ring + ([] if local_first else [r])
+        b_demand = [build_id[d, mt, nt] for d in dest_seq for mt in range(mt_n) for nt in range(nt_n)]
+        # Movers in the order their last builder tile appears in the builder demand order.
+        pos = {b: i for i, b in enumerate(b_demand)}
+        pushes = sorted(push_id.items(), key=lambda kv: max(
+            pos[build_id[kv[0][0], mt, kv[0][2]]] for mt in range(kv[0][1] * chunk, min(mt_n, (kv[0][1] + 1) * chunk))))
+        push_order = [i for _, i in pushes]
+        proxy_order = [proxy_id[s, j, nt] for s in ring for j in range(nb) for nt in range(nt_n) if (s, j, nt) in proxy_id]
+        m_demand = []
+        for i in range(max(len(push_order), len(proxy_order))):
+            if i < len(push_order):
+                m_demand.append(push_order[i])
+            if i < len(proxy_order):
+                m_demand.append(proxy_order[i])
+        r_demand = [red_id[mt, nt] for mt in range(mt_n) for nt in range(nt_n)]
+        builders = bt.done(_order(list(range(len(bt.rows))), b_demand, queue_order, rng))
+        movers = mv.done(_order(list(range(len(mv.rows))), m_demand, queue_order, rng))
+        reduces = rd.done(_order(list(range(len(rd.rows))), r_demand, queue_order, rng))
+        peer_flags = ([lay.entry + s for s in range(W) if s != r] + [lay.exit + s for s in range(W) if s != r]
+                      + [arrived_flag(s, j, nt) for s in range(W) if s != r for j in range(nb) for nt in range(nt_n)])
+        if fabric == "host":  # proxies release the arrivals themselves
+            peer_flags = peer_flags[:2 * (W - 1)]
+
+    return RankSchedule(
+        op=op, M=M, N=N, K=K, world=W, rank=r, BM=BM, BN=BN, chunk=chunk, num_wgs=num_wgs, policy=policy,
+        num_movers=k_movers, queue_order=queue_order, local_first=bool(local_first), fabric=fabric, flags=lay,
+        builders=builders, movers=movers, reduces=reduces, deps=np.asarray(deps, dtype=np.int32),
+        peer_flags=np.asarray(peer_flags, dtype=np.int32),
+        meta={"m_loc": m_loc, "m_tiles": mt_n, "n_tiles": nt_n, "num_bands": nb},
+    )
+
+
+def build_all(op: str, M: int, N: int, K: int, world: int, num_wgs_total: int, **kw) -> list[RankSchedule]:
+    """Schedules of all ranks for the local fabric (rank r gets its wg_starts share)."""
+    sizes = np.diff(wg_starts(num_wgs_total, world))
+    return [build_schedule(op, M, N, K, world, r, num_wgs=int(sizes[r]), **kw) for r in range(world)]
+
+
+# ---------------------------------------------------------------------------------------
+# A step-level model of the WG loop, used by the tests to prove the orders deadlock-free
+# (and usable by the simulator as a reference for the claim rules).
+
+
+def simulate_steps(scheds: list[RankSchedule], durations=None, max_steps: int = 10_000_000,
+                   static_peers: bool = False) -> int:
+    """Run the kernels' WG loop in unit steps over all ranks' schedules; return the step count.
+
+    Raises RuntimeError on a deadlock (no progress while work remains). ``durations``:
+    optional callable (rank, queue, item) -> int steps (>= 1). ``static_peers``: flags in
+    ``peer_flags`` of rank 0 start ready (host fabric, only rank 0 given).
+    """
+    dur = durations or (lambda rank, q, i: 1)
+    W = len(scheds)
+    flags = [np.zeros(s.flags.num_flags, dtype=bool) for s in scheds]
+    if static_peers:
+        flags[0][scheds[0].peer_flags] = True
+    # entry flags: every rank signals at start.
+    if not static_peers:
+        for s in scheds:
+            for p in range(W):
+                flags[p][s.flags.entry + s.rank] = True
+    ctr = [[0, 0, 0] for _ in scheds]
+    wgs = []  # [rank, local_idx, state, busy_until, (q, item)]
+    for s in scheds:
+        for w in range(s.num_wgs):
+            wgs.append({"rank": s.rank, "w": w, "cur": None, "until": 0, "done": False, "m_exh": False})
+
+    def ready(s, q, i):
+        t = s.queues[q]
+        return bool(np.all(flags[s.rank][t.deps_of(i, s.deps)]))
+
+    def release(s, q, i):
+        row = s.queues[q].table[i]
+        if row[F["rel_flag"]] >= 0:
+            tgt = row[F["rel_rank"]]
+            if tgt < W and not (static_peers and tgt != 0):
+                flags[tgt][row[F["rel_flag"]]] = True
+
+    def head(s, q):
+        c = ctr[s.rank][q]
+        t = s.queues[q]
+        return (c, int(t.queue[c])) if c < len(t) else (c, None)
+
+    def claim(s, q):
+        c, i = head(s, q)
+        if i is not None:
+            ctr[s.rank][q] += 1
+        return i
+
+    def decide(wg, s):
+        k = s.num_movers
+        if s.op == "ag-gemm":
+            if k is not None:
+                q = Q_MOVE if wg["w"] < k else Q_BUILD
+                i = claim(s, q)
+                return (q, i) if i is not None else None
+            _, i = head(s, Q_BUILD)
+            if i is not None and ready(s, Q_BUILD, i):
+                return Q_BUILD, claim(s, Q_BUILD)
+            i = claim(s, Q_MOVE)
+            if i is not None:
+                return Q_MOVE, i
+            i = claim(s, Q_BUILD)
+            return (Q_BUILD, i) if i is not None else None
+        # gemm-rs
+        if k is not None:
+            if wg["w"] < k:
+                i = claim(s, Q_MOVE)
+                return (Q_MOVE, i) if i is not None else None
+            for q in (Q_BUILD, Q_REDUCE):
+                i = claim(s, q)
+                if i is not None:
+                    return q, i
+            return None
+        for q in (Q_REDUCE, Q_MOVE):
+            _, i = head(s, q)
+            if i is not None and ready(s, q, i):
+                return q, claim(s, q)
+        for q in (Q_BUILD, Q_MOVE, Q_REDUCE):
+            i = claim(s, q)
+            if i is not None:
+                return q, i
+        return None
+
+    step, idle_steps = 0, 0
+    while True:
+        progress = False
+        alive = False
+        for wg in wgs:
+            if wg["done"]:
+                continue
+            alive = True
+            s = scheds[wg["rank"]]
+            if wg["cur"] is not None:
+                q, i = wg["cur"]
+                if wg["until"] == 0:  # waiting on deps
+                    if ready(s, q, i):
+                        wg["until"] = step + dur(s.rank, q, i)
+                        progress = True
+                elif step >= wg["until"]:
+                    release(s, q, i)
+                    wg["cur"] = None
+                    progress = True
+                else:
+                    progress = True  # busy
+            if wg["cur"] is None:
+                d = decide(wg, s)
+                if d is None:
+                    wg["done"] = True
+                    progress = True
+                    continue
+                wg["cur"] = d
+                wg["until"] = 0
+                if ready(s, *d):
+                    wg["until"] = step + dur(s.rank, *d)
+                progress = True
+        if not alive:
+            return step
+        step += 1
+        idle_steps = 0 if progress else idle_steps + 1
+        if idle_steps > 10_000 or step > max_steps:
+            stuck = [(w["rank"], w["w"], w["cur"]) for w in wgs if not w["done"]][:8]
+            raise RuntimeError(f"schedule deadlock after {step} steps; stuck WGs (rank, wg, (queue, item)): {stuck}")

@@ -1,0 +1,193 @@
+"""CPU tests of kosmos_bench.schedule: item sets, queue orders, DAG consistency."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kosmos_bench import schedule as S
+
+ORDERS = S.QUEUE_ORDERS
+
+
+def _check_queues(sch: S.RankSchedule) -> None:
+    for t in sch.queues:
+        n = len(t)
+        assert t.queue.dtype == np.int32 and t.table.dtype == np.int32
+        assert t.table.shape == (n, S.ITEM_STRIDE)
+        assert sorted(t.queue.tolist()) == list(range(n)), "every item exactly once in its queue"
+        assert t.flops.shape == (n,) and t.bytes.shape == (n,)
+        deps_end = t.col("dep_begin") + t.col("dep_count")
+        assert np.all(deps_end <= len(sch.deps))
+    assert np.all((sch.deps >= 0) & (sch.deps < sch.flags.num_flags))
+
+
+@pytest.mark.parametrize("op", S.OPS)
+@pytest.mark.parametrize("W", [1, 2, 3, 8])
+def test_awkward_item_counts(op, W):
+    M, N, K = 3000 * W, 777 * W, 1000
+    if op == "gemm-rs":
+        K = 1000 * W
+    BM = BN = 128
+    for r in sorted({0, W - 1}):
+        sch = S.build_schedule(op, M, N, K, W, r, BM=BM, BN=BN, num_wgs=16)
+        _check_queues(sch)
+        mt = -(-3000 // BM)  # 24 tiles, the last with 3000 - 23*128 = 56 rows
+        assert mt == 24
+        rows = sch.builders.col("rows")
+        cols = sch.builders.col("cols")
+        if op == "ag-gemm":
+            nt = -(-777 // BN)  # 7 tiles, the last with 9 columns
+            assert len(sch.builders) == W * mt * nt
+            assert len(sch.movers) == (W - 1) * mt
+            assert np.sum(rows == 3000 - 23 * BM) == W * nt
+            assert np.sum(cols == 777 - 6 * BN) == W * mt
+            # builders cover C_r exactly once
+            cover = np.zeros((M, N // W), dtype=np.int32)
+            for row in sch.builders.table:
+                p, m0, rr, n0, cc = row[1:6]
+                cover[p * (M // W) + m0:p * (M // W) + m0 + rr, n0:n0 + cc] += 1
+            assert np.all(cover == 1)
+            assert np.all(sch.movers.col("cols") == K)
+            assert sch.movers.bytes.sum() == (W - 1) * 3000 * K * 2
+        else:
+            nt = -(-N // BN)
+            assert len(sch.builders) == W * mt * nt
+            assert len(sch.movers) == (W - 1) * mt * nt
+            assert len(sch.reduces) == mt * nt
+            cover = np.zeros((M // W, N), dtype=np.int32)
+            for row in sch.reduces.table:
+                m0, rr, n0, cc = row[2:6]
+                cover[m0:m0 + rr, n0:n0 + cc] += 1
+            assert np.all(cover == 1)
+        total = sch.builders.flops.sum()
+        expect = 2.0 * M * (N // W) * K if op == "ag-gemm" else 2.0 * M * N * (K // W)
+        assert total == expect
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("op", S.OPS)
+def test_orders_are_permutations(op, order):
+    W = 4
+    K = 1000 if op == "ag-gemm" else 1000 * W
+    a = S.build_schedule(op, 3000 * W, 777 * W, K, W, 1, queue_order=order, seed=3, num_wgs=8)
+    b = S.build_schedule(op, 3000 * W, 777 * W, K, W, 1, queue_order=order, seed=3, num_wgs=8)
+    _check_queues(a)
+    for ta, tb in zip(a.queues, b.queues):
+        assert np.array_equal(ta.queue, tb.queue), "deterministic for a seed"
+    d = S.build_schedule(op, 3000 * W, 777 * W, K, W, 1, queue_order="demand", num_wgs=8)
+    if order == "reverse":
+        assert np.array_equal(a.builders.queue, d.builders.queue[::-1])
+    if order == "fifo":
+        assert np.array_equal(a.builders.queue, np.arange(len(a.builders)))
+
+
+def test_ag_demand_local_first_band_major():
+    W, r, BM, chunk = 4, 2, 128, 2
+    sch = S.build_schedule("ag-gemm", 1000 * W, 300 * W, 256, W, r, BM=BM, BN=64, chunk=chunk, num_wgs=8)
+    t = sch.builders.table[sch.builders.queue]
+    peers = t[:, S.F["peer"]]
+    mt_n, nt_n = sch.meta["m_tiles"], sch.meta["n_tiles"]
+    per_peer = mt_n * nt_n
+    assert np.all(peers[:per_peer] == r), "local bands first"
+    ring = [(r + i) % W for i in range(1, W)]
+    assert [int(p) for p in peers[per_peer::per_peer]] == ring, "remote peers in ring order"
+    # band-major: within a peer, m0 non-decreasing and all N tiles of a row together
+    for i in range(W):
+        seg = t[i * per_peer:(i + 1) * per_peer]
+        m0 = seg[:, S.F["m0"]]
+        assert np.all(np.diff(m0) >= 0)
+        assert np.all(np.bincount(m0 // BM) == nt_n)
+    # mover order = order builders need the bands
+    mv = sch.movers.table[sch.movers.queue]
+    need = []
+    for row in t:
+        if row[S.F["peer"]] != r:
+            key = (int(row[S.F["peer"]]), int(row[S.F["m0"]]) // (BM * chunk))
+            if key not in need:
+                need.append(key)
+    got = [(int(row[S.F["peer"]]), int(row[S.F["m0"]]) // (BM * chunk)) for row in mv]
+    assert got == need
+    # local_first off: local bands last
+    off = S.build_schedule("ag-gemm", 1000 * W, 300 * W, 256, W, r, BM=BM, BN=64, chunk=chunk, num_wgs=8,
+                           local_first=False)
+    assert np.all(off.builders.table[off.builders.queue][-per_peer:, S.F["peer"]] == r)
+
+
+def test_rs_demand_local_last_and_deps():
+    W, r = 4, 1
+    sch = S.build_schedule("gemm-rs", 512 * W, 384, 64 * W, W, r, BM=128, BN=128, num_wgs=8)
+    t = sch.builders.table[sch.builders.queue]
+    dests = [int(d) for d in t[:, S.F["peer"]]]
+    firsts = list(dict.fromkeys(dests))
+    assert firsts == [(r + i) % W for i in range(1, W)] + [r], "destinations r+1, ..., local last"
+    # each push depends on its builder tile; each reduce on W-1 arrivals + local partial
+    for i in range(len(sch.movers)):
+        row = sch.movers.table[i]
+        assert row[S.F["kind"]] == S.RS_PUSH
+        assert row[S.F["rel_rank"]] == row[S.F["peer"]]
+        assert row[S.F["dep_count"]] == 2  # entry flag of the destination + one builder tile
+    assert np.all(sch.reduces.col("dep_count") == W)
+
+
+def test_host_fabric_rs_proxies_and_peer_flags():
+    W = 8
+    sch = S.build_schedule("gemm-rs", 256 * W, 256, 8 * W, W, 0, fabric="host", num_wgs=16)
+    kinds = sch.movers.col("kind")
+    assert np.sum(kinds == S.RS_PUSH) == np.sum(kinds == S.RS_PROXY) == (W - 1) * 2 * 2
+    q = sch.movers.table[sch.movers.queue][:, S.F["kind"]]
+    assert q[0] == S.RS_PUSH and q[1] == S.RS_PROXY, "interleaved 1:1"
+    assert len(sch.peer_flags) == 2 * (W - 1)
+
+
+def test_wg_assignment_and_predicted():
+    st = S.wg_starts(132, 8)
+    assert st[0] == 0 and st[-1] == 132 and np.all(np.diff(st) >= 16) and np.all(np.diff(st) <= 17)
+    assert len(S.wg_ranks(132, 8)) == 132
+    k = S.predicted_movers("ag-gemm", 8192, 8192, 8192, 8, 132, fabric="host")
+    assert 1 <= k < 132
+    # more link bandwidth per WG -> fewer movers
+    k2 = S.predicted_movers("ag-gemm", 8192, 8192, 8192, 8, 132, fabric="host", model={"wg_copy_gbs": 50.0})
+    assert k2 <= k
+    # comm-light problem -> few movers
+    assert S.predicted_movers("ag-gemm", 8192, 65536, 8192, 8, 132, fabric="nvlink") <= k
+    with pytest.raises(ValueError):
+        S.resolve_movers("fixed:16", "ag-gemm", 64, 64, 64, 2, 16)
+    assert S.resolve_movers("fixed:3", "ag-gemm", 64, 64, 64, 2, 16) == 3
+
+
+def test_arrays_contiguous_int32():
+    sch = S.build_schedule("gemm-rs", 300 * 3, 200, 30 * 3, 3, 2, num_wgs=5, chunk=2)
+    for name, a in sch.arrays().items():
+        assert a.dtype == np.int32 and a.flags["C_CONTIGUOUS"], name
+
+
+@pytest.mark.parametrize("op", S.OPS)
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("policy", ["self", "fixed:1", "fixed:2", "predicted"])
+def test_no_deadlock_any_order(op, order, policy):
+    """The WG loop finishes for every order/policy (local fabric, all ranks live)."""
+    W = 3
+    K = 96 if op == "ag-gemm" else 96 * W
+    rng = np.random.default_rng(0)
+    for chunk in (1, 2):
+        sch = S.build_all(op, 300 * W, 90 * W, K, W, 3 * W + 1, BM=64, BN=64, chunk=chunk, policy=policy,
+                          queue_order=order, seed=5)
+        durs = rng.integers(1, 6, size=100000)
+        S.simulate_steps(sch, durations=lambda rk, q, i: int(durs[(rk * 997 + q * 131 + i) % len(durs)]))
+
+
+@pytest.mark.parametrize("op", S.OPS)
+def test_no_deadlock_host(op):
+    W = 8
+    K = 64 if op == "ag-gemm" else 64 * W
+    sch = S.build_schedule(op, 200 * W, 64 * W, K, W, 0, BM=64, BN=64, fabric="host", num_wgs=6)
+    S.simulate_steps([sch], static_peers=True)
+
+
+def test_deadlock_detected():
+    """The checker itself catches a missing peer (sanity of the test above)."""
+    W = 2
+    sch = S.build_all("ag-gemm", 256, 128, 64, W, 4, BM=64, BN=64)
+    sch[1].deps[:] = sch[1].flags.num_flags - 1  # wait on a flag nobody releases
+    with pytest.raises(RuntimeError, match="deadlock"):
+        S.simulate_steps(sch)
