@@ -1,0 +1,213 @@
+"""Measure one point in one process: inputs, correctness, determinism, timing, trace.
+
+Called in every process that takes part in a point (see runtime/launch.py); returns the
+result row (meaningful on rank 0) and, when traced, the role timeline. Never raises for a
+problem with the point itself: such problems become `failed`/`skipped` rows.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import math
+import traceback
+
+import numpy as np
+import torch
+
+from . import timing
+from .impls import get_impl
+from .impls import nccl as nccl_impls
+from .impls.base import RankCtx
+from .ops import get_op
+from .ops.base import check_output
+from .point import Point
+
+# Largest op (2*M*N*K FLOPs) the cpu backend runs; bigger points are skipped with a reason.
+CPU_MAX_FLOPS = 4e10
+
+
+def seed_for(p: Point, call: int = 0) -> int:
+    """Fresh inputs per point (and per call index), identical in every rank of the point."""
+    return int(hashlib.sha1(f"{p.key()}:{call}".encode()).hexdigest()[:8], 16)
+
+
+def device_for(p: Point, rank: int) -> torch.device:
+    if p.backend == "gpu":
+        return torch.device("cuda", rank % max(1, torch.cuda.device_count()))
+    return torch.device("cpu")
+
+
+def skip_reason(p: Point) -> str | None:
+    """Why a point cannot run here at all (before any process is asked to run it)."""
+    op = get_op(p.op)
+    why = op.validate(p)
+    if why:
+        return why
+    try:
+        impl = get_impl(p.impl)
+    except KeyError as e:
+        return str(e.args[0])
+    ok, why = impl.available(p.backend)
+    if not ok:
+        return why
+    why = impl.unsupported(p)
+    if why:
+        return why
+    if p.backend == "cpu" and op.flops(p) > CPU_MAX_FLOPS:
+        return f"{op.flops(p) / 1e9:.0f} GFLOP is too large for the cpu backend (use a GPU or --backend sim)"
+    return None
+
+
+def base_row(p: Point) -> dict:
+    op = get_op(p.op)
+    return {**p.as_row(), "flops": op.flops(p), "comm_bytes": op.comm_bytes(p),
+            "emulated": p.fabric in ("local", "host"),
+            "timestamp": _dt.datetime.now().isoformat(timespec="seconds")}
+
+
+def derive(row: dict, p: Point) -> dict:
+    """Rates from the median time: TFLOP/s, algbw/busbw (nccl-tests), overlap efficiency."""
+    t = row.get("t_median_us")
+    if not t or not math.isfinite(t):
+        return row
+    op = get_op(p.op)
+    row["tflops"] = op.flops(p) / (t * 1e-6) / 1e12
+    if p.world > 1:
+        row["algbw_gbs"] = op.comm_bytes(p) / (t * 1e-6) / 1e9
+        row["busbw_gbs"] = row["algbw_gbs"] * op.bus_factor(p)
+    tg, tc = row.get("t_gemm_us"), row.get("t_comm_us")
+    if tg is not None and not (isinstance(tg, float) and math.isnan(tg)):
+        row["overlap_efficiency"] = max(tg, tc or 0.0) / t
+    return row
+
+
+def _allreduce(vals: list[float], ctx: RankCtx, op: str) -> list[float]:
+    if ctx.group is None or ctx.procs == 1:
+        return vals
+    import torch.distributed as dist
+
+    dev = ctx.device if ctx.device.type == "cuda" else torch.device("cpu")
+    t = torch.tensor(vals, dtype=torch.float64, device=dev)
+    dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op],
+                    group=ctx.group)
+    return t.tolist()
+
+
+def _bench(fn, p: Point, ctx: RankCtx) -> np.ndarray:
+    before = None
+    if ctx.group is not None and ctx.procs > 1:
+        import torch.distributed as dist
+
+        before = lambda: dist.barrier(group=ctx.group)  # noqa: E731 - align ranks per rep
+    s = timing.bench(fn, device=ctx.device, warmup=p.warmup, reps=p.reps, before_rep=before)
+    return np.array(_allreduce(list(s), ctx, "max"))  # a rep takes as long as its slowest rank
+
+
+def _check(runner, p: Point, ctx: RankCtx, A, B) -> tuple[int, float, bool]:
+    """Poison, run twice, compare with the reference and with each other (bitwise)."""
+    op = get_op(p.op)
+    results = []
+    for _ in range(2):
+        for out in runner.outputs.values():
+            out.fill_(float("nan"))
+        runner.run()
+        ctx.sync()
+        results.append({r: o.clone() for r, o in runner.outputs.items()})
+    wrong, err = 0, 0.0
+    for r in ctx.ranks_here:
+        w, e = check_output(results[0][r], op.reference(A, B, r, p.world), p.dtype)
+        wrong, err = wrong + w, max(err, e)
+    same = all(torch.equal(results[0][r], results[1][r]) for r in results[0])
+    # NaN != NaN under torch.equal; poisoned-and-unwritten outputs are already counted wrong.
+    w_sum, = _allreduce([float(wrong)], ctx, "sum")
+    e_max, s_min = _allreduce([err, float(same)], ctx, "max")[0], _allreduce([float(same)], ctx, "min")[0]
+    return int(w_sum), e_max, bool(s_min)
+
+
+def _cached_time(cache: dict, kind: str, p: Point, ctx: RankCtx, inputs) -> float | None:
+    """GEMM-alone / collective-alone time of this shape on this fabric, measured once."""
+    key = (kind, p.op, p.M, p.N, p.K, p.world, p.dtype, p.fabric, p.backend)
+    if key not in cache:
+        maker = nccl_impls.gemm_alone if kind == "gemm" else nccl_impls.comm_alone
+        fn = maker(p, ctx, inputs)
+        cache[key] = None if fn is None else float(np.median(_bench(fn, p, ctx)))
+    return cache[key]
+
+
+def run_point(p: Point, *, rank: int, procs: int, cache: dict | None = None) -> tuple[dict, object]:
+    cache = {} if cache is None else cache
+    row = base_row(p)
+    why = skip_reason(p)
+    if why:
+        return {**row, "status": "skipped", "error": why}, None
+    device = device_for(p, rank)
+    group = None
+    if procs > 1 or p.fabric in ("nvlink", "gloo"):
+        import torch.distributed as dist
+
+        group = dist.group.WORLD if dist.is_initialized() else None
+    ctx = RankCtx(rank=rank, world=p.world, procs=procs, device=device, fabric=p.fabric, backend=p.backend, group=group)
+    impl, op = get_impl(p.impl), get_op(p.op)
+    runner, trace = None, None
+    try:
+        ranks = list(range(p.world)) if p.fabric in ("local", "host") else [rank]
+        inputs, A, B = op.inputs(p, ranks, device, seed_for(p))
+        runner = impl.prepare(p, ctx, inputs)
+        wrong, err, same = _check(runner, p, ctx, A, B)
+        row.update(wrong=wrong, max_rel_err=err, deterministic=same)
+        del A, B
+        row.update(timing.stats(_bench(runner.run, p, ctx)))
+        row["t_gemm_us"] = _cached_time(cache, "gemm", p, ctx, inputs)
+        row["t_comm_us"] = _cached_time(cache, "comm", p, ctx, inputs)
+        row.update(getattr(runner, "info", {}) or {})
+        if p.trace and hasattr(runner, "run_traced"):
+            trace = runner.run_traced()
+            if trace is not None:
+                from .trace import summarize
+
+                trace = trace.assign(key=p.key())
+                row.update(summarize(trace))
+        row["status"] = "ok" if wrong == 0 else "wrong"
+        if wrong:
+            row["error"] = f"{wrong} elements outside tolerance (max_rel_err {err:.3g})"
+        derive(row, p)
+    except torch.cuda.OutOfMemoryError as e:
+        row.update(status="failed", error=f"out of memory: {str(e).splitlines()[0]}")
+    except Exception as e:  # noqa: BLE001 - the point fails, the sweep goes on
+        tb = traceback.extract_tb(e.__traceback__)
+        where = f" [{tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno}]" if tb else ""
+        msg = (str(e).strip().splitlines() or [""])[0]
+        row.update(status="failed", error=f"{type(e).__name__}: {msg}{where}")
+    finally:
+        if runner is not None:
+            try:
+                runner.close()
+            except Exception:  # noqa: BLE001
+                pass
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return row, trace
+
+
+def run_sim_point(p: Point) -> tuple[dict, object]:
+    """A point on the simulator backend (in-process; no correctness check applies)."""
+    from . import sim
+
+    row = base_row(p)
+    why = get_op(p.op).validate(p)
+    if why:
+        return {**row, "status": "skipped", "error": why}, None
+    try:
+        fields, trace = sim.run_point(p)
+    except sim.Unsupported as e:
+        return {**row, "status": "skipped", "error": str(e)}, None
+    except Exception as e:  # noqa: BLE001
+        return {**row, "status": "failed", "error": f"{type(e).__name__}: {e}"}, None
+    row.update(fields)
+    row["status"] = "ok"
+    if trace is not None:
+        from .trace import summarize
+
+        trace = trace.assign(key=p.key())
+        row.update(summarize(trace))
+    return derive(row, p), (trace if p.trace else None)

@@ -1,0 +1,198 @@
+"""Process launch: one worker per rank, fed a list of points, rows streamed back to the parent.
+
+* Single node: the parent spawns `procs` workers (torch.multiprocessing, spawn) per group of
+  points that need the same number of processes, with a torch.distributed group over
+  localhost (NCCL on GPUs, gloo on CPU). The parent is the only writer of the results store.
+  A point that outlives its timeout, or a worker that dies, costs that point only: the
+  workers are killed, a `timeout`/`failed` row is written and fresh workers take the rest.
+* torchrun: when its environment (RANK, WORLD_SIZE, ...) is present, this process *is* one
+  rank; every rank walks the same points and rank 0 writes the rows (multi-node works).
+"""
+from __future__ import annotations
+
+import os
+import queue as _queue
+import socket
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import torch
+import torch.multiprocessing as mp
+
+from ..point import Point
+
+
+def under_torchrun() -> bool:
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def procs_for(point: Point) -> int:
+    """Real processes a point needs: one per rank on real fabrics, one on emulated ones."""
+    return point.world if point.fabric in ("nvlink", "gloo") else 1
+
+
+def needs_group(point: Point) -> bool:
+    return point.fabric in ("nvlink", "gloo")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Event:
+    kind: str  # 'start' | 'row' | 'done'
+    index: int = -1
+    row: dict | None = None
+    trace: object = None  # pandas DataFrame of the role timeline, when traced
+
+
+def init_group(rank: int, world: int, backend: str, addr: str, port: int) -> None:
+    import datetime
+
+    import torch.distributed as dist
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never NVLink multicast on shared hosts
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    kw = {}
+    if backend == "nccl":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        kw["device_id"] = torch.device("cuda", torch.cuda.current_device())
+    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120), **kw)
+
+
+def _worker(rank: int, procs: int, points: list[Point], port: int, q, backend: str, with_group: bool) -> None:
+    from .. import harness
+
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*deprecated")
+    if backend != "gpu":  # one CPU share per rank, not every rank on every core
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // procs))
+    try:
+        if backend == "gpu":
+            torch.cuda.set_device(rank % max(1, torch.cuda.device_count()))
+        if with_group:
+            init_group(rank, procs, "nccl" if backend == "gpu" else "gloo", "127.0.0.1", port)
+        cache: dict = {}
+        for i, p in enumerate(points):
+            if rank == 0:
+                q.put(Event("start", i))
+            row, trace = harness.run_point(p, rank=rank, procs=procs, cache=cache)
+            if rank == 0:
+                q.put(Event("row", i, row, trace))
+    except BaseException:  # noqa: BLE001 - reported to the parent as the failing point's error
+        q.put(Event("crash", -1, {"error": traceback.format_exc(limit=4)}))
+        raise
+    finally:
+        if with_group:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        if rank == 0:
+            q.put(Event("done"))
+
+
+def run_points(points: list[Point], on_start: Callable[[Point], None], on_row: Callable[[Point, dict, object], None],
+               timeout_s: float) -> None:
+    """Run `points` (already filtered for resume) in worker processes; rows go to on_row."""
+    groups: list[list[Point]] = []
+    for p in points:  # consecutive points needing the same processes share one spawn
+        if groups and (procs_for(groups[-1][0]), groups[-1][0].backend, needs_group(groups[-1][0])) == (
+                procs_for(p), p.backend, needs_group(p)):
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+    for g in groups:
+        _run_group(g, on_start, on_row, timeout_s)
+
+
+def _run_group(points: list[Point], on_start, on_row, timeout_s: float) -> None:
+    ctx = mp.get_context("spawn")
+    remaining = list(points)
+    while remaining:
+        procs, backend = procs_for(remaining[0]), remaining[0].backend
+        q = ctx.Queue()
+        port = _free_port()
+        workers = [ctx.Process(target=_worker, args=(r, procs, remaining, port, q, backend, needs_group(remaining[0])),
+                               daemon=True) for r in range(procs)]
+        for w in workers:
+            w.start()
+        current, finished, crash = -1, set(), None
+        deadline = time.monotonic() + timeout_s + 120  # start-up: imports, group init
+        reason = None
+        while reason is None:
+            try:
+                ev: Event | None = q.get(timeout=0.5)
+            except _queue.Empty:
+                ev = None
+            if ev is not None and ev.kind == "start":
+                current, deadline = ev.index, time.monotonic() + timeout_s
+                on_start(remaining[current])
+            elif ev is not None and ev.kind == "row":
+                finished.add(ev.index)
+                on_row(remaining[ev.index], ev.row, ev.trace)
+            elif ev is not None and ev.kind == "crash":
+                crash = crash or (ev.row or {}).get("error", "")
+            elif ev is not None and ev.kind == "done":
+                reason = "done"
+            elif time.monotonic() > deadline:
+                reason = "timeout"
+            elif any(w.exitcode not in (None, 0) for w in workers):
+                time.sleep(0.5)  # let the crash report arrive
+                while not q.empty():
+                    ev = q.get()
+                    if ev.kind == "crash":
+                        crash = crash or (ev.row or {}).get("error", "")
+                reason = "died"
+        for w in workers:
+            if w.is_alive():
+                w.kill()
+        for w in workers:
+            w.join(timeout=10)
+        codes = ",".join(str(w.exitcode) for w in workers)
+        last = crash.strip().splitlines()[-1] if crash else ""
+        if current < 0:
+            # The workers never reached a point (e.g. process-group init failed): every
+            # remaining point fails with that reason rather than being retried one by one.
+            err = f"workers failed to start ({reason}, exit codes {codes}){': ' + last if last else ''}"
+            for p in remaining:
+                on_row(p, {**p.as_row(), "status": "failed", "error": err}, None)
+            return
+        if current not in finished:
+            p = remaining[current]
+            if reason == "timeout":
+                status, err = "timeout", f"no result within {timeout_s:.0f} s; workers were killed"
+            else:
+                status, err = "failed", f"worker died ({reason}, exit codes {codes}){': ' + last if last else ''}"
+            on_row(p, {**p.as_row(), "status": status, "error": err}, None)
+            finished.add(current)
+        remaining = [p for i, p in enumerate(remaining) if i not in finished]
+
+
+def run_points_torchrun(points: Iterable[Point], on_start, on_row) -> None:
+    """This process is one torchrun rank; rank 0 reports rows."""
+    from .. import harness
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    points = list(points)
+    backend = points[0].backend if points else "cpu"
+    init_group(rank, world, "nccl" if backend == "gpu" else "gloo", os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    cache: dict = {}
+    for p in points:
+        if procs_for(p) != world:
+            if rank == 0:
+                on_row(p, {**p.as_row(), "status": "skipped",
+                           "error": f"needs {procs_for(p)} processes, torchrun started {world}"}, None)
+            continue
+        if rank == 0:
+            on_start(p)
+        row, trace = harness.run_point(p, rank=rank, procs=world, cache=cache)
+        if rank == 0:
+            on_row(p, row, trace)

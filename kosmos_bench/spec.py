@@ -1,0 +1,229 @@
+"""Sweep files -> validated, expanded list of `Point`s.
+
+A sweep file (YAML) names an op, implementations, world sizes, dtypes, a fabric and shapes,
+given explicitly and/or from the model catalog::
+
+    op: ag-gemm
+    impls: [kosmos, nccl-seq, nccl-overlap]
+    world: [8]
+    dtype: [bf16]
+    fabric: auto            # auto | nvlink | local | host | gloo
+    shapes: [{M: 8192, N: 8192, K: 8192}]
+    models: {names: [llama3-70b], tokens: [8192, 16384], layers: [qkv, fc1]}
+    kosmos: {policy: [self, fixed:8, predicted], queue_order: [demand], local_first: [true], chunk: [1]}
+    timing: {warmup: 5, reps: 20}
+
+Errors name the file, the key and what was expected (`SpecError`).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .models import LAYER_OPS, MODELS, get_model, layer_shape
+from .point import DTYPES, FABRICS, OPS, QUEUE_ORDERS, Point, parse_policy
+
+KNOWN_KEYS = {"op", "impls", "world", "dtype", "fabric", "shapes", "models", "kosmos", "timing", "description", "profile"}
+KOSMOS_KEYS = {"policy": ["self"], "queue_order": ["demand"], "local_first": [True], "chunk": [1]}
+# Implementations that take the kosmos knobs (policy, queue order, ...).
+KNOB_IMPLS = {"kosmos"}
+
+
+class SpecError(ValueError):
+    """A malformed sweep file or option; the message is one line naming file and key."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    M: int
+    N: int
+    K: int
+    model: str | None = None
+    layer: str | None = None
+    tokens: int | None = None
+
+
+@dataclass
+class Sweep:
+    name: str
+    source: str
+    op: str
+    impls: list[str]
+    world: list[int]
+    dtype: list[str]
+    fabric: str
+    shapes: list[Shape]
+    kosmos: dict = field(default_factory=lambda: dict(KOSMOS_KEYS))
+    warmup: int = 5
+    reps: int = 20
+    profile: str | None = None
+    description: str = ""
+
+
+def sweep_dirs() -> list[Path]:
+    """Where sweep names are looked up: ./sweeps, then the sweeps/ shipped beside the package."""
+    return [Path.cwd() / "sweeps", Path(__file__).resolve().parent.parent / "sweeps"]
+
+
+def find_sweep(name_or_path: str) -> Path | None:
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        return p if p.exists() else None
+    for d in sweep_dirs():
+        for cand in (d / f"{name_or_path}.yaml", d / f"{name_or_path}.yml"):
+            if cand.exists():
+                return cand
+    return None
+
+
+def list_sweeps() -> list[Path]:
+    seen, out = set(), []
+    for d in sweep_dirs():
+        for f in sorted(d.glob("**/*.yaml")):
+            rel = f.relative_to(d).as_posix()
+            if rel not in seen:
+                seen.add(rel)
+                out.append(f)
+    return out
+
+
+def _as_list(v, src: str, key: str, typ, allowed=None) -> list:
+    vals = v if isinstance(v, list) else [v]
+    if not vals:
+        raise SpecError(f"{src}: {key}: expected a non-empty value or list")
+    for x in vals:
+        if typ is int and (isinstance(x, bool) or not isinstance(x, int) or x < 1):
+            raise SpecError(f"{src}: {key}: expected positive integers, got {x!r}")
+        if typ is str and not isinstance(x, str):
+            raise SpecError(f"{src}: {key}: expected strings, got {x!r}")
+        if typ is bool and not isinstance(x, bool):
+            raise SpecError(f"{src}: {key}: expected true/false, got {x!r}")
+        if allowed is not None and x not in allowed:
+            raise SpecError(f"{src}: {key}: {x!r} is not one of {', '.join(map(str, allowed))}")
+    return vals
+
+
+def parse_sweep(data, src: str, name: str = "sweep") -> Sweep:
+    """Validate a parsed YAML document into a Sweep."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{src}: expected a mapping of keys (op, impls, world, shapes, ...), got {type(data).__name__}")
+    unknown = set(data) - KNOWN_KEYS
+    if unknown:
+        raise SpecError(f"{src}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(KNOWN_KEYS))}")
+    if "op" not in data:
+        raise SpecError(f"{src}: op: missing; expected one of {', '.join(OPS)}")
+    op = data["op"]
+    if op not in OPS:
+        raise SpecError(f"{src}: op: {op!r} is not one of {', '.join(OPS)}")
+    impls = _as_list(data.get("impls", ["kosmos", "nccl-seq", "nccl-overlap"]), src, "impls", str)
+    world = _as_list(data.get("world", [8]), src, "world", int)
+    dtype = _as_list(data.get("dtype", ["bf16"]), src, "dtype", str, DTYPES)
+    fabric = data.get("fabric", "auto")
+    if fabric not in ("auto",) + FABRICS:
+        raise SpecError(f"{src}: fabric: {fabric!r} is not one of auto, {', '.join(FABRICS)}")
+
+    shapes: list[Shape] = []
+    for i, s in enumerate(data.get("shapes") or []):
+        key = f"shapes[{i}]"
+        if not isinstance(s, dict) or set(s) != {"M", "N", "K"}:
+            raise SpecError(f"{src}: {key}: expected a mapping with exactly M, N, K, got {s!r}")
+        for d in "MNK":
+            _as_list(s[d], src, f"{key}.{d}", int)
+        shapes.append(Shape(s["M"], s["N"], s["K"]))
+    models = data.get("models")
+    if models is not None:
+        if not isinstance(models, dict) or not {"names", "tokens"} <= set(models) or set(models) - {"names", "tokens", "layers"}:
+            raise SpecError(f"{src}: models: expected a mapping with names, tokens and optional layers")
+        names = _as_list(models["names"], src, "models.names", str, list(MODELS))
+        tokens = _as_list(models["tokens"], src, "models.tokens", int)
+        default_layers = [l for l, o in LAYER_OPS.items() if o == op]
+        layers = _as_list(models.get("layers", default_layers), src, "models.layers", str, list(LAYER_OPS))
+        for l in layers:
+            if LAYER_OPS[l] != op:
+                raise SpecError(f"{src}: models.layers: {l!r} is a {LAYER_OPS[l]} layer, not {op}")
+        for n, t, l in itertools.product(names, tokens, layers):
+            M, N, K = layer_shape(get_model(n), l, t)
+            shapes.append(Shape(M, N, K, n, l, t))
+    if not shapes:
+        raise SpecError(f"{src}: shapes/models: no shapes given; expected shapes: [{{M:, N:, K:}}] or models: {{names:, tokens:}}")
+
+    kosmos = dict(KOSMOS_KEYS)
+    kdata = data.get("kosmos") or {}
+    if not isinstance(kdata, dict) or set(kdata) - set(KOSMOS_KEYS):
+        raise SpecError(f"{src}: kosmos: expected a mapping with keys {', '.join(KOSMOS_KEYS)}")
+    if "policy" in kdata:
+        kosmos["policy"] = _as_list(kdata["policy"], src, "kosmos.policy", str)
+        for pol in kosmos["policy"]:
+            try:
+                parse_policy(pol)
+            except ValueError as e:
+                raise SpecError(f"{src}: kosmos.policy: {e}") from None
+    if "queue_order" in kdata:
+        kosmos["queue_order"] = _as_list(kdata["queue_order"], src, "kosmos.queue_order", str, QUEUE_ORDERS)
+    if "local_first" in kdata:
+        kosmos["local_first"] = _as_list(kdata["local_first"], src, "kosmos.local_first", bool)
+    if "chunk" in kdata:
+        kosmos["chunk"] = _as_list(kdata["chunk"], src, "kosmos.chunk", int)
+
+    timing = data.get("timing") or {}
+    if not isinstance(timing, dict) or set(timing) - {"warmup", "reps"}:
+        raise SpecError(f"{src}: timing: expected a mapping with warmup and/or reps")
+    warmup = _as_list(timing.get("warmup", 5), src, "timing.warmup", int)[0]
+    reps = _as_list(timing.get("reps", 20), src, "timing.reps", int)[0]
+    profile = data.get("profile")
+    if profile is not None and not isinstance(profile, str):
+        raise SpecError(f"{src}: profile: expected a simulator profile name")
+    return Sweep(name, src, op, impls, world, dtype, fabric, shapes, kosmos, warmup, reps, profile,
+                 str(data.get("description", "")))
+
+
+def load_sweep(name_or_path: str) -> Sweep:
+    """Load a sweep by file path or by name (sweeps/<name>.yaml); ops name their default sweep."""
+    path = find_sweep(name_or_path)
+    if path is None:
+        known = ", ".join(sorted({p.stem for p in list_sweeps()}))
+        raise SpecError(f"{name_or_path}: no such sweep file or sweep name (known sweeps: {known})")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise SpecError(f"{path}: not valid YAML{where}: {first}") from None
+    return parse_sweep(data, str(path), path.stem)
+
+
+def expand(sweep: Sweep, *, backend: str, fabric: str, impls: list[str] | None = None,
+           worlds: list[int] | None = None, profile: str | None = None, trace: bool = False,
+           reps: int | None = None, warmup: int | None = None,
+           policies: list[str] | None = None) -> list[Point]:
+    """Grid expansion: shapes x worlds x dtypes x impls (x kosmos knobs for kosmos).
+
+    `backend` and `fabric` must already be resolved (no 'auto'). Point order groups by world
+    so each group of processes is started once.
+    """
+    impls = impls or sweep.impls
+    kn = dict(sweep.kosmos)
+    if policies:
+        kn["policy"] = policies
+    points = []
+    for world in worlds or sweep.world:
+        for shape, dtype, impl in itertools.product(sweep.shapes, sweep.dtype, impls):
+            base = Point(op=sweep.op, impl=impl, M=shape.M, N=shape.N, K=shape.K, world=world, dtype=dtype,
+                         fabric=fabric, backend=backend, warmup=warmup or sweep.warmup, reps=reps or sweep.reps,
+                         trace=trace, model=shape.model, layer=shape.layer, tokens=shape.tokens,
+                         sweep=sweep.name, profile=(profile or sweep.profile) if backend == "sim" else None)
+            if impl in KNOB_IMPLS:
+                for pol, qo, lf, ch in itertools.product(kn["policy"], kn["queue_order"], kn["local_first"], kn["chunk"]):
+                    points.append(base.replace(policy=pol, queue_order=qo, local_first=lf, chunk=ch))
+            else:
+                points.append(base)
+    seen, unique = set(), []
+    for p in points:  # a shape listed twice (explicit + model) is measured once
+        if p.key() not in seen:
+            seen.add(p.key())
+            unique.append(p)
+    return unique
