@@ -134,7 +134,7 @@ def load_rows(root: Path | str) -> pd.DataFrame:
     for c in RESULT_COLUMNS:
         if c not in df.columns:
             df[c] = None
-    return df
+    return df[RESULT_COLUMNS + [c for c in df.columns if c not in RESULT_COLUMNS]]
 
 
 def load_traces(root: Path | str, key: str | None = None) -> pd.DataFrame:

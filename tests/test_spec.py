@@ -1,0 +1,104 @@
+import pytest
+
+from kosmos_bench.models import MODELS, layer_shape
+from kosmos_bench.point import Point, parse_policy
+from kosmos_bench.spec import SpecError, expand, load_sweep, parse_sweep
+
+GOOD = {
+    "op": "ag-gemm",
+    "impls": ["kosmos", "nccl-seq"],
+    "world": [2, 4],
+    "shapes": [{"M": 96, "N": 64, "K": 40}],
+    "models": {"names": ["llama3-8b"], "tokens": [4096]},
+    "kosmos": {"policy": ["self", "fixed:2"], "queue_order": ["demand", "fifo"]},
+}
+
+
+def test_grid_expansion_counts_and_knobs():
+    sw = parse_sweep(GOOD, "good.yaml")
+    # shapes: 1 explicit + llama3-8b qkv,fc1 (ag-gemm layers by default) = 3
+    assert len(sw.shapes) == 3
+    pts = expand(sw, backend="gpu", fabric="host")
+    per_shape_world = 2 * 2 + 1  # kosmos: policy x queue order; nccl-seq: one point
+    assert len(pts) == 3 * 2 * per_shape_world
+    seq = [p for p in pts if p.impl == "nccl-seq"]
+    assert all(p.policy is None and p.queue_order is None for p in seq)
+    assert {p.variant for p in pts if p.impl == "kosmos"} == {
+        "kosmos[self]", "kosmos[fixed:2]", "kosmos[self,fifo]", "kosmos[fixed:2,fifo]"}
+
+
+def test_model_shapes_are_derived():
+    sw = parse_sweep(GOOD, "good.yaml")
+    m = [s for s in sw.shapes if s.model == "llama3-8b" and s.layer == "fc1"][0]
+    assert (m.M, m.N, m.K) == (4096, 2 * 14336, 4096)
+    assert layer_shape(MODELS["llama3-70b"], "qkv", 8192) == (8192, (64 + 16) * 128, 8192)
+    assert layer_shape(MODELS["gpt3-175b"], "fc1", 1024) == (1024, 49152, 12288)  # not gated
+
+
+def test_keys_stable_and_distinct():
+    a = Point("ag-gemm", "kosmos", 96, 64, 40, 2, policy="self")
+    b = Point("ag-gemm", "kosmos", 96, 64, 40, 2, policy="self", model="x", trace=True)
+    c = Point("ag-gemm", "kosmos", 96, 64, 40, 2, policy="fixed:1")
+    assert a.key() == b.key()  # bookkeeping fields do not change identity
+    assert a.key() != c.key()
+    assert a.key() == Point("ag-gemm", "kosmos", 96, 64, 40, 2, policy="self").key()
+    assert len(a.key()) == 16
+
+
+def test_duplicate_shapes_measured_once():
+    data = dict(GOOD, shapes=[{"M": 96, "N": 64, "K": 40}, {"M": 96, "N": 64, "K": 40}], models=None)
+    data.pop("models")
+    pts = expand(parse_sweep(data, "d.yaml"), backend="gpu", fabric="host")
+    assert len(pts) == len({p.key() for p in pts}) == 2 * 5
+
+
+@pytest.mark.parametrize("patch,needle", [
+    ({"op": "all-reduce"}, "op: 'all-reduce' is not one of"),
+    ({"world": [0]}, "world: expected positive integers"),
+    ({"world": "eight"}, "world: expected positive integers"),
+    ({"shapes": [{"M": 1, "N": 2}]}, "shapes[0]: expected a mapping with exactly M, N, K"),
+    ({"dtype": ["fp8"]}, "dtype: 'fp8' is not one of"),
+    ({"fabric": "pcie"}, "fabric: 'pcie' is not one of"),
+    ({"kosmos": {"policy": ["fixed:0"]}}, "kosmos.policy:"),
+    ({"kosmos": {"queue_order": ["lifo"]}}, "kosmos.queue_order: 'lifo'"),
+    ({"models": {"names": ["gpt5"], "tokens": [1]}}, "models.names: 'gpt5' is not one of"),
+    ({"models": {"names": ["llama3-8b"], "tokens": [1], "layers": ["fc2"]}}, "'fc2' is a gemm-rs layer"),
+    ({"timing": {"reps": -1}}, "timing.reps"),
+    ({"colour": "blue"}, "unknown key(s) colour"),
+])
+def test_malformed_specs_name_file_and_key(patch, needle):
+    data = dict(GOOD, **patch)
+    with pytest.raises(SpecError) as e:
+        parse_sweep(data, "bad.yaml")
+    assert str(e.value).startswith("bad.yaml: ")
+    assert needle in str(e.value)
+
+
+def test_missing_op_and_not_a_mapping():
+    with pytest.raises(SpecError, match="op: missing"):
+        parse_sweep({"world": [2]}, "x.yaml")
+    with pytest.raises(SpecError, match="expected a mapping"):
+        parse_sweep([1, 2], "x.yaml")
+
+
+def test_bad_yaml_file(tmp_path):
+    f = tmp_path / "broken.yaml"
+    f.write_text("op: ag-gemm\nworld: [2\n")
+    with pytest.raises(SpecError, match=r"broken.yaml: not valid YAML \(line"):
+        load_sweep(str(f))
+    with pytest.raises(SpecError, match="no such sweep file or sweep name"):
+        load_sweep("does-not-exist")
+
+
+def test_shipped_sweeps_load():
+    for name in ("ag-gemm", "gemm-rs", "smoke", "gemm-rs-smoke"):
+        sw = load_sweep(name)
+        assert expand(sw, backend="sim", fabric="nvlink")
+
+
+def test_parse_policy():
+    assert parse_policy("self") == ("self", None)
+    assert parse_policy("fixed:12") == ("fixed", 12)
+    for bad in ("fixed", "fixed:x", "fixed:0", "random"):
+        with pytest.raises(ValueError):
+            parse_policy(bad)
