@@ -219,6 +219,33 @@ def workspace_bytes(point: Point) -> int:
     return 2 * rows * point.N * e
 
 
+def fused_call(op: str, A: torch.Tensor, B: torch.Tensor, group_name: str, out: torch.Tensor,
+               ag_op=None, rs_op=None):
+    """The one fused call of `op` on this rank's shards, writing `out` in place.
+
+    A, B: this rank's shards (ag-gemm: A_r (M/W x K), B_r (K x N/W); gemm-rs: A_r (M x K/W),
+    B_r (K/W x N)); out: (M x N/W) or (M/W x N). ag_op / rs_op default to the torch ops; the
+    CPU tests pass torch's reference fallbacks (same signature) to check the argument mapping.
+    """
+    if op == "ag-gemm":
+        fused = ag_op if ag_op is not None else torch.ops.symm_mem.fused_all_gather_matmul
+        schema = getattr(getattr(fused, "default", None), "_schema", None)
+        takes_return_a = schema is None or any(a.name == "return_A" for a in schema.arguments)
+        kw = {"return_A": False} if takes_return_a else {}  # the gathered A is not needed
+
+        def fn() -> None:
+            _, (c,) = fused(A, [B], 0, group_name, **kw)  # gather_dim=0: rows of A
+            out.copy_(c)
+    elif op == "gemm-rs":
+        fused_rs = rs_op if rs_op is not None else torch.ops.symm_mem.fused_matmul_reduce_scatter
+
+        def fn() -> None:
+            out.copy_(fused_rs(A, B, "sum", 0, group_name))  # scatter_dim=0: bands of rows
+    else:
+        raise ValueError(f"symm-mem does not implement {op}")
+    return fn
+
+
 class SymmMemImpl:
     name = "symm-mem"
     ops = ("ag-gemm", "gemm-rs")
@@ -272,20 +299,7 @@ class SymmMemImpl:
         # Allocate + rendezvous the workspace now (collective), not inside the first timed call.
         symm.get_symm_mem_workspace(group_name, min_size=workspace_bytes(point))
 
-        if point.op == "ag-gemm":
-            fused = torch.ops.symm_mem.fused_all_gather_matmul
-            schema_args = {a.name for a in fused.default._schema.arguments}
-            kw = {"return_A": False} if "return_A" in schema_args else {}
-
-            def fn() -> None:
-                _, (c,) = fused(A, [B], 0, group_name, **kw)
-                out.copy_(c)
-        else:
-            fused_rs = torch.ops.symm_mem.fused_matmul_reduce_scatter
-
-            def fn() -> None:
-                out.copy_(fused_rs(A, B, "sum", 0, group_name))
-
+        fn = fused_call(point.op, A, B, group_name, out)
         info = {
             "extra_copy_bytes": out.numel() * out.element_size(),
             "impl_note": "torch async-TP op returns a new tensor; copy into the output buffer is timed",
