@@ -1,0 +1,431 @@
+"""Discrete-event model of persistent, self-scheduling kernels: R ranks x G WGs.
+
+The engine knows nothing about GEMMs or collectives. A `Problem` is a set of items laid out
+in per-rank queues (int arrays in priority order, exactly as the kernels get them), with
+
+* a kind: BUILD / REDUCE (compute: a fixed duration) or MOVE (a transfer of `nbytes` over a
+  path of shared links, after a fixed setup latency);
+* dependencies (item ids, any rank), each with a latency: an item is *ready* at the latest
+  of (dependency completion + that edge's flag latency) and its `floor_ns` (e.g. the entry
+  handshake);
+* the WGs' loop rules: for each WG an ordered list of (queue, only_if_ready). A free WG
+  walks its rules and claims the head of the first queue that is non-empty and, for an
+  only_if_ready rule, whose head is ready. Claims are in queue order (an atomic counter),
+  so a claimed item that is not ready yet makes the WG WAIT on it (spin) until it is.
+  When no rule applies the WG exits. This is exactly the kernels' loop (schedule.py).
+
+Links are a fluid model: every active transfer has a rate, set by max-min fairness over the
+links on its path (each of capacity bytes/ns) and a per-transfer cap (what one WG can drive);
+rates are recomputed whenever a transfer starts or ends.
+
+Output (`SimResult`): per-item claim/start/end times and WG, WAIT intervals, the makespan,
+and `timeline()`: the role records (rank, wg, sm, role, item, t0_ns, t1_ns) with the same
+schema as the GPU traces (a WAIT record carries the id of the item waited on).
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+BUILD, MOVE, REDUCE = 0, 1, 2
+ROLE_NAMES = {BUILD: "BUILD", MOVE: "MOVE", REDUCE: "REDUCE"}
+
+# event types; at equal times completions come first, then readiness, then free WGs pick
+_EV_DONE, _EV_FLOW, _EV_JOIN, _EV_READY, _EV_FREE = 0, 1, 2, 3, 4
+
+
+@dataclass
+class Queue:
+    """One per-rank queue of item ids in claim order."""
+
+    name: str
+    items: np.ndarray  # int64 item ids
+
+
+@dataclass
+class Problem:
+    """Items (arrays of length n) + queues + WG rules + links. See the module docstring.
+
+    kind:       int8 (n,)     BUILD | MOVE | REDUCE (the trace role)
+    rank:       int32 (n,)    rank that executes the item
+    work_ns:    float (n,)    compute time (BUILD/REDUCE) or setup latency (MOVE)
+    nbytes:     float (n,)    bytes transferred (MOVE; 0 = no transfer)
+    path:       list of n tuples of link ids (MOVE)
+    dep_ptr, dep_idx: CSR dependencies: deps of i are dep_idx[dep_ptr[i]:dep_ptr[i+1]]
+    dep_lat_ns: float (len(dep_idx),) flag latency of each dependency edge
+    floor_ns:   float (n,)    earliest readiness (entry handshake), 0 by default
+    label:      int64 (n,)    item id written to the trace (the kernel's item number)
+    queues:     per rank, the list of queues (the rules index into it)
+    rule_sets:  list of rules; a rule list is [(queue index, only_if_ready), ...]
+    wg_rules:   per rank, int array (G,): which rule set each WG follows
+    link_bw:    float (L,)    link capacity, bytes/ns (= GB/s)
+    flow_cap:   bytes/ns one transfer (one WG) can drive at most
+    claim_ns:   cost of one claim (atomic), counted in the claimed item's interval
+    sm:         per rank, int array (G,): SM of each WG (default: the WG index)
+    """
+
+    kind: np.ndarray
+    rank: np.ndarray
+    work_ns: np.ndarray
+    nbytes: np.ndarray
+    path: list
+    dep_ptr: np.ndarray
+    dep_idx: np.ndarray
+    dep_lat_ns: np.ndarray
+    label: np.ndarray
+    queues: list
+    rule_sets: list
+    wg_rules: list
+    link_bw: np.ndarray
+    floor_ns: np.ndarray | None = None
+    flow_cap: float = float("inf")
+    claim_ns: float = 0.0
+    sm: list | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.kind)
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.queues)
+
+    def check(self) -> None:
+        """Every item in exactly one queue of its own rank; deps and rules valid."""
+        n = self.n
+        seen = np.zeros(n, dtype=np.int64)
+        for r, qs in enumerate(self.queues):
+            for q in qs:
+                it = np.asarray(q.items, dtype=np.int64)
+                if it.size and (it.min() < 0 or it.max() >= n):
+                    raise ValueError(f"rank {r}: queue {q.name} item out of range")
+                np.add.at(seen, it, 1)
+                if it.size and np.any(self.rank[it] != r):
+                    raise ValueError(f"rank {r}: queue {q.name} holds another rank's item")
+        if np.any(seen != 1):
+            bad = np.flatnonzero(seen != 1)[:5]
+            raise ValueError(f"items not in exactly one queue: {bad.tolist()} ...")
+        if len(self.dep_ptr) != n + 1 or len(self.dep_lat_ns) != len(self.dep_idx):
+            raise ValueError("dep_ptr must have n+1 entries and dep_lat_ns one per dependency")
+        if self.dep_idx.size and (self.dep_idx.min() < 0 or self.dep_idx.max() >= n):
+            raise ValueError("dependency out of range")
+        for r, wr in enumerate(self.wg_rules):
+            for k in np.unique(np.asarray(wr)):
+                for qi, _ in self.rule_sets[k]:
+                    if not 0 <= qi < len(self.queues[r]):
+                        raise ValueError(f"rank {r}: rule set {k} names queue {qi}")
+
+
+@dataclass
+class SimResult:
+    problem: Problem
+    wg_of: np.ndarray       # (n,) WG that ran each item
+    t_claim: np.ndarray     # (n,) claim time
+    t_start: np.ndarray     # (n,) start of the item's role interval (claim, or readiness)
+    t_end: np.ndarray       # (n,) completion
+    t_ready: np.ndarray     # (n,) readiness
+    wg_exit: list           # per rank, (G,) exit time of each WG
+    makespan_ns: float
+    events: int = 0
+    max_movers: int = 0     # most MOVE items in flight at once on one rank
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def waited(self) -> np.ndarray:
+        """Bool (n,): the WG claimed the item before it was ready and waited on it."""
+        return self.t_start > self.t_claim
+
+    def timeline(self) -> pd.DataFrame:
+        """Role records: rank, wg, sm, role, item, t0_ns, t1_ns (same schema as GPU traces)."""
+        p = self.problem
+        sm_of = p.sm or [np.arange(len(m)) for m in p.wg_rules]
+        rk = p.rank.astype(np.int64)
+        wg = self.wg_of.astype(np.int64)
+        sm = np.zeros(p.n, dtype=np.int64)
+        for r in range(p.num_ranks):
+            sel = rk == r
+            sm[sel] = np.asarray(sm_of[r])[wg[sel]]
+        roles = np.array([ROLE_NAMES[BUILD], ROLE_NAMES[MOVE], ROLE_NAMES[REDUCE]], dtype=object)[p.kind]
+        lab = p.label.astype(np.int64)
+        df = pd.DataFrame({"rank": rk, "wg": wg, "sm": sm, "role": roles, "item": lab,
+                           "t0_ns": self.t_start, "t1_ns": self.t_end})
+        w = self.waited
+        if w.any():
+            dw = pd.DataFrame({"rank": rk[w], "wg": wg[w], "sm": sm[w], "role": "WAIT", "item": lab[w],
+                               "t0_ns": self.t_claim[w], "t1_ns": self.t_start[w]})
+            df = pd.concat([df, dw], ignore_index=True)
+        df["t0_ns"] = np.round(df["t0_ns"].to_numpy(float)).astype(np.int64)
+        df["t1_ns"] = np.round(df["t1_ns"].to_numpy(float)).astype(np.int64)
+        return df.sort_values(["rank", "wg", "t0_ns", "t1_ns"], kind="stable").reset_index(drop=True)
+
+    def wg_accounting(self) -> pd.DataFrame:
+        """Per WG: busy (role intervals), wait, tail (exit -> makespan); total == makespan."""
+        p = self.problem
+        key = p.rank.astype(np.int64) * 1_000_000 + self.wg_of
+        busy = pd.Series(self.t_end - self.t_start).groupby(key).sum()
+        wait = pd.Series(self.t_start - self.t_claim).groupby(key).sum()
+        rows = []
+        for r, rules in enumerate(p.wg_rules):
+            for g in range(len(rules)):
+                k = r * 1_000_000 + g
+                b, w = float(busy.get(k, 0.0)), float(wait.get(k, 0.0))
+                tail = self.makespan_ns - float(self.wg_exit[r][g])
+                rows.append(dict(rank=r, wg=g, busy_ns=b, wait_ns=w, tail_ns=tail, total_ns=b + w + tail))
+        return pd.DataFrame(rows)
+
+    def summary(self) -> dict:
+        """Fractions of WG-time (all simulated WGs, 0..makespan) per role."""
+        p = self.problem
+        total = self.makespan_ns * sum(len(m) for m in p.wg_rules)
+        if total <= 0:
+            return {}
+        d = self.t_end - self.t_start
+        out = {f"sim_{ROLE_NAMES[k].lower()}_frac": float(d[p.kind == k].sum() / total) for k in (BUILD, MOVE, REDUCE)}
+        out["sim_wait_frac"] = float((self.t_start - self.t_claim).sum() / total)
+        out["sim_idle_frac"] = 1.0 - sum(out[f"sim_{ROLE_NAMES[k].lower()}_frac"] for k in (BUILD, MOVE, REDUCE))
+        movers = np.unique(self.wg_of[p.kind == MOVE] + 1_000_000 * p.rank[p.kind == MOVE].astype(np.int64))
+        out["sim_mover_wgs"] = int(len(movers))
+        out["sim_max_movers"] = int(self.max_movers)
+        return out
+
+
+class _Links:
+    """Fluid transfers with max-min fair rates over shared links and a per-transfer cap."""
+
+    def __init__(self, bw: np.ndarray, cap: float):
+        self.bw = np.asarray(bw, dtype=float)
+        self.cap = float(cap)
+        self.items: list[int] = []
+        self.paths: list[tuple] = []
+        self.remaining = np.zeros(0)
+        self.rate = np.zeros(0)
+        self.t = 0.0
+        self.single = True  # every path has at most one link
+
+    def advance(self, t: float) -> None:
+        dt = t - self.t
+        if dt > 0 and self.items:
+            self.remaining = self.remaining - self.rate * dt
+        self.t = t
+
+    def add(self, item: int, path: tuple, nbytes: float) -> None:
+        self.items.append(item)
+        self.paths.append(path)
+        self.remaining = np.append(self.remaining, float(nbytes))
+        if len(path) > 1:
+            self.single = False
+
+    def pop_done(self, tol_ns: float = 1e-6) -> list[int]:
+        """Transfers that are done (within `tol_ns` of their end at the current rates)."""
+        if not self.items:
+            return []
+        done = self.remaining <= np.maximum(self.rate * tol_ns, 1e-6)
+        if not done.any():
+            return []
+        out = [self.items[k] for k in np.flatnonzero(done)]
+        keep = np.flatnonzero(~done)
+        self.items = [self.items[k] for k in keep]
+        self.paths = [self.paths[k] for k in keep]
+        self.remaining = self.remaining[keep]
+        self.rate = self.rate[keep]
+        return out
+
+    def recompute(self) -> float:
+        """New rates; returns the time of the next completion (inf if none)."""
+        f = len(self.items)
+        if f == 0:
+            self.rate = np.zeros(0)
+            return float("inf")
+        if self.single:
+            rate = np.full(f, self.cap)
+            counts: dict = {}
+            for p in self.paths:
+                if p:
+                    counts[p[0]] = counts.get(p[0], 0) + 1
+            for k, p in enumerate(self.paths):
+                if p:
+                    rate[k] = min(self.cap, self.bw[p[0]] / counts[p[0]])
+        else:
+            rate = self._waterfill()
+        self.rate = rate
+        with np.errstate(divide="ignore"):
+            ttf = np.where(rate > 0, self.remaining / rate, np.inf)
+        return self.t + float(ttf.min())
+
+    def _waterfill(self) -> np.ndarray:
+        f, nl = len(self.items), len(self.bw)
+        inc = np.zeros((f, nl), dtype=bool)
+        for k, p in enumerate(self.paths):
+            for l in p:
+                inc[k, l] = True
+        rate = np.zeros(f)
+        active = np.ones(f, dtype=bool)
+        left = self.bw.copy()
+        for _ in range(nl + 2):
+            if not active.any():
+                break
+            users = inc[active].sum(axis=0)
+            share = np.where(users > 0, left / np.maximum(users, 1), np.inf)
+            delta = min(float(share.min()), float((self.cap - rate[active]).min()))
+            if not np.isfinite(delta):  # no link and no cap
+                rate[active] = 1e30
+                break
+            rate[active] += delta
+            left -= delta * users
+            sat = left <= 1e-9 * np.maximum(self.bw, 1.0)
+            frozen = inc[:, sat].any(axis=1) | (rate >= self.cap * (1 - 1e-12))
+            active &= ~frozen
+        return rate
+
+
+def simulate(p: Problem, check: bool = True) -> SimResult:
+    """Run the event loop to completion. Deterministic (ties broken by event order)."""
+    if check:
+        p.check()
+    n, R = p.n, p.num_ranks
+    rank_of = p.rank.tolist()
+    # reverse dependencies (consumers of each item) with the edge latencies
+    ndeps = np.diff(p.dep_ptr).astype(np.int64)
+    src = np.repeat(np.arange(n), ndeps)
+    order = np.argsort(p.dep_idx, kind="stable")
+    cons_idx = src[order].tolist()
+    cons_lat = np.asarray(p.dep_lat_ns, dtype=float)[order].tolist()
+    cons_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(cons_ptr, np.asarray(p.dep_idx, dtype=np.int64) + 1, 1)
+    cons_ptr = np.cumsum(cons_ptr).tolist()
+    pending = ndeps.tolist()
+    floor = (np.zeros(n) if p.floor_ns is None else np.asarray(p.floor_ns, dtype=float)).tolist()
+    ready_at = list(floor)  # running max of (dep end + latency)
+    work = np.asarray(p.work_ns, dtype=float).tolist()
+    nbytes = np.asarray(p.nbytes, dtype=float).tolist()
+    kind_l = np.asarray(p.kind).tolist()
+    is_move = [k == MOVE for k in kind_l]
+    claim_ns = float(p.claim_ns)
+
+    INF = float("inf")
+    ready_t = [INF] * n
+    t_claim = [0.0] * n
+    t_start = [0.0] * n
+    t_end = [INF] * n
+    wg_of = [-1] * n
+    waiting = [-1] * n  # WG bound to a claimed, not-yet-ready item
+
+    queues = [[[np.asarray(q.items, dtype=np.int64).tolist(), 0] for q in qs] for qs in p.queues]
+    rules = [[p.rule_sets[k] for k in np.asarray(wr).tolist()] for wr in p.wg_rules]
+    wg_exit = [np.full(len(wr), np.nan) for wr in p.wg_rules]
+    movers_now = [0] * R
+    max_movers = 0
+
+    ev: list = []
+    seq = 0
+
+    def push(t, typ, a, b=0):
+        nonlocal seq
+        heapq.heappush(ev, (t, typ, seq, a, b))
+        seq += 1
+
+    links = _Links(p.link_bw, p.flow_cap)
+    for i in range(n):
+        if pending[i] == 0:
+            push(floor[i], _EV_READY, i)
+    for r in range(R):
+        for g in range(len(rules[r])):
+            push(0.0, _EV_FREE, r, g)
+
+    def start(it, t):
+        nonlocal max_movers
+        t_start[it] = t
+        r = rank_of[it]
+        if is_move[it]:
+            movers_now[r] += 1
+            if movers_now[r] > max_movers:
+                max_movers = movers_now[r]
+            if nbytes[it] > 0:
+                push(t + work[it], _EV_JOIN, it)
+                return
+        push(t + work[it], _EV_DONE, it)
+
+    def pick(r, g, t):
+        for qi, need_ready in rules[r][g]:
+            q = queues[r][qi]
+            items, h = q
+            if h >= len(items):
+                continue
+            it = items[h]
+            rdy = ready_t[it] <= t
+            if need_ready and not rdy:
+                continue
+            q[1] = h + 1
+            wg_of[it] = g
+            t_claim[it] = t
+            if rdy:
+                start(it, t + claim_ns)
+            else:
+                waiting[it] = g
+            return
+        wg_exit[r][g] = t
+
+    def complete(it, t):
+        t_end[it] = t
+        if is_move[it]:
+            movers_now[rank_of[it]] -= 1
+        for k in range(cons_ptr[it], cons_ptr[it + 1]):
+            c = cons_idx[k]
+            x = t + cons_lat[k]
+            if x > ready_at[c]:
+                ready_at[c] = x
+            pending[c] -= 1
+            if pending[c] == 0:
+                push(ready_at[c], _EV_READY, c)
+        push(t, _EV_FREE, rank_of[it], wg_of[it])
+
+    nev = 0
+    flow_version = 0
+    while ev:
+        t, typ, _, a, b = heapq.heappop(ev)
+        nev += 1
+        if typ == _EV_FREE:
+            pick(a, b, t)
+        elif typ == _EV_DONE:
+            complete(a, t)
+        elif typ == _EV_READY:
+            ready_t[a] = t
+            if waiting[a] >= 0:
+                start(a, max(t, t_claim[a] + claim_ns))
+        elif typ == _EV_JOIN:
+            links.advance(t)
+            links.add(a, tuple(p.path[a]), nbytes[a])
+            flow_version += 1
+            push(links.recompute(), _EV_FLOW, flow_version)
+        else:  # _EV_FLOW
+            if a != flow_version:
+                continue
+            links.advance(t)
+            done = links.pop_done()
+            flow_version += 1
+            nxt = links.recompute()
+            if nxt < INF:
+                push(nxt, _EV_FLOW, flow_version)
+            for it in done:
+                complete(it, t)
+
+    t_end_a = np.asarray(t_end)
+    if not np.isfinite(t_end_a).all():
+        stuck = np.flatnonzero(~np.isfinite(t_end_a))[:5].tolist()
+        raise RuntimeError(f"simulation deadlocked: items never completed, e.g. {stuck} "
+                           "(a queue order inconsistent with the dependencies, or no WG may claim them)")
+    makespan = float(max([t_end_a.max() if n else 0.0] + [float(np.nanmax(e)) for e in wg_exit if len(e)]))
+    return SimResult(p, np.asarray(wg_of, dtype=np.int64), np.asarray(t_claim), np.asarray(t_start), t_end_a,
+                     np.asarray(ready_t), wg_exit, makespan, events=nev, max_movers=max_movers)
+
+
+# ----------------------------------------------------------------------------- helpers
+def csr(deps: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """CSR arrays (dep_ptr, dep_idx) from a list of dependency lists."""
+    ptr = np.zeros(len(deps) + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum([len(d) for d in deps])
+    idx = np.fromiter((x for d in deps for x in d), dtype=np.int64, count=int(ptr[-1]))
+    return ptr, idx
