@@ -1,0 +1,229 @@
+// builder_sm90.cuh — Hopper (sm_90a) builder: one C tile of C = A @ B per call.
+//
+//   A (M x K) bf16 row-major, B (K x N) bf16 row-major (N contiguous, i.e. MN-major for the
+//   tensor cores), C (M x N) bf16 row-major, fp32 accumulation.
+//
+// Mainloop: TMA (cp.async.bulk.tensor) -> kNumStages-deep shared-memory ring guarded by
+// mbarriers -> wgmma (HGMMA m64nNk16, both operands from shared memory, B transposed by the
+// descriptor). The mainloop is CUTLASS's `CollectiveMma<MainloopSm90TmaGmmaWarpSpecialized>`
+// (cooperative schedule: two consumer warpgroups split the BM rows); this header adds the
+// per-tile entry points and the epilogue, so that a persistent kernel can hand the builder
+// one tile at a time and do other work (mover items) between tiles.
+//
+// Thread roles inside a CTA of kNumThreads = 384 (3 warpgroups):
+//   warpgroup 0           : "loader" — one warp of it (any one, whole warp) calls produce();
+//                           the other warps of the group are free (mover work, claiming).
+//   warpgroups 1 and 2    : "math"   — all 256 threads call consume() with the same tiles,
+//                           in the same order as produce() was called.
+// The loader runs ahead of the math warps by up to kNumStages k-blocks, so while the math
+// warps finish tile t (last MMAs + epilogue), the loads of tile t+1 are already in flight:
+// that is the "prefetch the next tile's first stages" of the design. The tile sequence must
+// be handed from the loader to the math warps (e.g. an smem ring, see gemm_sm90.cu).
+//
+// Shared memory (SharedStorage):
+//   tensors.smem_A : kNumStages x (kBM x kBK) bf16, 128B-swizzled  = kNumStages * kBM*kBK*2 B
+//   tensors.smem_B : kNumStages x (kBN x kBK) bf16, 128B-swizzled  = kNumStages * kBN*kBK*2 B
+//   pipeline       : 2 * kNumStages mbarriers (full / empty)       = 16 * kNumStages B
+//   (128x256x64, 4 stages: 196,672 B; 3 stages: 147,520 B — leaves ~80 KB for movers.)
+//
+// Requirements (checked on the host by `validate`): K % 8 == 0 and N % 8 == 0 (TMA needs
+// 16-byte-aligned global row strides), 16-byte-aligned base pointers. Any M, N, K otherwise:
+// partial tiles in M, N and K are handled (TMA zero-fills out-of-bounds loads; the
+// epilogue masks rows >= M and columns >= N).
+//
+// New intrinsics used here (to fold into platform.cuh later): setmaxnreg via
+// cutlass::arch::warpgroup_reg_{alloc,dealloc}, mbarrier/TMA/wgmma via CuTe/CUTLASS.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/dispatch_policy.hpp>
+#include <cutlass/pipeline/pipeline.hpp>
+
+namespace kosmos {
+namespace sm90 {
+
+template <int kBM_ = 128, int kBN_ = 256, int kBK_ = 64, int kNumStages_ = 4>
+struct BuilderSm90 {
+  static constexpr int kBM = kBM_;
+  static constexpr int kBN = kBN_;
+  static constexpr int kBK = kBK_;
+  static constexpr int kNumStages = kNumStages_;
+  static constexpr int kNumThreads = 384;           // 1 loader + 2 math warpgroups
+  static constexpr int kNumMathThreads = 256;
+  static constexpr int kLoaderRegs = 40;            // setmaxnreg for warpgroup 0
+  static constexpr int kMathRegs = 232;             // setmaxnreg for warpgroups 1, 2
+
+  using dtype_t = cutlass::bfloat16_t;
+  using TileShape = cute::Shape<cute::Int<kBM>, cute::Int<kBN>, cute::Int<kBK>>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
+      dtype_t, cutlass::layout::RowMajor, 8,   // A: M x K, K contiguous
+      dtype_t, cutlass::layout::RowMajor, 8,   // B: K x N, N contiguous
+      float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCount<kNumStages>,
+      cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
+
+  using StrideA = typename Mainloop::StrideA;
+  using StrideB = typename Mainloop::StrideB;
+  using TiledMma = typename Mainloop::TiledMma;
+  using MainloopPipeline = typename Mainloop::MainloopPipeline;
+  using PipelineState = typename Mainloop::PipelineState;
+
+  static_assert(cute::is_same_v<StrideA, cute::Stride<int64_t, cute::Int<1>, int64_t>>, "A row-major");
+  static_assert(cute::is_same_v<StrideB, cute::Stride<cute::Int<1>, int64_t, int64_t>>, "B row-major (N contiguous)");
+  static_assert(cute::size(TiledMma{}) == kNumMathThreads, "cooperative schedule: 2 math warpgroups");
+
+  struct SharedStorage {
+    typename Mainloop::TensorStorage tensors;
+    alignas(16) typename MainloopPipeline::SharedStorage pipeline;
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 227 * 1024, "builder shared memory exceeds the sm_90 per-block limit");
+
+  // Everything the builder needs, by value (kernel parameter: TMA descriptors inside must live
+  // in param/const/global memory, so pass the enclosing struct as __grid_constant__).
+  struct Params {
+    typename Mainloop::Params mainloop;
+    dtype_t* C;
+    int M, N, K;
+    int num_m_blk, num_n_blk, num_k_blk;
+  };
+
+  // ---------------------------------------------------------------------------- host side
+  // Returns nullptr when (M, N, K, pointers) are supported, else a message saying why not.
+  static const char* validate(const void* A, const void* B, const void* C, int M, int N, int K) {
+    if (M <= 0 || N <= 0 || K <= 0) return "sm90 builder: M, N, K must be positive";
+    if (K % 8 != 0) return "sm90 builder: K must be a multiple of 8 (TMA: A's row stride must be 16-byte aligned)";
+    if (N % 8 != 0) return "sm90 builder: N must be a multiple of 8 (TMA: B's and C's row stride must be 16-byte aligned)";
+    if ((reinterpret_cast<uintptr_t>(A) | reinterpret_cast<uintptr_t>(B) | reinterpret_cast<uintptr_t>(C)) % 16 != 0)
+      return "sm90 builder: A, B and C must be 16-byte aligned";
+    return nullptr;
+  }
+
+  // Builds the TMA descriptors (host; calls the driver through cudaGetDriverEntryPoint).
+  static Params make_params(const void* A, const void* B, void* C, int M, int N, int K) {
+    auto problem = cute::make_shape(M, N, K, 1);
+    // A viewed as (M, K, L) with strides (K, 1, M*K); B viewed as (N, K, L) with strides (1, N, K*N).
+    StrideA dA = cute::make_stride(int64_t(K), cute::Int<1>{}, int64_t(M) * K);
+    StrideB dB = cute::make_stride(cute::Int<1>{}, int64_t(N), int64_t(K) * N);
+    typename Mainloop::Arguments args{static_cast<const dtype_t*>(A), dA, static_cast<const dtype_t*>(B), dB};
+    Params p;
+    p.mainloop = Mainloop::to_underlying_arguments(problem, args, nullptr);
+    p.C = static_cast<dtype_t*>(C);
+    p.M = M;
+    p.N = N;
+    p.K = K;
+    p.num_m_blk = (M + kBM - 1) / kBM;
+    p.num_n_blk = (N + kBN - 1) / kBN;
+    p.num_k_blk = (K + kBK - 1) / kBK;
+    return p;
+  }
+
+  // --------------------------------------------------------------------------- device side
+  enum class Role { kLoader, kMath, kNone };
+
+  // Which role a thread has, from its warpgroup (0: loader, 1 and 2: math).
+  CUTLASS_DEVICE static Role role_of(int thread_idx) {
+    return thread_idx < 128 ? Role::kLoader : (thread_idx < kNumThreads ? Role::kMath : Role::kNone);
+  }
+
+  // Per-thread builder state. Construct in ALL threads of the CTA (the barrier initialisation
+  // is done by warp 0), then fence: __syncthreads() before the first produce/consume.
+  CUTLASS_DEVICE BuilderSm90(SharedStorage& smem, Params const& params, Role role)
+      : smem_(smem), params_(params), pipeline_(smem.pipeline, pipeline_params(role), ClusterShape{}),
+        write_state_(cutlass::make_producer_start_state<MainloopPipeline>()), read_state_() {}
+
+  // Loader: issue the TMA loads of all k-blocks of tile (m_blk, n_blk), blocking only while
+  // the ring is full. Call with one whole warp of warpgroup 0 (one lane issues).
+  CUTLASS_DEVICE void produce(int m_blk, int n_blk) {
+    Mainloop mainloop;
+    auto problem = cute::make_shape(params_.M, params_.N, params_.K, 1);
+    auto load_inputs = mainloop.load_init(problem, params_.mainloop);
+    auto k_tile_iter = cute::make_coord_iterator(cute::shape<3>(cute::get<0>(load_inputs)));
+    auto blk_coord = cute::make_coord(m_blk, n_blk, cute::_, 0);
+    mainloop.load(params_.mainloop, pipeline_, write_state_, load_inputs, blk_coord, k_tile_iter,
+                  params_.num_k_blk, int(threadIdx.x % 32), 0u, smem_.tensors);
+    write_state_.advance(params_.num_k_blk);
+  }
+
+  // Loader: before the CTA exits (or repurposes the ring's memory), wait until the math
+  // warps have released every stage.
+  CUTLASS_DEVICE void produce_tail() {
+    Mainloop mainloop;
+    mainloop.load_tail(pipeline_, write_state_);
+  }
+
+  // Math: all 256 math threads. MMAs over every k-block of tile (m_blk, n_blk), then the
+  // epilogue (fp32 -> bf16, masked stores straight from registers to C).
+  CUTLASS_DEVICE void consume(int m_blk, int n_blk) {
+    using namespace cute;
+    Mainloop mainloop;
+    TiledMma tiled_mma;
+    int const math_idx = int(threadIdx.x) - 128;
+    Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));  // (MMA, MMA_M, MMA_N) fp32
+    mainloop.mma(pipeline_, read_state_, accum, params_.num_k_blk, math_idx, smem_.tensors, params_.mainloop);
+    mainloop.mma_tail(pipeline_, read_state_, params_.num_k_blk);
+    read_state_.advance(params_.num_k_blk);
+    store_tile(accum, tiled_mma, math_idx, m_blk, n_blk);
+  }
+
+ private:
+  static CUTLASS_DEVICE typename MainloopPipeline::Params pipeline_params(Role role) {
+    typename MainloopPipeline::Params pp;
+    pp.role = role == Role::kLoader ? MainloopPipeline::ThreadCategory::Producer
+            : role == Role::kMath   ? MainloopPipeline::ThreadCategory::Consumer
+                                    : MainloopPipeline::ThreadCategory::NonParticipant;
+    pp.is_leader = (threadIdx.x % 128) == 0;
+    pp.num_consumers = kNumMathThreads;
+    pp.transaction_bytes = Mainloop::TmaTransactionBytes;
+    return pp;
+  }
+
+  // Epilogue. The wgmma accumulator layout gives each thread pairs of adjacent columns
+  // (values 2i, 2i+1), so the stores are 4-byte bf16x2, masked by M and N (N is even).
+  template <class Accum>
+  CUTLASS_DEVICE void store_tile(Accum const& accum, TiledMma const& tiled_mma, int math_idx, int m_blk, int n_blk) {
+    using namespace cute;
+    auto thr_mma = tiled_mma.get_thread_slice(math_idx);
+    Tensor cC = make_identity_tensor(make_shape(Int<kBM>{}, Int<kBN>{}));
+    Tensor tCcC = thr_mma.partition_C(cC);  // same shape as accum: (row, col) inside the tile
+    static_assert(decltype(size(tCcC))::value == decltype(size(accum))::value, "epilogue layout");
+    int const m0 = m_blk * kBM;
+    int const n0 = n_blk * kBN;
+    int const M = params_.M, N = params_.N;
+    __nv_bfloat16* C = reinterpret_cast<__nv_bfloat16*>(params_.C);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(accum); i += 2) {
+      int const r = m0 + get<0>(tCcC(i));
+      int const c = n0 + get<1>(tCcC(i));
+      int const r1 = m0 + get<0>(tCcC(i + 1));
+      int const c1 = n0 + get<1>(tCcC(i + 1));
+      if (r1 == r && c1 == c + 1) {
+        if (r < M && c < N) {
+          *reinterpret_cast<__nv_bfloat162*>(C + int64_t(r) * N + c) = __floats2bfloat162_rn(accum(i), accum(i + 1));
+        }
+      } else {  // not expected for the wgmma layout; kept so the epilogue is right for any layout
+        if (r < M && c < N) C[int64_t(r) * N + c] = __float2bfloat16_rn(accum(i));
+        if (r1 < M && c1 < N) C[int64_t(r1) * N + c1] = __float2bfloat16_rn(accum(i + 1));
+      }
+    }
+  }
+
+  SharedStorage& smem_;
+  Params const& params_;
+  MainloopPipeline pipeline_;
+  PipelineState write_state_;
+  PipelineState read_state_;
+};
+
+}  // namespace sm90
+}  // namespace kosmos
