@@ -1,0 +1,107 @@
+"""Plots of a run directory: `render(run_dir)` -> PNG + SVG figures and an index.md.
+
+Figures (each skipped, with the reason written to index.md, when the run lacks its data):
+  speedup     speedup over nccl-seq per shape and implementation
+  overlap     overlap efficiency vs comm/compute ratio (t_comm_us / t_gemm_us)
+  timeline    role Gantt (WGs x time, per rank) of one traced point (+ its Perfetto JSON)
+  idle_cdf    idle-window CDF of self vs fixed:k (traced kosmos points of one shape)
+  ablation    bars per value of queue_order / policy / local_first / chunk
+"""
+from __future__ import annotations
+
+import json
+import traceback
+from pathlib import Path
+
+import pandas as pd
+
+from ..report import derive, header_text, points_summary, verdict, geomean_speedups
+from ..store import load_rows
+
+FIGURES = ("speedup", "overlap", "timeline", "idle_cdf", "ablation")
+TITLES = {
+    "speedup": "Speedup over nccl-seq",
+    "overlap": "Overlap efficiency vs comm/compute ratio",
+    "timeline": "Role timeline",
+    "idle_cdf": "Idle-window CDF: self vs fixed roles",
+    "ablation": "Ablations",
+}
+
+
+def _save(fig, out_dir: Path, name: str) -> list[Path]:
+    import matplotlib.pyplot as plt
+
+    paths = [out_dir / f"{name}.png", out_dir / f"{name}.svg"]
+    fig.savefig(paths[0], dpi=130)
+    fig.savefig(paths[1])
+    plt.close(fig)
+    return paths
+
+
+def render(run_dir: Path, out_dir: Path | None = None, trace_key: str | None = None) -> list[Path]:
+    """Write the figures of `run_dir` (PNG + SVG) and index.md into `out_dir`.
+
+    out_dir defaults to <run_dir>/plots. trace_key (a key or a prefix of one) picks the
+    point of the role timeline; default: the first traced kosmos point, policy self first.
+    Returns the written paths (index.md last). A figure that cannot be drawn is skipped and
+    index.md says why; only a run directory with no rows at all raises (FileNotFoundError).
+    """
+    from . import figures as F
+
+    run_dir = Path(run_dir)
+    out_dir = Path(out_dir) if out_dir is not None else run_dir / "plots"
+    rows = load_rows(run_dir)
+    if rows.empty:
+        raise FileNotFoundError(f"no result rows under {run_dir} (expected {run_dir}/points/*.parquet)")
+    if "variant" in rows.columns:
+        rows["variant"] = rows["variant"].where(rows["variant"].notna(), rows["impl"]).astype(str)
+    df = derive(rows)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mpath = run_dir / "manifest.json"
+    manifest = json.loads(mpath.read_text()) if mpath.exists() else {}
+
+    written: list[Path] = []
+    sections: list[str] = []
+    for name in FIGURES:
+        try:
+            if name == "timeline":
+                fig, lines, key, tr, row = F.fig_timeline(df, run_dir, trace_key)
+                from ..trace.perfetto import to_perfetto
+
+                pj = to_perfetto(tr, out_dir / "timeline.perfetto.json",
+                                 meta={"key": key, "point": F._point_title(row), "run": str(run_dir)})
+                written.append(pj)
+                lines.append(f"Perfetto trace of this point: [`{pj.name}`]({pj.name}) (open in https://ui.perfetto.dev)")
+            else:
+                fig, lines = getattr(F, f"fig_{name}")(df, run_dir)
+        except F.Skip as e:
+            sections.append(f"## {TITLES[name]}\n\n*skipped: {e}*\n")
+            continue
+        except Exception as e:  # noqa: BLE001 - one broken figure never sinks the others
+            tb = traceback.format_exc(limit=3).strip().splitlines()[-1]
+            sections.append(f"## {TITLES[name]}\n\n*skipped: drawing failed: {type(e).__name__}: {e}* (`{tb}`)\n")
+            continue
+        paths = _save(fig, out_dir, name)
+        written += paths
+        body = "\n".join(f"- {l}" for l in lines)
+        sections.append(f"## {TITLES[name]}\n\n![{TITLES[name]}]({paths[0].name})\n\n{body}\n\n"
+                        f"([SVG]({paths[1].name}))\n")
+
+    v = verdict(df)
+    gm = geomean_speedups(df)
+    head = header_text(manifest, points_summary(df))
+    md = [f"# kosmos-bench plots: `{run_dir.name}`", "", "```", head, "```", "",
+          f"**Verdict:** {v['ok']} ok, {v['wrong']} wrong, {v['failed']} failed, {v['skipped']} skipped"
+          + (f", {v['timeout']} timeout" if v["timeout"] else "") + f" ({v['total']} points).", ""]
+    if gm:
+        md += ["| variant | geomean speedup over nccl-seq | points |", "|---|---:|---:|"]
+        md += [f"| {k} | {s:.2f}× | {n} |" for k, (s, n) in gm.items()]
+        md.append("")
+    md += sections
+    index = out_dir / "index.md"
+    index.write_text("\n".join(md))
+    written.append(index)
+    return written
+
+
+__all__ = ["render", "FIGURES"]

@@ -1,0 +1,369 @@
+"""The figures of a run, one function each. Every function takes the derived rows (and the
+run directory for traces), draws on a fresh matplotlib Figure, and returns
+(figure, key-number lines for index.md) or raises `Skip(reason)` when the run lacks the data.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # noqa: E402 - before pyplot, never a display
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from ..report import SEQ_IMPL  # noqa: E402
+from ..store import load_traces  # noqa: E402
+from ..trace.analysis import idle_windows, summarize  # noqa: E402
+
+ROLE_COLORS = {"MOVE": "#1f77b4", "BUILD": "#2ca02c", "REDUCE": "#ff7f0e", "WAIT": "#d62728", "KERNEL": "#9467bd"}
+ROLE_LABELS = {"MOVE": "MOVE (mover: copy a chunk)", "BUILD": "BUILD (builder: GEMM tile)",
+               "REDUCE": "REDUCE (sum partials)", "WAIT": "WAIT (nothing ready)", "KERNEL": "kernel"}
+KNOBS = {"policy": "self", "queue_order": "demand", "local_first": True, "chunk": 1}
+KNOB_TITLES = {"policy": "role policy", "queue_order": "queue order", "local_first": "local-first", "chunk": "chunk (bands of BM rows)"}
+
+
+class Skip(Exception):
+    """This figure cannot be drawn from this run; the message says why."""
+
+
+def _ok(df: pd.DataFrame) -> pd.DataFrame:
+    return df[df["status"].astype(str) == "ok"]
+
+
+def _knob_str(v, k: str) -> str:
+    """Canonical text of a knob value (Parquet turns 1 into 1.0 and True into 'True')."""
+    if v is None or (isinstance(v, float) and np.isnan(v)) or v is pd.NA:
+        v = KNOBS[k]
+    if k == "local_first":
+        return "True" if str(v).lower() in ("true", "1", "1.0", "on", "yes") else "False"
+    if isinstance(v, (float, np.floating)) and float(v).is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def _knob(df: pd.DataFrame, k: str) -> pd.Series:
+    s = df[k] if k in df.columns else pd.Series([None] * len(df), index=df.index)
+    return pd.Series([_knob_str(v, k) for v in s.tolist()], index=df.index, dtype=object)
+
+
+def is_default_kosmos(df: pd.DataFrame) -> pd.Series:
+    """True for rows that are not an ablation (queue_order, local_first, chunk at defaults)."""
+    m = pd.Series(True, index=df.index)
+    for k in ("queue_order", "local_first", "chunk"):
+        m &= _knob(df, k) == _knob_str(None, k)
+    return m
+
+
+def shape_label(row, multi: dict[str, bool]) -> str:
+    """'M×N×K' (or 'model layer'), plus op / world / fabric / backend when the run mixes them."""
+    if isinstance(row.get("model"), str) and row.get("model"):
+        s = f"{row['model']} {row.get('layer') or ''}".strip() + f"\n{int(row['M'])}×{int(row['N'])}×{int(row['K'])}"
+    else:
+        s = f"{int(row['M'])}×{int(row['N'])}×{int(row['K'])}"
+    extra = [str(row[c]) for c in ("op",) if multi.get(c)]
+    extra += [f"W={int(row['world'])}" for c in ("world",) if multi.get(c)]
+    extra += [str(row[c]) for c in ("fabric", "backend", "dtype") if multi.get(c)]
+    return s + (("\n" + " ".join(extra)) if extra else "")
+
+
+def _multi(df: pd.DataFrame) -> dict[str, bool]:
+    return {c: c in df.columns and df[c].astype(str).nunique() > 1 for c in ("op", "world", "fabric", "backend", "dtype")}
+
+
+def _shape_cols(df):
+    return [c for c in ("op", "M", "N", "K", "world", "dtype", "fabric", "backend") if c in df.columns]
+
+
+def _variant_order(vs) -> list[str]:
+    def rank(v):
+        if v == "nccl-overlap":
+            return (0, v)
+        if v.startswith("kosmos[self"):
+            return (3, v)
+        if v.startswith("kosmos"):
+            return (2, v)
+        return (1, v)
+    return sorted(set(vs), key=rank)
+
+
+def _palette(variants: list[str]) -> dict[str, str]:
+    cmap = plt.get_cmap("tab10")
+    fixed = {"nccl-overlap": "#7f7f7f", "kosmos[self]": "#2ca02c", "kosmos[predicted]": "#9467bd"}
+    out, i = {}, 0
+    for v in variants:
+        if v in fixed:
+            out[v] = fixed[v]
+        else:
+            while cmap(i % 10)[:3] in [matplotlib.colors.to_rgb(c) for c in fixed.values()]:
+                i += 1
+            out[v] = matplotlib.colors.to_hex(cmap(i % 10))
+            i += 1
+    return out
+
+
+def fig_speedup(df: pd.DataFrame, run_dir: Path):
+    d = _ok(df)
+    d = d[(d["impl"] != SEQ_IMPL) & d["speedup_vs_seq"].notna()]
+    d = d[(d["impl"] != "kosmos") | is_default_kosmos(d)]
+    if d.empty:
+        raise Skip("no ok point has an nccl-seq baseline of the same shape (speedup needs both)")
+    multi = _multi(d)
+    d = d.assign(shape=[shape_label(r, multi) for r in d.to_dict(orient="records")])
+    shapes = list(dict.fromkeys(d.sort_values(_shape_cols(d))["shape"]))
+    variants = _variant_order(d["variant"])
+    pal = _palette(variants)
+    piv = d.groupby(["shape", "variant"])["speedup_vs_seq"].median().unstack("variant").reindex(index=shapes, columns=variants)
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.3 * len(shapes) * max(1, len(variants)) / 3 + 3), 4.8), layout="constrained")
+    x = np.arange(len(shapes))
+    w = 0.8 / len(variants)
+    for i, v in enumerate(variants):
+        vals = piv[v].to_numpy(dtype=float)
+        bars = ax.bar(x - 0.4 + w * (i + 0.5), np.nan_to_num(vals), w, label=v, color=pal[v])
+        if len(shapes) * len(variants) <= 40:
+            ax.bar_label(bars, labels=[f"{y:.2f}" if np.isfinite(y) else "" for y in vals], fontsize=7, padding=1)
+    ax.axhline(1.0, color="black", lw=1, ls="--", label="nccl-seq (= 1)")
+    ax.set_xticks(x, shapes, fontsize=8)
+    ax.set_ylabel("speedup over nccl-seq (×, higher is better)")
+    ax.set_xlabel("GEMM shape M×N×K (global)")
+    ax.set_title(f"{', '.join(map(str, d['op'].unique()))}: speedup over nccl-seq (collective, then GEMM)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_ylim(0, max(1.2, float(np.nanmax(piv.to_numpy(dtype=float))) * 1.15))
+    gm = d.groupby("variant")["speedup_vs_seq"].apply(lambda s: float(np.exp(np.log(s).mean())))
+    lines = [f"geometric-mean speedup over nccl-seq: " + ", ".join(f"{v} **{gm[v]:.2f}×**" for v in variants if v in gm)]
+    best = d.loc[d["speedup_vs_seq"].idxmax()]
+    lines.append(f"best point: {best['variant']} {best['speedup_vs_seq']:.2f}× at {best['shape'].replace(chr(10), ' ')}")
+    return fig, lines
+
+
+def fig_overlap(df: pd.DataFrame, run_dir: Path):
+    d = _ok(df)
+    d = d[(d["impl"] != "kosmos") | is_default_kosmos(d)]
+    tg = pd.to_numeric(d["t_gemm_us"], errors="coerce")
+    tc = pd.to_numeric(d["t_comm_us"], errors="coerce")
+    d = d.assign(ratio=tc / tg)
+    d = d[d["ratio"].notna() & (d["ratio"] > 0) & d["overlap_efficiency"].notna()]
+    if d.empty:
+        raise Skip("no ok point has t_gemm_us, t_comm_us and a time (the GEMM-alone and collective-alone runs)")
+    variants = _variant_order(list(d["variant"].unique()))
+    pal = _palette(variants)
+    pal.setdefault(SEQ_IMPL, "black")
+    fig, ax = plt.subplots(figsize=(7.5, 4.8), layout="constrained")
+    markers = "os^Dv<>Ph*"
+    for i, v in enumerate([SEQ_IMPL] + [v for v in variants if v != SEQ_IMPL] if SEQ_IMPL in variants else variants):
+        g = d[d["variant"] == v].sort_values("ratio")
+        if g.empty:
+            continue
+        ax.plot(g["ratio"], g["overlap_efficiency"], marker=markers[i % len(markers)], ls="none", ms=7,
+                color=pal.get(v, "black"), label=v, alpha=0.8)
+    lo, hi = float(d["ratio"].min()), float(d["ratio"].max())
+    r = np.geomspace(min(lo, 0.1) / 1.5, max(hi, 10) * 1.5, 200)
+    ax.plot(r, np.maximum(r, 1) / (1 + r), color="grey", ls=":", lw=1.2, label="no overlap: max/(gemm+comm)")
+    ax.axhline(1.0, color="black", ls="--", lw=1, label="perfect overlap")
+    ax.set_xscale("log")
+    ax.set_xlim(r[0], r[-1])
+    ax.set_ylim(0, max(1.1, float(d["overlap_efficiency"].max()) * 1.05))
+    ax.set_xlabel("comm / compute ratio  t_comm_us / t_gemm_us  (collective alone / GEMM alone, log)")
+    ax.set_ylabel("overlap efficiency  max(t_gemm, t_comm) / t_fused")
+    ax.set_title("Overlap efficiency vs comm/compute ratio (1 = fused op as fast as its longer half)")
+    ax.legend(fontsize=8, loc="lower right")
+    med = d.groupby("variant")["overlap_efficiency"].median()
+    return fig, ["median overlap efficiency: " + ", ".join(f"{v} {med[v]:.2f}" for v in variants if v in med),
+                 f"comm/compute ratios covered: {lo:.2g} – {hi:.2g}"]
+
+
+def _traced_keys(run_dir: Path) -> list[str]:
+    return sorted(p.stem for p in (Path(run_dir) / "traces").glob("*.parquet"))
+
+
+def choose_trace_key(df: pd.DataFrame, run_dir: Path, trace_key: str | None) -> str:
+    keys = _traced_keys(run_dir)
+    if trace_key is not None:
+        hits = [k for k in keys if k.startswith(trace_key)]
+        if not hits:
+            raise Skip(f"no trace for key {trace_key!r} under {run_dir}/traces (traced keys: {', '.join(keys[:8]) or 'none'})")
+        return hits[0]
+    if not keys:
+        raise Skip("the run has no traces (run the sweep with --trace)")
+    d = df[df["key"].isin(keys)]
+    if d.empty:
+        return keys[0]
+    d = d.assign(_self=~d["variant"].astype(str).str.startswith("kosmos[self]"),
+                 _kos=d["impl"] != "kosmos", _ok=d["status"] != "ok")
+    d = d.sort_values(["_ok", "_kos", "_self"] + _shape_cols(d), kind="stable")
+    return str(d.iloc[0]["key"])
+
+
+def _row_of(df, key) -> dict:
+    r = df[df["key"] == key]
+    return r.iloc[0].to_dict() if len(r) else {"variant": "?", "key": key}
+
+
+def _point_title(row: dict) -> str:
+    try:
+        return (f"{row.get('variant')} {row.get('op')} M={int(row['M'])} N={int(row['N'])} K={int(row['K'])} "
+                f"W={int(row['world'])} ({row.get('fabric')}, {row.get('backend')})")
+    except (KeyError, TypeError, ValueError):
+        return str(row.get("variant"))
+
+
+def fig_timeline(df: pd.DataFrame, run_dir: Path, trace_key: str | None = None, max_ranks: int = 2):
+    key = choose_trace_key(df, run_dir, trace_key)
+    tr = load_traces(run_dir, key)
+    if tr.empty:
+        raise Skip(f"trace {key} is empty")
+    row = _row_of(df, key)
+    ranks = sorted(tr["rank"].unique())[:max_ranks]
+    n_wg = [tr.loc[tr["rank"] == r, "wg"].nunique() for r in ranks]
+    height = min(14.0, 1.2 + sum(max(1.2, 0.12 * n) for n in n_wg))
+    fig, axes = plt.subplots(len(ranks), 1, figsize=(11, height), squeeze=False, layout="constrained",
+                             height_ratios=[max(1, n) for n in n_wg])
+    for ax, rk in zip(axes[:, 0], ranks):
+        t = tr[tr["rank"] == rk]
+        t0 = int(t["t0_ns"].min())
+        wgs = sorted(t["wg"].unique())
+        ypos = {w: i for i, w in enumerate(wgs)}
+        for role, g in t.groupby("role"):
+            y = g["wg"].map(ypos).to_numpy()
+            s = (g["t0_ns"].to_numpy() - t0) / 1e3
+            w = (g["t1_ns"] - g["t0_ns"]).to_numpy() / 1e3
+            ax.barh(y, w, left=s, height=0.8, color=ROLE_COLORS.get(role, "black"), linewidth=0,
+                    label=ROLE_LABELS.get(role, role))
+        ax.set_ylim(len(wgs) - 0.5, -0.5)
+        step = max(1, len(wgs) // 16)
+        ax.set_yticks(range(0, len(wgs), step), [str(wgs[i]) for i in range(0, len(wgs), step)], fontsize=7)
+        ax.set_ylabel(f"rank {rk}: WG")
+        ax.set_xlim(0, (int(t["t1_ns"].max()) - t0) / 1e3)
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1, 0].set_xlabel("time since the rank's first record (us); white = idle gap")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    for ax in axes[1:, 0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    order = sorted(range(len(labels)), key=lambda i: list(ROLE_LABELS.values()).index(labels[i]) if labels[i] in ROLE_LABELS.values() else 9)
+    fig.legend([handles[i] for i in order], [labels[i] for i in order], loc="outside lower center", ncol=4, fontsize=8)
+    total_ranks = tr["rank"].nunique()
+    shown = "" if total_ranks <= len(ranks) else f" (ranks {', '.join(map(str, ranks))} of {total_ranks})"
+    fig.suptitle(f"Role timeline: {_point_title(row)}{shown}", fontsize=10, x=0.01, ha="left")
+    s = summarize(tr)
+    lines = [f"point `{key}`: {_point_title(row)}",
+             f"busy {s['busy_frac'] * 100:.1f}% of WG-time (MOVE {s['busy_frac_move'] * 100:.1f}%, "
+             f"BUILD {s['busy_frac_build'] * 100:.1f}%, REDUCE {s['busy_frac_reduce'] * 100:.1f}%), "
+             f"idle {s['idle_frac'] * 100:.1f}% in {s['idle_windows']} windows (longest {s['idle_longest_us']:.1f} us, "
+             f"p90 {s['idle_p90_us']:.1f} us)",
+             f"kernel {s['kernel_us']:.1f} us; first BUILD after {s['first_build_us']:.1f} us; "
+             f"tail after last MOVE {s['tail_after_move_us']:.1f} us; {s['role_switches']} role switches"]
+    return fig, lines, key, tr, row
+
+
+def fig_idle_cdf(df: pd.DataFrame, run_dir: Path):
+    keys = set(_traced_keys(run_dir))
+    d = df[df["key"].isin(keys) & (df["impl"] == "kosmos")]
+    d = d[is_default_kosmos(d)]
+    if d.empty:
+        raise Skip("no traced kosmos point (run the sweep with --trace and the kosmos impl)")
+    groups = d.groupby(_shape_cols(d), dropna=False)
+    # The shape with the most traced policies (self vs fixed:k needs at least two).
+    best = max(groups, key=lambda kv: (kv[1]["policy"].nunique(), -kv[0][1] if len(kv[0]) > 1 else 0))[1]
+    if best["policy"].nunique() < 2:
+        raise Skip("no shape has traces of two or more policies (e.g. self and fixed:k)")
+    variants = _variant_order(best["variant"])
+    pal = _palette(variants)
+    fig, ax = plt.subplots(figsize=(7.5, 4.8), layout="constrained")
+    lines = []
+    for v in variants:
+        key = best.loc[best["variant"] == v, "key"].iloc[0]
+        iw = idle_windows(load_traces(run_dir, key))
+        if iw.empty:
+            lines.append(f"{v}: no idle windows")
+            continue
+        us = np.sort(iw["dur_ns"].to_numpy(dtype=float) / 1e3)
+        y = np.arange(1, len(us) + 1) / len(us)
+        ax.step(us, y, where="post", color=pal[v], lw=1.6,
+                label=f"{v}: {len(us)} windows, total {us.sum():.0f} WG-us, p50 {np.median(us):.2f} us")
+        lines.append(f"{v}: {len(us)} idle windows, total {us.sum():.1f} WG-us, p50 {np.median(us):.2f} us, "
+                     f"p90 {np.percentile(us, 90):.2f} us, longest {us.max():.2f} us")
+    ax.set_xscale("log")
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("idle-window length (us, log): a WG running no MOVE/BUILD/REDUCE")
+    ax.set_ylabel("fraction of idle windows ≤ x")
+    r = best.iloc[0].to_dict()
+    ax.set_title(f"Idle-window CDF, {r['op']} M={int(r['M'])} N={int(r['N'])} K={int(r['K'])} W={int(r['world'])}: "
+                 f"self vs fixed roles", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    return fig, lines
+
+
+def fig_ablation(df: pd.DataFrame, run_dir: Path):
+    d = _ok(df)
+    d = d[d["impl"] == "kosmos"]
+    if d.empty:
+        raise Skip("no ok kosmos point")
+    panels = []
+    shape_cols = _shape_cols(d)
+    for knob in KNOBS:
+        others = [k for k in KNOBS if k != knob]
+        kv = {k: _knob(d, k) for k in KNOBS}
+        dd = d.assign(**{f"_{k}": kv[k] for k in KNOBS})
+        gcols = shape_cols + [f"_{k}" for k in others]
+        groups = [g for _, g in dd.groupby(gcols, dropna=False) if g[f"_{knob}"].nunique() > 1]
+        if groups:
+            panels.append((knob, groups))
+    if not panels:
+        raise Skip("no shape was run with two or more values of queue_order, policy, local_first or chunk")
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.6), squeeze=False, layout="constrained")
+    lines = []
+    multi = _multi(d)
+    for ax, (knob, groups) in zip(axes[0], panels):
+        use_speedup = all(g["speedup_vs_seq"].notna().all() for g in groups)
+        values = list(dict.fromkeys(v for g in groups for v in _sort_knob(knob, g[f"_{knob}"].unique())))
+        cmap = plt.get_cmap("tab10")
+        w = 0.8 / len(groups)
+        for gi, g in enumerate(groups):
+            t = pd.to_numeric(g["t_median_us"], errors="coerce")
+            if use_speedup:
+                y = g["speedup_vs_seq"].astype(float)
+            else:  # relative to the knob's default value (or the fastest when it is absent)
+                ref = t[g[f"_{knob}"] == _knob_str(None, knob)]
+                y = (ref.median() if len(ref) else t.min()) / t
+            ser = pd.Series(y.to_numpy(), index=g[f"_{knob}"].to_numpy()).groupby(level=0).median().reindex(values)
+            lab = shape_label(g.iloc[0].to_dict(), multi).replace("\n", " ")
+            bars = ax.bar(np.arange(len(values)) - 0.4 + w * (gi + 0.5), ser.to_numpy(), w, label=lab, color=cmap(gi % 10))
+            if len(values) * len(groups) <= 24:
+                ax.bar_label(bars, labels=[f"{v:.2f}" if np.isfinite(v) else "" for v in ser.to_numpy()], fontsize=7)
+            bestv = ser.idxmax()
+            lines.append(f"{KNOB_TITLES[knob]} @ {lab}: best {bestv} ({ser.max():.2f}×), "
+                         + ", ".join(f"{k} {v:.2f}×" for k, v in ser.items() if np.isfinite(v)))
+        ax.axhline(1.0, color="black", ls="--", lw=1)
+        ticks = [{"True": "on", "False": "off"}.get(v, v) if knob == "local_first" else v for v in values]
+        ax.set_xticks(range(len(values)), ticks, rotation=20 if len(values) > 4 else 0)
+        ax.set_xlabel(KNOB_TITLES[knob])
+        ax.set_ylabel("speedup over nccl-seq (×)" if use_speedup else f"speedup over {knob}={KNOBS[knob]} (×)")
+        ax.set_title(f"Ablation: {KNOB_TITLES[knob]}", fontsize=10)
+        ax.legend(fontsize=7, loc="lower right", title="shape", title_fontsize=7)
+    fig.suptitle("KOSMOS ablations (other knobs at their values in the run; higher is better)", fontsize=10)
+    return fig, lines
+
+
+def _sort_knob(knob, vals):
+    if knob == "policy":
+        def k(v):
+            if v == "self":
+                return (0, 0)
+            if v == "predicted":
+                return (2, 0)
+            try:
+                return (1, int(str(v).split(":")[1]))
+            except (IndexError, ValueError):
+                return (3, 0)
+        return sorted(vals, key=k)
+    if knob == "chunk":
+        return sorted(vals, key=lambda v: float(v) if str(v).replace(".", "").isdigit() else 1e9)
+    if knob == "queue_order":
+        order = ["demand", "fifo", "reverse", "random"]
+        return sorted(vals, key=lambda v: order.index(v) if v in order else 9)
+    return sorted(vals, key=lambda v: str(v) != "True")

@@ -1,0 +1,435 @@
+"""Reports the nccl-tests way: a header (config, devices, backend/fabric), one fixed-width row
+per point, a footer with the verdict; ``--json`` for machines; ``--compare A B`` for
+before/after.
+
+Derived metrics live here, in one place (the harness calls `derive` too):
+
+    speedup_vs_seq     = t_median_us(nccl-seq of the same op, dtype, M, N, K, world, fabric,
+                         backend; same run when it has one) / t_median_us
+    overlap_efficiency = max(t_gemm_us, t_comm_us) / t_median_us   (1.0 = perfect overlap:
+                         the fused op takes as long as its longer half alone)
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .store import load_rows
+
+SEQ_IMPL = "nccl-seq"
+# A row's speedup is measured against nccl-seq rows that agree on all of these.
+MATCH_COLS = ["op", "dtype", "M", "N", "K", "world", "fabric", "backend"]
+BAD_STATUSES = ("wrong", "failed", "timeout")
+
+FABRIC_NOTES = {
+    "host": "fabric=host: rank-0 view on ONE GPU; peers' data sits in pinned host memory and crosses PCIe",
+    "local": "EMULATED ranks: fabric=local runs all W ranks on ONE GPU; timings are not multi-GPU results",
+    "nvlink": "fabric=nvlink: one process per GPU, peers over NVLink (symmetric memory)",
+    "gloo": "fabric=gloo: one CPU process per rank over gloo; a correctness path, not GPU timings",
+}
+BACKEND_NOTES = {
+    "sim": "SIMULATED: backend=sim; times come from the discrete-event model, no GPU ran these points",
+    "cpu": "backend=cpu: CPU processes (gloo); timings are not GPU numbers",
+}
+
+
+# ----------------------------------------------------------------------------- metrics
+def overlap_efficiency(t_gemm_us, t_comm_us, t_fused_us):
+    """max(t_gemm, t_comm) / t_fused; NaN where any input is missing or t_fused <= 0.
+
+    Works on scalars and on array-likes (returns a float or a numpy array)."""
+    g = np.asarray(pd.to_numeric(pd.Series(np.atleast_1d(t_gemm_us)), errors="coerce"), dtype=float)
+    c = np.asarray(pd.to_numeric(pd.Series(np.atleast_1d(t_comm_us)), errors="coerce"), dtype=float)
+    f = np.asarray(pd.to_numeric(pd.Series(np.atleast_1d(t_fused_us)), errors="coerce"), dtype=float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(f > 0, np.maximum(g, c) / f, np.nan)
+    out = np.where(np.isnan(g) | np.isnan(c), np.nan, out)
+    return float(out[0]) if np.ndim(t_fused_us) == 0 else out
+
+
+def _match_key(df: pd.DataFrame, cols: list[str]) -> pd.Series:
+    return df[cols].astype(str).agg("|".join, axis=1)
+
+
+def derive(df: pd.DataFrame) -> pd.DataFrame:
+    """Copy of `df` with `speedup_vs_seq` and `overlap_efficiency` (re)computed.
+
+    The nccl-seq baseline of a row is the median t_median_us of the 'ok' nccl-seq rows that
+    match it on MATCH_COLS, taken from the same run_id when that run has one, else from any
+    run in `df`. Rows that are not 'ok' or have no baseline get NaN.
+    """
+    df = df.copy()
+    if df.empty:
+        for c in ("speedup_vs_seq", "overlap_efficiency"):
+            df[c] = pd.Series(dtype=float)
+        return df
+    for c in MATCH_COLS + ["run_id", "impl", "status"]:
+        if c not in df.columns:
+            df[c] = None
+    t = pd.to_numeric(df["t_median_us"], errors="coerce") if "t_median_us" in df.columns else pd.Series(np.nan, index=df.index)
+    ok = df["status"].astype(str) == "ok"
+    if {"t_gemm_us", "t_comm_us"} <= set(df.columns):
+        eff = pd.Series(overlap_efficiency(df["t_gemm_us"].to_numpy(), df["t_comm_us"].to_numpy(), t.to_numpy()), index=df.index)
+        old = pd.to_numeric(df.get("overlap_efficiency"), errors="coerce") if "overlap_efficiency" in df.columns else eff
+        df["overlap_efficiency"] = eff.where(eff.notna(), old).where(ok, np.nan)
+    elif "overlap_efficiency" not in df.columns:
+        df["overlap_efficiency"] = np.nan
+    k_any = _match_key(df, MATCH_COLS)
+    k_run = k_any + "|" + df["run_id"].astype(str)
+    seq = ok & (df["impl"] == SEQ_IMPL) & t.notna()
+    base_run = t[seq].groupby(k_run[seq]).median()
+    base_any = t[seq].groupby(k_any[seq]).median()
+    base = k_run.map(base_run)
+    base = base.where(base.notna(), k_any.map(base_any))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        df["speedup_vs_seq"] = (base / t).where(ok & (t > 0), np.nan).astype(float)
+    return df
+
+
+# ------------------------------------------------------------------------------ text
+_COLS = [  # (title, width, align)
+    ("op", 8, "<"), ("variant", 30, "<"), ("world", 5, ">"), ("M", 7, ">"), ("N", 7, ">"), ("K", 7, ">"),
+    ("time(us)", 10, ">"), ("TFLOP/s", 9, ">"), ("busbw(GB/s)", 11, ">"), ("speedup", 8, ">"),
+    ("ovl-eff", 7, ">"), ("wrong", 6, ">"), ("status", 8, "<"),
+]
+
+
+def _isnum(v) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v)) and not isinstance(v, str) and not pd.isna(v)
+
+
+def _num(v, fmt: str, suffix: str = "") -> str:
+    return (format(float(v), fmt) + suffix) if _isnum(v) else "-"
+
+
+def _fit(s: str, width: int, align: str) -> str:
+    """Pad to width; left-aligned text (names) is cut with '~', numbers are never cut."""
+    s = str(s)
+    if len(s) > width and align == "<":
+        s = s[: width - 1] + "~"
+    return format(s, f"{align}{width}")
+
+
+def column_header() -> str:
+    """The fixed-width column titles, '#'-prefixed like nccl-tests."""
+    return ("#" + " ".join(_fit(t, w - (1 if i == 0 else 0), a) for i, (t, w, a) in enumerate(_COLS))).rstrip()
+
+
+def row_text(row: dict) -> str:
+    """One fixed-width line for a result row (a dict with RESULT_COLUMNS; derived ones may be missing)."""
+    g = row.get
+    t = g("t_median_us")
+    time_s = _num(t, ".1f" if _isnum(t) and float(t) >= 1e4 else ".2f")
+    wrong = g("wrong")
+    vals = [
+        g("op") or "-", g("variant") or g("impl") or "-", g("world") if _isnum(g("world")) else "-",
+        *(int(g(k)) if _isnum(g(k)) else "-" for k in ("M", "N", "K")),
+        time_s, _num(g("tflops"), ".2f"), _num(g("busbw_gbs"), ".2f"), _num(g("speedup_vs_seq"), ".2f", "x"),
+        _num(g("overlap_efficiency"), ".2f"), int(wrong) if _isnum(wrong) else "-", g("status") or "-",
+    ]
+    vals[2] = int(vals[2]) if _isnum(vals[2]) else vals[2]
+    line = " ".join(_fit(v, w, a) for v, (_, w, a) in zip(vals, _COLS)).rstrip()
+    err = g("error")
+    if g("status") not in (None, "ok") and isinstance(err, str) and err:
+        line += "  " + err.strip().splitlines()[0][:120]
+    return line
+
+
+def _uniq(values) -> list:
+    out = []
+    for v in values:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            continue
+        for x in (v if isinstance(v, (list, tuple)) else [v]):
+            if x not in out:
+                out.append(x)
+    return out
+
+
+def points_summary(points) -> str:
+    """One line describing a set of points (a DataFrame of rows, or a list of Points/dicts)."""
+    if isinstance(points, pd.DataFrame):
+        df = points
+    else:
+        df = pd.DataFrame([p if isinstance(p, dict) else p.as_row() for p in points])
+    if df.empty:
+        return "0 points"
+
+    def vals(c):
+        return ",".join(str(v) for v in _uniq(df[c].tolist())) if c in df.columns else "-"
+
+    impls = df["impl"].value_counts(sort=False) if "impl" in df.columns else pd.Series(dtype=int)
+    impl_s = ", ".join(f"{k} x{v}" for k, v in impls.items())
+    return (f"{len(df)} points | op {vals('op')} | world {vals('world')} | dtype {vals('dtype')} | "
+            f"backend {vals('backend')} | fabric {vals('fabric')} | impls: {impl_s}")
+
+
+def header_text(manifest: dict, points_summary: str) -> str:
+    """Header lines (each '# '-prefixed): command, devices and software, points, caveats.
+
+    Backend/fabric caveats come from manifest['backend'/'backends'/'fabric'/'fabrics'] and
+    from 'backend X' / 'fabric Y' in points_summary (as `points_summary()` writes them).
+    """
+    m = manifest or {}
+    gpus = m.get("gpus") or []
+    if gpus:
+        counts = pd.Series(gpus).value_counts()
+        dev = ", ".join(f"{n}x {name}" for name, n in counts.items())
+    else:
+        dev = "no GPU"
+    sw = [f"driver {m['driver']}" if m.get("driver") else None,
+          f"CUDA {m['cuda']}" if m.get("cuda") else None,
+          f"ROCm/HIP {m['hip']}" if m.get("hip") else None,
+          f"torch {m['torch']}" if m.get("torch") else None,
+          f"NCCL {m['nccl']}" if m.get("nccl") else None]
+    git = m.get("git_sha")
+    if git:
+        sw.append(f"git {str(git)[:10]}" + (" (dirty)" if m.get("git_dirty") else ""))
+    lines = [f"# kosmos-bench | {m.get('command', '?')}",
+             f"# host {m.get('host', '?')} | {m.get('time', '?')} | devices: {dev}",
+             "# " + " | ".join(s for s in sw if s) if any(sw) else "# (no software versions in manifest)",
+             f"# points: {points_summary}"]
+    backends = _uniq([m.get("backend"), m.get("backends")])
+    fabrics = _uniq([m.get("fabric"), m.get("fabrics")])
+    for tok, store in (("backend", backends), ("fabric", fabrics)):
+        parts = points_summary.split(f"{tok} ", 1)
+        if len(parts) == 2:
+            for v in parts[1].split(" ", 1)[0].split(","):
+                if v and v != "-" and v not in store:
+                    store.append(v)
+    if m.get("synthetic"):
+        lines.append("# SYNTHETIC data (kosmos_bench.trace.synth): a demo of the analysis, not a measurement")
+    for b in backends:
+        if b in BACKEND_NOTES:
+            lines.append("# " + BACKEND_NOTES[b])
+    for f in fabrics:
+        if f in FABRIC_NOTES:
+            lines.append("# " + FABRIC_NOTES[f])
+    return "\n".join(lines)
+
+
+def verdict(df: pd.DataFrame) -> dict:
+    st = df["status"].astype(str) if "status" in df.columns else pd.Series(dtype=str)
+    v = {s: int((st == s).sum()) for s in ("ok", "wrong", "failed", "skipped", "timeout")}
+    v["total"] = int(len(df))
+    v["exit_code"] = 1 if any(v[s] for s in BAD_STATUSES) else 0
+    return v
+
+
+def geomean_speedups(df: pd.DataFrame) -> dict[str, tuple[float, int]]:
+    """variant -> (geometric-mean speedup over nccl-seq, number of points), nccl-seq excluded."""
+    if "speedup_vs_seq" not in df.columns:
+        df = derive(df)
+    out = {}
+    s = pd.to_numeric(df["speedup_vs_seq"], errors="coerce")
+    sel = s.notna() & (s > 0) & (df["impl"] != SEQ_IMPL)
+    var = df["variant"].where(df["variant"].notna(), df["impl"]).astype(str)
+    for v, g in s[sel].groupby(var[sel], sort=False):
+        out[v] = (float(np.exp(np.log(g).mean())), int(len(g)))
+    return dict(sorted(out.items(), key=lambda kv: -kv[1][0]))
+
+
+def footer_text(df: pd.DataFrame) -> str:
+    """Footer lines: verdict counts, geometric-mean speedups per variant, best point, result."""
+    if "speedup_vs_seq" not in df.columns:
+        df = derive(df)
+    v = verdict(df)
+    lines = [f"# verdict: {v['ok']} ok, {v['wrong']} wrong, {v['failed']} failed, {v['skipped']} skipped"
+             + (f", {v['timeout']} timeout" if v["timeout"] else "") + f"  ({v['total']} points)"]
+    gm = geomean_speedups(df)
+    if gm:
+        lines.append("# geomean speedup vs nccl-seq: " + " | ".join(f"{k} {s:.2f}x ({n})" for k, (s, n) in gm.items()))
+        s = pd.to_numeric(df["speedup_vs_seq"], errors="coerce").where(df["impl"] != SEQ_IMPL)
+        if s.notna().any():
+            b = df.loc[s.idxmax()]
+            lines.append(f"# best: {b.get('variant')} {s.max():.2f}x at {b.get('op')} "
+                         f"M={int(b['M'])} N={int(b['N'])} K={int(b['K'])} world={int(b['world'])}")
+    else:
+        lines.append("# geomean speedup vs nccl-seq: - (no ok nccl-seq baseline matches these points)")
+    if "busbw_gbs" in df.columns:
+        bw = pd.to_numeric(df["busbw_gbs"], errors="coerce")[df["status"].astype(str) == "ok"]
+        if bw.notna().any():
+            lines.append(f"# avg busbw (ok points): {bw.mean():.2f} GB/s")
+    if v["exit_code"]:
+        bad = [f"{v[s]} {s}" for s in BAD_STATUSES if v[s]]
+        lines.append(f"# result: FAIL ({', '.join(bad)}; exit 1)")
+    else:
+        lines.append("# result: PASS (exit 0)")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ output
+def _writer(console):
+    if console is None:
+        return lambda s: print(s, file=sys.stdout)
+    if hasattr(console, "out"):  # rich.console.Console: no markup, no highlighting
+        return lambda s: console.out(s, highlight=False)
+    return lambda s: console.print(s)
+
+
+_VARIANT_RANK = {SEQ_IMPL: 0, "nccl-overlap": 1}
+
+
+def _sorted(df: pd.DataFrame) -> pd.DataFrame:
+    df = df.copy()
+    df["_vr"] = df["impl"].map(lambda i: _VARIANT_RANK.get(i, 5 if i == "kosmos" else 3))
+    cols = [c for c in ("op", "world", "M", "N", "K", "dtype", "fabric", "backend", "_vr", "variant") if c in df.columns]
+    df = df.sort_values(cols, kind="stable", na_position="last").drop(columns="_vr")
+    return df.reset_index(drop=True)
+
+
+def _records(df: pd.DataFrame) -> list[dict]:
+    return json.loads(df.to_json(orient="records", default_handler=str))
+
+
+def _load(run_dir: Path) -> tuple[pd.DataFrame, dict]:
+    run_dir = Path(run_dir)
+    df = load_rows(run_dir)
+    mpath = run_dir / "manifest.json"
+    manifest = json.loads(mpath.read_text()) if mpath.exists() else {}
+    if not df.empty:
+        if df["run_id"].isna().all():
+            df["run_id"] = run_dir.name
+        if "variant" in df.columns:
+            df["variant"] = df["variant"].where(df["variant"].notna(), df["impl"])
+    return df, manifest
+
+
+def report(run_dirs: list[Path], *, as_json: bool = False, compare: tuple[Path, Path] | None = None,
+           console=None) -> int:
+    """Print the report of one or more run directories; returns the exit code.
+
+    0: every point ok or skipped; 1: some point wrong, failed or timed out; 2: no result rows
+    found (or a run directory that does not exist). With `compare=(A, B)` prints per-point
+    before/after instead (`run_dirs` is then ignored) and returns B's exit code.
+    """
+    out = _writer(console)
+    if compare is not None:
+        return _compare(Path(compare[0]), Path(compare[1]), as_json=as_json, out=out)
+    frames, manifests = [], {}
+    for d in run_dirs:
+        d = Path(d)
+        if not d.exists():
+            out(f"# error: run directory {d} does not exist")
+            return 2
+        df, man = _load(d)
+        if df.empty:
+            out(f"# error: no result rows under {d} (expected {d}/points/*.parquet)")
+            return 2
+        df["run_dir"] = str(d)
+        frames.append(df)
+        manifests[str(d)] = man
+    if not frames:
+        out("# error: no run directories given")
+        return 2
+    all_df = derive(pd.concat(frames, ignore_index=True))
+    code = verdict(all_df)["exit_code"]
+    if as_json:
+        obj = {"runs": [{"run_dir": d, "manifest": m} for d, m in manifests.items()],
+               "rows": _records(_sorted(all_df)), "verdict": verdict(all_df),
+               "geomean_speedup_vs_seq": {k: {"speedup": s, "points": n} for k, (s, n) in geomean_speedups(all_df).items()},
+               "exit_code": code}
+        out(json.dumps(obj, indent=1, default=str))
+        return code
+    for d, man in manifests.items():
+        df = _sorted(all_df[all_df["run_dir"] == d])
+        man = dict(man, backends=_uniq(df["backend"].tolist()), fabrics=_uniq(df["fabric"].tolist()))
+        out(f"# run: {d}")
+        out(header_text(man, points_summary(df)))
+        out("#")
+        out(column_header())
+        for row in df.to_dict(orient="records"):
+            out(row_text(row))
+        out(footer_text(df))
+        out("")
+    if len(manifests) > 1:
+        out("# all runs together:")
+        out(footer_text(all_df))
+    return code
+
+
+# ------------------------------------------------------------------------------ compare
+_DESC = ["op", "variant", "world", "M", "N", "K", "dtype", "fabric", "backend"]
+_CMP_COLS = [("op", 8, "<"), ("variant", 30, "<"), ("world", 5, ">"), ("M", 7, ">"), ("N", 7, ">"), ("K", 7, ">"),
+             ("A time(us)", 11, ">"), ("B time(us)", 11, ">"), ("A/B", 7, ">"), ("A TFLOP/s", 9, ">"),
+             ("B TFLOP/s", 9, ">"), ("B status", 8, "<")]
+
+
+def match_runs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """Pair rows of A and B: by key first, then by the descriptive columns for the rest.
+
+    Returns one row per pair with suffixes _a / _b, and `match` = 'key' | 'config'."""
+    a = a.copy()
+    b = b.copy()
+    a["_desc"] = _match_key(a, _DESC)
+    b["_desc"] = _match_key(b, _DESC)
+    by_key = a.merge(b.drop_duplicates("key"), on="key", suffixes=("_a", "_b"))
+    by_key["key_a"] = by_key["key_b"] = by_key.pop("key")
+    by_key["match"] = "key"
+    ra = a[~a["key"].isin(by_key["key_a"])]
+    rb = b[~b["key"].isin(by_key["key_b"])]
+    by_desc = ra.merge(rb.drop_duplicates("_desc"), on="_desc", suffixes=("_a", "_b"))
+    by_desc["match"] = "config"
+    pairs = pd.concat([by_key, by_desc], ignore_index=True)
+    for c in _DESC:
+        if f"{c}_a" in pairs.columns:
+            pairs[c] = pairs[f"{c}_a"]
+    return pairs
+
+
+def _compare(a_dir: Path, b_dir: Path, *, as_json: bool, out) -> int:
+    for d in (a_dir, b_dir):
+        if not d.exists():
+            out(f"# error: run directory {d} does not exist")
+            return 2
+    (a, man_a), (b, man_b) = _load(a_dir), _load(b_dir)
+    if a.empty or b.empty:
+        out(f"# error: no result rows under {a_dir if a.empty else b_dir}")
+        return 2
+    a, b = derive(a), derive(b)
+    pairs = match_runs(a, b)
+    ta = pd.to_numeric(pairs["t_median_us_a"], errors="coerce")
+    tb = pd.to_numeric(pairs["t_median_us_b"], errors="coerce")
+    ok = (pairs["status_a"] == "ok") & (pairs["status_b"] == "ok") & (tb > 0)
+    pairs["ratio"] = (ta / tb).where(ok, np.nan)  # > 1: B is faster
+    only_a = int((~a["key"].isin(pairs["key_a"])).sum())
+    only_b = int((~b["key"].isin(pairs["key_b"])).sum())
+    code = verdict(b)["exit_code"]
+    r = pairs["ratio"].dropna()
+    gm = float(np.exp(np.log(r).mean())) if len(r) else float("nan")
+    per_var = {v: float(np.exp(np.log(g).mean())) for v, g in r.groupby(pairs.loc[r.index, "variant"].astype(str))}
+    summary = {"matched": int(len(pairs)), "compared": int(len(r)), "only_a": only_a, "only_b": only_b,
+               "geomean_a_over_b": gm, "per_variant": per_var,
+               "improved": int((r > 1.03).sum()), "regressed": int((r < 1 / 1.03).sum()), "exit_code": code}
+    if as_json:
+        keep = ["key_a", "key_b", "match", *_DESC, "t_median_us_a", "t_median_us_b", "ratio",
+                "tflops_a", "tflops_b", "status_a", "status_b", "wrong_a", "wrong_b"]
+        cols = [c for c in keep if c in pairs.columns]
+        out(json.dumps({"a": str(a_dir), "b": str(b_dir), "pairs": _records(pairs[cols]), "summary": summary},
+                       indent=1, default=str))
+        return code
+    out(f"# kosmos-bench compare | A = {a_dir} | B = {b_dir}")
+    for tag, m in (("A", man_a), ("B", man_b)):
+        git = m.get("git_sha")
+        out(f"# {tag}: {m.get('time', '?')} | {', '.join(m.get('gpus') or ['no GPU'])} | "
+            f"git {str(git)[:10] if git else '?'}{' (dirty)' if m.get('git_dirty') else ''} | {m.get('command', '?')}")
+    out("# A/B = A time / B time: > 1 means B is faster")
+    out("#" + " ".join(_fit(t, w - (1 if i == 0 else 0), al) for i, (t, w, al) in enumerate(_CMP_COLS)))
+    for p in _sorted(pairs.assign(impl=pairs.get("impl_a"))).to_dict(orient="records"):
+        vals = [p["op"], p["variant"], int(p["world"]), int(p["M"]), int(p["N"]), int(p["K"]),
+                _num(p["t_median_us_a"], ".2f"), _num(p["t_median_us_b"], ".2f"), _num(p["ratio"], ".3f"),
+                _num(p.get("tflops_a"), ".2f"), _num(p.get("tflops_b"), ".2f"), p["status_b"]]
+        out(" ".join(_fit(v, w, al) for v, (_, w, al) in zip(vals, _CMP_COLS)).rstrip())
+    out(f"# matched {summary['matched']} points ({summary['compared']} ok in both); only in A: {only_a}, only in B: {only_b}")
+    if len(r):
+        out(f"# geomean A/B: {gm:.3f}  (improved >3%: {summary['improved']}, regressed >3%: {summary['regressed']})")
+        out("# per variant: " + " | ".join(f"{k} {v:.3f}" for k, v in sorted(per_var.items())))
+    vb = verdict(b)
+    out(f"# B verdict: {vb['ok']} ok, {vb['wrong']} wrong, {vb['failed']} failed, {vb['skipped']} skipped"
+        f" -> exit {code}")
+    return code

@@ -1,0 +1,19 @@
+"""Role timelines: decode, idle-window analysis, Perfetto export, external profilers.
+
+    summarize(trace_df) -> dict          idle/busy columns joined to the point's result row
+    idle_windows(trace_df) -> DataFrame  maximal idle intervals per WG
+    to_perfetto(trace_df, path, meta)    Chrome trace-event JSON (ui.perfetto.dev)
+    decode(records, counts, ...)         raw per-WG kernel buffers -> trace DataFrame
+    torch_profile, rocprofv3_available, run_under_rocprofv3, ingest_rocprofv3
+"""
+from __future__ import annotations
+
+from .analysis import BASE_COLUMNS, ROLE_CODES, ROLES, USEFUL_ROLES, clean, decode, idle_windows, summarize
+from .perfetto import perfetto_events, to_perfetto, validate_perfetto
+from .profilers import ingest_rocprofv3, rocprofv3_available, run_under_rocprofv3, torch_profile
+
+__all__ = [
+    "BASE_COLUMNS", "ROLE_CODES", "ROLES", "USEFUL_ROLES", "clean", "decode", "idle_windows", "summarize",
+    "perfetto_events", "to_perfetto", "validate_perfetto",
+    "ingest_rocprofv3", "rocprofv3_available", "run_under_rocprofv3", "torch_profile",
+]

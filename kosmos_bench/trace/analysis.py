@@ -1,0 +1,240 @@
+"""Role timelines: clean-up, decode, idle windows and the per-point summary columns.
+
+A trace is a tidy table, one row per (WG, role interval) (``store.TRACE_COLUMNS``):
+
+    rank   int   logical rank the WG belongs to
+    wg     int   workgroup (CUDA thread block) index within its rank
+    sm     int   SM the WG ran on (-1 when unknown)
+    role   str   MOVE | BUILD | REDUCE | WAIT   (external profilers: KERNEL)
+    item   int   queue item id (band / tile / slot), -1 for WAIT
+    t0_ns  int   begin, globaltimer ns
+    t1_ns  int   end, globaltimer ns (t1_ns >= t0_ns)
+
+Definitions used everywhere (tests check them on hand-built timelines):
+
+* The **kernel window** of a rank is [min t0_ns, max t1_ns] over all of that rank's records.
+  Every WG of the rank is accounted over the whole window, so a WG that starts late or
+  finishes early is idle for the difference.
+* **Useful** roles are MOVE, BUILD and REDUCE. A WG is **idle** wherever it runs no useful
+  record: explicit WAIT records and gaps between records are both idle, and adjacent ones
+  merge into one **idle window** (a maximal idle interval of one WG).
+* Fractions are of WG-time: sum over WGs of their rank's window length.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+ROLES = ("MOVE", "BUILD", "REDUCE", "WAIT")
+USEFUL_ROLES = ("MOVE", "BUILD", "REDUCE")
+# Integer codes of the roles in the kernel's raw trace records (see `decode`).
+ROLE_CODES = {0: "MOVE", 1: "BUILD", 2: "REDUCE", 3: "WAIT"}
+BASE_COLUMNS = ["rank", "wg", "sm", "role", "item", "t0_ns", "t1_ns"]
+
+
+def clean(trace_df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """Sorted copy with no overlap on any (rank, wg) track, plus the number of records changed.
+
+    Records are sorted by (rank, wg, t0_ns, t1_ns); a record that starts before the previous
+    record of the same WG ends is clipped to start there, and records left with no duration
+    are dropped. A well-formed kernel trace comes back unchanged with count 0.
+    """
+    if trace_df.empty:
+        return trace_df.reset_index(drop=True).copy(), 0
+    df = trace_df.sort_values(["rank", "wg", "t0_ns", "t1_ns"], kind="stable").reset_index(drop=True)
+    t0 = df["t0_ns"].to_numpy(dtype=np.int64).copy()
+    t1 = df["t1_ns"].to_numpy(dtype=np.int64)
+    track = (df["rank"].to_numpy(dtype=np.int64) << 32) + df["wg"].to_numpy(dtype=np.int64)
+    new_track = np.ones(len(df), dtype=bool)
+    new_track[1:] = track[1:] != track[:-1]
+    # Latest end so far within the track, shifted by one record (where t0 may start).
+    prev_end = np.full(len(df), np.iinfo(np.int64).min, dtype=np.int64)
+    bounds = list(np.flatnonzero(new_track)) + [len(df)]
+    for a, b in zip(bounds[:-1], bounds[1:]):  # one numpy call per WG track
+        prev_end[a + 1:b] = np.maximum.accumulate(t1[a:b])[:-1]
+    clipped = t0 < prev_end
+    t0 = np.where(clipped, prev_end, t0)
+    keep = t1 > t0
+    changed = int(clipped.sum() + (~keep & ~clipped).sum())
+    df["t0_ns"] = t0
+    df = df[keep].reset_index(drop=True)
+    return df, changed
+
+
+def decode(records: np.ndarray, counts: np.ndarray, *, rank: int = 0, sms: np.ndarray | None = None,
+           role_codes: dict[int, str] = ROLE_CODES) -> tuple[pd.DataFrame, int]:
+    """Raw per-WG trace buffers -> (trace DataFrame, dropped record count).
+
+    records: int64 array (num_wg, capacity, 4); record j of WG w is
+             (t0_ns, t1_ns, role_code, item), the first min(counts[w], capacity) are valid.
+    counts:  int64 array (num_wg,); records each WG *tried* to write (> capacity = overflow,
+             the excess was dropped by the kernel and is counted, never decoded).
+    sms:     int array (num_wg,), the SM each WG ran on (-1 when not given).
+    Unknown role codes raise ValueError naming the code.
+    """
+    records = np.asarray(records)
+    counts = np.asarray(counts, dtype=np.int64)
+    if records.ndim != 3 or records.shape[2] < 4:
+        raise ValueError(f"trace records must be (num_wg, capacity, 4), got shape {records.shape}")
+    num_wg, cap = records.shape[:2]
+    if counts.shape != (num_wg,):
+        raise ValueError(f"counts must be ({num_wg},), got {counts.shape}")
+    valid = np.minimum(np.maximum(counts, 0), cap)
+    dropped = int(np.maximum(counts - cap, 0).sum())
+    mask = np.arange(cap)[None, :] < valid[:, None]
+    wg_idx = np.broadcast_to(np.arange(num_wg)[:, None], (num_wg, cap))[mask]
+    rec = records[mask]
+    codes = rec[:, 2].astype(np.int64)
+    unknown = sorted(set(np.unique(codes).tolist()) - set(role_codes))
+    if unknown:
+        raise ValueError(f"unknown role code(s) {unknown} in trace; known: {role_codes}")
+    sm_arr = np.full(num_wg, -1, dtype=np.int64) if sms is None else np.asarray(sms, dtype=np.int64)
+    lut = np.array([role_codes.get(i, "?") for i in range(max(role_codes) + 1)], dtype=object)
+    df = pd.DataFrame({
+        "rank": np.full(len(rec), rank, dtype=np.int64),
+        "wg": wg_idx.astype(np.int64),
+        "sm": sm_arr[wg_idx],
+        "role": lut[codes],
+        "item": rec[:, 3].astype(np.int64),
+        "t0_ns": rec[:, 0].astype(np.int64),
+        "t1_ns": rec[:, 1].astype(np.int64),
+    })
+    df.attrs["dropped"] = dropped
+    return df, dropped
+
+
+def _windows_of_rank(df: pd.DataFrame) -> tuple[int, int]:
+    return int(df["t0_ns"].min()), int(df["t1_ns"].max())
+
+
+def idle_windows(trace_df: pd.DataFrame) -> pd.DataFrame:
+    """Maximal idle intervals of every WG: columns rank, wg, t0_ns, t1_ns, dur_ns.
+
+    Idle = inside its rank's kernel window and not running a useful (MOVE/BUILD/REDUCE)
+    record; WAIT records and gaps merge. Sorted by (rank, wg, t0_ns).
+    """
+    cols = ["rank", "wg", "t0_ns", "t1_ns", "dur_ns"]
+    if trace_df.empty:
+        return pd.DataFrame(columns=cols)
+    df, _ = clean(trace_df)
+    win = df.groupby("rank").agg(w0=("t0_ns", "min"), w1=("t1_ns", "max"))
+    tracks = df[["rank", "wg"]].drop_duplicates()
+    u = df[df["role"].isin(USEFUL_ROLES)]  # sorted by (rank, wg, t0) and non-overlapping
+    rk = u["rank"].to_numpy(dtype=np.int64)
+    wg = u["wg"].to_numpy(dtype=np.int64)
+    s = u["t0_ns"].to_numpy(dtype=np.int64)
+    e = u["t1_ns"].to_numpy(dtype=np.int64)
+    w0 = win["w0"].reindex(rk).to_numpy(dtype=np.int64)
+    w1 = win["w1"].reindex(rk).to_numpy(dtype=np.int64)
+    first = np.ones(len(u), dtype=bool)
+    first[1:] = (rk[1:] != rk[:-1]) | (wg[1:] != wg[:-1])
+    last = np.ones(len(u), dtype=bool)
+    last[:-1] = first[1:]
+    prev_end = np.where(first, w0, np.concatenate([[0], e[:-1]]))
+    # Gaps before each useful record, after the last one of each WG, and whole windows of
+    # WGs that ran no useful record at all.
+    busy = set(zip(rk.tolist(), wg.tolist()))
+    lazy = tracks[[(r, w) not in busy for r, w in zip(tracks["rank"], tracks["wg"])]]
+    parts = [
+        (rk, wg, prev_end, s),
+        (rk[last], wg[last], e[last], w1[last]),
+        (lazy["rank"].to_numpy(dtype=np.int64), lazy["wg"].to_numpy(dtype=np.int64),
+         win["w0"].reindex(lazy["rank"]).to_numpy(dtype=np.int64), win["w1"].reindex(lazy["rank"]).to_numpy(dtype=np.int64)),
+    ]
+    res = pd.DataFrame({
+        "rank": np.concatenate([p[0] for p in parts]), "wg": np.concatenate([p[1] for p in parts]),
+        "t0_ns": np.concatenate([p[2] for p in parts]), "t1_ns": np.concatenate([p[3] for p in parts]),
+    }).astype("int64")
+    res["dur_ns"] = res["t1_ns"] - res["t0_ns"]
+    res = res[res["dur_ns"] > 0].sort_values(["rank", "wg", "t0_ns"]).reset_index(drop=True)
+    return res[cols]
+
+
+def _pct(x: np.ndarray, q: float) -> float:
+    return float(np.percentile(x, q)) if len(x) else float("nan")
+
+
+def summarize(trace_df: pd.DataFrame) -> dict:
+    """Idle-window and role columns of ONE point's trace, ready to join its result row.
+
+    Times in us; fractions of WG-time (see the module docstring). Keys:
+      kernel_us                 longest rank kernel window
+      busy_frac, busy_frac_move, busy_frac_build, busy_frac_reduce, wait_frac, idle_frac
+      idle_windows, idle_total_us (summed over WGs), idle_longest_us, idle_p50_us, idle_p90_us
+      first_build_us            kernel start -> first BUILD begin (max over ranks)
+      tail_after_move_us        last MOVE end -> kernel end (max over ranks)
+      role_switches             changes between useful roles along each WG, summed over WGs
+      role_switches_per_wg      the same, mean per WG
+      wg_busy_frac_min/_mean/_max   per-WG busy fraction, aggregated
+      wgs_move, wgs_build, wgs_reduce  WGs (all ranks) that ran at least one such record
+      trace_ranks, trace_wgs, trace_records, trace_clipped, trace_dropped
+    An empty trace gives {'trace_records': 0}.
+    """
+    if trace_df is None or trace_df.empty:
+        return {"trace_records": 0}
+    dropped = trace_df.attrs.get("dropped")
+    df, clipped = clean(trace_df)
+    df = df.assign(dur=df["t1_ns"] - df["t0_ns"])
+    win = df.groupby("rank").agg(w0=("t0_ns", "min"), w1=("t1_ns", "max"))
+    win["len"] = win["w1"] - win["w0"]
+    wgs_per_rank = df.groupby("rank")["wg"].nunique()
+    wg_time = float((win["len"] * wgs_per_rank).sum())
+
+    role_ns = df.groupby("role")["dur"].sum()
+    busy_ns = float(sum(role_ns.get(r, 0) for r in USEFUL_ROLES))
+    iw = idle_windows(df)
+    idle_us = iw["dur_ns"].to_numpy(dtype=np.float64) / 1e3 if len(iw) else np.zeros(0)
+
+    out: dict = {
+        "kernel_us": float(win["len"].max()) / 1e3,
+        "busy_frac": busy_ns / wg_time if wg_time else float("nan"),
+    }
+    for r in ("MOVE", "BUILD", "REDUCE"):
+        out[f"busy_frac_{r.lower()}"] = float(role_ns.get(r, 0)) / wg_time if wg_time else float("nan")
+    out["wait_frac"] = float(role_ns.get("WAIT", 0)) / wg_time if wg_time else float("nan")
+    out["idle_frac"] = float(idle_us.sum() * 1e3) / wg_time if wg_time else float("nan")
+    out.update({
+        "idle_windows": int(len(idle_us)),
+        "idle_total_us": float(idle_us.sum()),
+        "idle_longest_us": float(idle_us.max()) if len(idle_us) else 0.0,
+        "idle_p50_us": _pct(idle_us, 50),
+        "idle_p90_us": _pct(idle_us, 90),
+    })
+
+    first_build, tail = [], []
+    for rank, rdf in df.groupby("rank"):
+        w0, w1 = win.loc[rank, "w0"], win.loc[rank, "w1"]
+        b = rdf.loc[rdf["role"] == "BUILD", "t0_ns"]
+        if len(b):
+            first_build.append((b.min() - w0) / 1e3)
+        m = rdf.loc[rdf["role"] == "MOVE", "t1_ns"]
+        if len(m):
+            tail.append((w1 - m.max()) / 1e3)
+    out["first_build_us"] = float(max(first_build)) if first_build else float("nan")
+    out["tail_after_move_us"] = float(max(tail)) if tail else float("nan")
+
+    useful = df[df["role"].isin(USEFUL_ROLES)]  # sorted by (rank, wg, t0)
+    ur, uw, uro = (useful[c].to_numpy() for c in ("rank", "wg", "role"))
+    switches = int(((ur[1:] == ur[:-1]) & (uw[1:] == uw[:-1]) & (uro[1:] != uro[:-1])).sum())
+    n_wg = int(wgs_per_rank.sum())
+    out["role_switches"] = switches
+    out["role_switches_per_wg"] = switches / n_wg if n_wg else float("nan")
+
+    per_wg = useful.groupby(["rank", "wg"])["dur"].sum()
+    all_wgs = df[["rank", "wg"]].drop_duplicates().set_index(["rank", "wg"]).index
+    per_wg = per_wg.reindex(all_wgs, fill_value=0).astype(float)
+    denom = np.array([win.loc[r, "len"] for r, _ in per_wg.index], dtype=float)
+    frac = per_wg.to_numpy() / np.where(denom > 0, denom, np.nan)
+    out["wg_busy_frac_min"] = float(np.nanmin(frac))
+    out["wg_busy_frac_mean"] = float(np.nanmean(frac))
+    out["wg_busy_frac_max"] = float(np.nanmax(frac))
+    for r in USEFUL_ROLES:
+        out[f"wgs_{r.lower()}"] = int(df.loc[df["role"] == r, ["rank", "wg"]].drop_duplicates().shape[0])
+    out.update({
+        "trace_ranks": int(len(win)),
+        "trace_wgs": n_wg,
+        "trace_records": int(len(trace_df)),
+        "trace_clipped": int(clipped),
+        "trace_dropped": int(dropped) if dropped is not None else None,
+    })
+    return out
