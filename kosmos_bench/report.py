@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -173,7 +174,7 @@ def header_text(manifest: dict, points_summary: str) -> str:
     """Header lines (each '# '-prefixed): command, devices and software, points, caveats.
 
     Backend/fabric caveats come from manifest['backend'/'backends'/'fabric'/'fabrics'] and
-    from 'backend X' / 'fabric Y' in points_summary (as `points_summary()` writes them).
+    from 'backend X' / 'backend=X' / 'fabric Y,Z' in points_summary.
     """
     m = manifest or {}
     gpus = m.get("gpus") or []
@@ -196,12 +197,11 @@ def header_text(manifest: dict, points_summary: str) -> str:
              f"# points: {points_summary}"]
     backends = _uniq([m.get("backend"), m.get("backends")])
     fabrics = _uniq([m.get("fabric"), m.get("fabrics")])
-    for tok, store in (("backend", backends), ("fabric", fabrics)):
-        parts = points_summary.split(f"{tok} ", 1)
-        if len(parts) == 2:
-            for v in parts[1].split(" ", 1)[0].split(","):
-                if v and v != "-" and v not in store:
-                    store.append(v)
+    for tok, found in (("backend", backends), ("fabric", fabrics)):
+        for mt in re.finditer(rf"\b{tok}[= ]([\w,-]+)", points_summary):
+            for v in mt.group(1).split(","):
+                if v and v != "-" and v not in found:
+                    found.append(v)
     if m.get("synthetic"):
         lines.append("# SYNTHETIC data (kosmos_bench.trace.synth): a demo of the analysis, not a measurement")
     for b in backends:

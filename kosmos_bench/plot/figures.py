@@ -187,7 +187,7 @@ def choose_trace_key(df: pd.DataFrame, run_dir: Path, trace_key: str | None) -> 
     if not keys:
         raise Skip("the run has no traces (run the sweep with --trace)")
     d = df[df["key"].isin(keys)]
-    if d.empty:
+    if d.empty:  # e.g. only external-profiler traces ('<key>-rocprofv3')
         return keys[0]
     d = d.assign(_self=~d["variant"].astype(str).str.startswith("kosmos[self]"),
                  _kos=d["impl"] != "kosmos", _ok=d["status"] != "ok")
@@ -218,7 +218,9 @@ def fig_timeline(df: pd.DataFrame, run_dir: Path, trace_key: str | None = None, 
     n_wg = [tr.loc[tr["rank"] == r, "wg"].nunique() for r in ranks]
     height = min(14.0, 1.2 + sum(max(1.2, 0.12 * n) for n in n_wg))
     fig, axes = plt.subplots(len(ranks), 1, figsize=(11, height), squeeze=False, layout="constrained",
-                             height_ratios=[max(1, n) for n in n_wg])
+                             height_ratios=[max(1, n) for n in n_wg], sharex=True)
+    span_us = max((int(tr.loc[tr["rank"] == r, "t1_ns"].max()) - int(tr.loc[tr["rank"] == r, "t0_ns"].min())) / 1e3
+                  for r in ranks)
     for ax, rk in zip(axes[:, 0], ranks):
         t = tr[tr["rank"] == rk]
         t0 = int(t["t0_ns"].min())
@@ -234,7 +236,7 @@ def fig_timeline(df: pd.DataFrame, run_dir: Path, trace_key: str | None = None, 
         step = max(1, len(wgs) // 16)
         ax.set_yticks(range(0, len(wgs), step), [str(wgs[i]) for i in range(0, len(wgs), step)], fontsize=7)
         ax.set_ylabel(f"rank {rk}: WG")
-        ax.set_xlim(0, (int(t["t1_ns"].max()) - t0) / 1e3)
+        ax.set_xlim(0, span_us)
         ax.grid(axis="x", alpha=0.3)
     axes[-1, 0].set_xlabel("time since the rank's first record (us); white = idle gap")
     handles, labels = axes[0, 0].get_legend_handles_labels()
