@@ -10,8 +10,11 @@ Conventions (``W`` = world, ``r`` = rank, shapes as in :class:`kosmos_bench.poin
   ordinary items with fewer ``rows`` / ``cols``. A *band* is ``chunk`` builder-tile rows
   (``BM * chunk`` rows) of one rank's ``m_loc`` rows; the last band may be shorter.
 * Every rank has one **flag array** of ``num_flags`` uint32 words (layout in
-  :class:`FlagLayout`). A flag is *ready* in call ``e`` when it equals ``e`` (epoch flags,
-  never reset). Items wait only on flags of their **own** rank's array (``deps``, indices
+  :class:`FlagLayout`) and a multiplicity ``flag_mult[f]`` (how many items release f; 1
+  except AG band flags, released once per slice). A flag is *ready* in call ``e`` when it
+  reaches ``e * flag_mult[f]`` (epoch counters, never reset between calls: a release adds
+  one, or stores ``e`` when the multiplicity is 1). After a watchdog abort the host zeroes
+  flags and epoch (local/host fabrics; an aborted nvlink communicator must be re-prepared). Items wait only on flags of their **own** rank's array (``deps``, indices
   into that array); they release one flag, possibly in another rank's array
   (``rel_rank``, ``rel_flag``; ``rel_flag = -1`` releases nothing).
 
@@ -20,8 +23,12 @@ its table; tables are in *natural* order, queues are permutations of the ids)
 --------------------------------------------------------------------------------------
 ag-gemm (pull), rank r: gathered A is ``M x K``; rank p's rows are ``[p*m_loc, (p+1)*m_loc)``.
 
-* mover ``AG_PULL`` (p != r, band j): copy rows ``[m0, m0+rows)`` of A_p (all K columns) into
-  the gathered buffer at row ``p*m_loc + m0``; release band flag (p, j) of rank r.
+* mover ``AG_PULL`` (p != r, band j, slice s): the band (rows ``[m0, m0+rows)`` of A_p, all K
+  columns) is one contiguous byte range, cut into ``n0 = s`` of ``cols = S`` slices of
+  ``ceil(bytes/16/S)*16`` bytes (``S = ceil(band bytes / mover_bytes)``, default 256 KiB, so
+  that many WGs cooperate on the head band and bands arrive in order over a slow link);
+  copy the slice into the gathered buffer at row ``p*m_loc + m0``; release band flag (p, j)
+  of rank r, whose multiplicity is S.
 * builder ``AG_BUILD`` (p, mt, nt): C_r rows ``p*m_loc + m0 ..`` (``m0`` is the row inside
   shard p), cols ``n0 .. n0+cols``; A rows come from A_r itself when p == r (no deps), else
   from the gathered buffer (dep: band flag (p, mt // chunk)). K = full K.
@@ -194,6 +201,7 @@ class RankSchedule:
     # Flags of this rank's array that *peers* release (entry/exit/arrivals); on the host
     # fabric, where peers do not execute, the kernel sets these to the epoch at entry.
     peer_flags: np.ndarray
+    flag_mult: np.ndarray  # int32 (num_flags,) releases needed per call (see module doc)
     meta: dict = field(default_factory=dict)
 
     @property
@@ -209,6 +217,7 @@ class RankSchedule:
             out[f"{name}_queue"] = np.ascontiguousarray(t.queue, dtype=np.int32)
         out["deps"] = np.ascontiguousarray(self.deps, dtype=np.int32)
         out["peer_flags"] = np.ascontiguousarray(self.peer_flags, dtype=np.int32)
+        out["flag_mult"] = np.ascontiguousarray(self.flag_mult, dtype=np.int32)
         return out
 
     def total_flops(self) -> float:
@@ -357,7 +366,7 @@ def validate(op: str, M: int, N: int, K: int, world: int, BM: int = 128, BN: int
 def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM: int = 128, BN: int = 128,
                    chunk: int = 1, num_wgs: int = 132, policy: str = "self", queue_order: str = "demand",
                    seed: int = 0, local_first: bool | None = None, fabric: str = "local",
-                   model: dict | None = None) -> RankSchedule:
+                   model: dict | None = None, mover_bytes: int = 256 * 1024) -> RankSchedule:
     """The schedule of one rank. ``num_wgs`` is the WG count of THIS rank (on the local
     fabric: ``np.diff(wg_starts(G, W))[rank]``). ``local_first`` defaults to True for
     ag-gemm and False (local destination last) for gemm-rs. ``fabric='host'`` adds the
@@ -382,20 +391,26 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
     ring = [(r + i) % W for i in range(1, W)]  # remote ranks, ring-staggered
     deps: list[int] = []
     bt, mv, rd = _Tab(), _Tab(), _Tab()
+    mult: dict[int, int] = {}
 
     if op == "ag-gemm":
         n_loc = N // W
         nt_n = cdiv(n_loc, BN)
         lay = FlagLayout(W, entry=0, exit=W, band=2 * W, num_flags=2 * W + W * nb)
-        pull_id: dict[tuple[int, int], int] = {}
+        pull_id: dict[tuple[int, int], list[int]] = {}
         for p in range(W):
             if p == r:
                 continue
             for j in range(nb):
                 m0 = j * band_rows
                 rows = min(band_rows, m_loc - m0)
-                pull_id[p, j] = mv.add(AG_PULL, p, m0, rows, 0, K, [lay.entry + p], deps, r,
-                                       lay.band + p * nb + j, 0, rows * K * ELEM_BYTES)
+                nbytes = rows * K * ELEM_BYTES
+                S = max(1, min(cdiv(nbytes, max(16, mover_bytes)), cdiv(nbytes, 16)))
+                per = cdiv(cdiv(nbytes, 16), S) * 16
+                S = cdiv(nbytes, per)
+                mult[lay.band + p * nb + j] = S
+                pull_id[p, j] = [mv.add(AG_PULL, p, m0, rows, s, S, [lay.entry + p], deps, r, lay.band + p * nb + j,
+                                        0, min(per, nbytes - s * per)) for s in range(S)]
         build_id: dict[tuple[int, int, int], int] = {}
         for p in range(W):
             for mt in range(mt_n):
@@ -409,7 +424,7 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
                                                  2.0 * rows * cols * K, (rows * K + K * cols + rows * cols) * ELEM_BYTES)
         band_seq = ([r] if local_first else []) + ring + ([] if local_first else [r])
         b_demand = [build_id[p, mt, nt] for p in band_seq for mt in range(mt_n) for nt in range(nt_n)]
-        m_demand = [pull_id[p, j] for p in ring for j in range(nb)]
+        m_demand = [i for p in ring for j in range(nb) for i in pull_id[p, j]]
         builders = bt.done(_order(list(range(len(bt.rows))), b_demand, queue_order, rng))
         movers = mv.done(_order(list(range(len(mv.rows))), m_demand, queue_order, rng))
         reduces = rd.done([])
@@ -501,9 +516,16 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
         op=op, M=M, N=N, K=K, world=W, rank=r, BM=BM, BN=BN, chunk=chunk, num_wgs=num_wgs, policy=policy,
         num_movers=k_movers, queue_order=queue_order, local_first=bool(local_first), fabric=fabric, flags=lay,
         builders=builders, movers=movers, reduces=reduces, deps=np.asarray(deps, dtype=np.int32),
-        peer_flags=np.asarray(peer_flags, dtype=np.int32),
+        peer_flags=np.asarray(peer_flags, dtype=np.int32), flag_mult=_mult_array(lay.num_flags, mult),
         meta={"m_loc": m_loc, "m_tiles": mt_n, "n_tiles": nt_n, "num_bands": nb},
     )
+
+
+def _mult_array(n: int, mult: dict[int, int]) -> np.ndarray:
+    a = np.ones(n, dtype=np.int32)
+    for f, m in mult.items():
+        a[f] = m
+    return a
 
 
 def build_all(op: str, M: int, N: int, K: int, world: int, num_wgs_total: int, **kw) -> list[RankSchedule]:
@@ -527,14 +549,14 @@ def simulate_steps(scheds: list[RankSchedule], durations=None, max_steps: int = 
     """
     dur = durations or (lambda rank, q, i: 1)
     W = len(scheds)
-    flags = [np.zeros(s.flags.num_flags, dtype=bool) for s in scheds]
+    flags = [np.zeros(s.flags.num_flags, dtype=np.int64) for s in scheds]
     if static_peers:
-        flags[0][scheds[0].peer_flags] = True
+        flags[0][scheds[0].peer_flags] = 1
     # entry flags: every rank signals at start.
     if not static_peers:
         for s in scheds:
             for p in range(W):
-                flags[p][s.flags.entry + s.rank] = True
+                flags[p][s.flags.entry + s.rank] = 1
     ctr = [[0, 0, 0] for _ in scheds]
     wgs = []  # [rank, local_idx, state, busy_until, (q, item)]
     for s in scheds:
@@ -543,14 +565,15 @@ def simulate_steps(scheds: list[RankSchedule], durations=None, max_steps: int = 
 
     def ready(s, q, i):
         t = s.queues[q]
-        return bool(np.all(flags[s.rank][t.deps_of(i, s.deps)]))
+        d = t.deps_of(i, s.deps)
+        return bool(np.all(flags[s.rank][d] >= s.flag_mult[d]))
 
     def release(s, q, i):
         row = s.queues[q].table[i]
         if row[F["rel_flag"]] >= 0:
             tgt = row[F["rel_rank"]]
             if tgt < W and not (static_peers and tgt != 0):
-                flags[tgt][row[F["rel_flag"]]] = True
+                flags[tgt][row[F["rel_flag"]]] += 1
 
     def head(s, q):
         c = ctr[s.rank][q]

@@ -38,6 +38,7 @@ def test_awkward_item_counts(op, W):
         if op == "ag-gemm":
             nt = -(-777 // BN)  # 7 tiles, the last with 9 columns
             assert len(sch.builders) == W * mt * nt
+            # one slice per band here: a 128-row band of K=1000 is 250 KiB < mover_bytes
             assert len(sch.movers) == (W - 1) * mt
             assert np.sum(rows == 3000 - 23 * BM) == W * nt
             assert np.sum(cols == 777 - 6 * BN) == W * mt
@@ -47,8 +48,15 @@ def test_awkward_item_counts(op, W):
                 p, m0, rr, n0, cc = row[1:6]
                 cover[p * (M // W) + m0:p * (M // W) + m0 + rr, n0:n0 + cc] += 1
             assert np.all(cover == 1)
-            assert np.all(sch.movers.col("cols") == K)
             assert sch.movers.bytes.sum() == (W - 1) * 3000 * K * 2
+            # sliced: 4 KiB slices -> band flags need every slice
+            sl = S.build_schedule(op, M, N, K, W, r, BM=BM, BN=BN, num_wgs=16, mover_bytes=4096)
+            _check_queues(sl)
+            assert sl.movers.bytes.sum() == (W - 1) * 3000 * K * 2
+            for f in np.unique(sl.movers.col("rel_flag")):
+                sel = sl.movers.col("rel_flag") == f
+                assert sl.flag_mult[f] == sel.sum() == sl.movers.col("cols")[sel][0]
+                assert sorted(sl.movers.col("n0")[sel]) == list(range(sel.sum()))
         else:
             nt = -(-N // BN)
             assert len(sch.builders) == W * mt * nt
@@ -105,7 +113,7 @@ def test_ag_demand_local_first_band_major():
             key = (int(row[S.F["peer"]]), int(row[S.F["m0"]]) // (BM * chunk))
             if key not in need:
                 need.append(key)
-    got = [(int(row[S.F["peer"]]), int(row[S.F["m0"]]) // (BM * chunk)) for row in mv]
+    got = list(dict.fromkeys((int(row[S.F["peer"]]), int(row[S.F["m0"]]) // (BM * chunk)) for row in mv))
     assert got == need
     # local_first off: local bands last
     off = S.build_schedule("ag-gemm", 1000 * W, 300 * W, 256, W, r, BM=BM, BN=64, chunk=chunk, num_wgs=8,
@@ -171,7 +179,7 @@ def test_no_deadlock_any_order(op, order, policy):
     rng = np.random.default_rng(0)
     for chunk in (1, 2):
         sch = S.build_all(op, 300 * W, 90 * W, K, W, 3 * W + 1, BM=64, BN=64, chunk=chunk, policy=policy,
-                          queue_order=order, seed=5)
+                          queue_order=order, seed=5, mover_bytes=8192)
         durs = rng.integers(1, 6, size=100000)
         S.simulate_steps(sch, durations=lambda rk, q, i: int(durs[(rk * 997 + q * 131 + i) % len(durs)]))
 
