@@ -109,7 +109,7 @@ def dist_version(*dists: str, module: str | None = None) -> str | None:
 def gpu_nccl_ready(name: str, backend: str) -> tuple[bool, str]:
     """Shared checks: the gpu backend, a visible CUDA device, torch.distributed with NCCL."""
     if backend != "gpu":
-        return False, f"{name} runs only on the gpu backend (this point's backend is {backend!r})"
+        return False, f"{name} runs only on the gpu backend (backend here: {backend!r})"
     if not torch.cuda.is_available():
         build = "CPU-only torch build" if torch.version.cuda is None and getattr(torch.version, "hip", None) is None else "no device visible"
         return False, f"{name} needs a CUDA GPU (torch.cuda.is_available() is False: {build}, torch {torch.__version__})"

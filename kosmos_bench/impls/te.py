@@ -57,7 +57,7 @@ class TeUbImpl:
         try:
             if not module_present(_MODULE):
                 return False, ("te-ub: TransformerEngine is not installed (no module "
-                               "'transformer_engine'; pip install transformer_engine[pytorch])")
+                               "'transformer_engine'; install TransformerEngine with its PyTorch extension)")
             ok, why = gpu_nccl_ready(self.name, backend)
             if not ok:
                 return ok, why
