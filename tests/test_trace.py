@@ -1,0 +1,206 @@
+"""Role-timeline analysis on hand-built timelines with known answers; decode; Perfetto; ingest."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kosmos_bench.trace import (clean, decode, idle_windows, ingest_rocprofv3, perfetto_events, rocprofv3_available,
+                                run_under_rocprofv3, summarize, to_perfetto, torch_profile, validate_perfetto)
+from kosmos_bench.trace.synth import synthetic_trace
+
+DATA = Path(__file__).parent / "data"
+US = 1000  # ns per us: the hand-built timelines are written in us
+
+
+def tl(records, rank=0, base_us=0):
+    """[(wg, role, item, t0_us, t1_us)] -> trace DataFrame (times in ns)."""
+    return pd.DataFrame([{"rank": rank, "wg": w, "sm": 10 + w, "role": r, "item": i,
+                          "t0_ns": (base_us + a) * US, "t1_ns": (base_us + b) * US} for w, r, i, a, b in records])
+
+
+# Rank 0, two WGs, kernel window [0, 100] us:
+#   WG0: MOVE 0-30 | WAIT 30-40 | BUILD 40-70 | (gap) 70-80 | BUILD 80-100
+#   WG1: (gap) 0-10 | BUILD 10-50 | MOVE 50-60 | WAIT 60-100
+HAND = [(0, "MOVE", 3, 0, 30), (0, "WAIT", -1, 30, 40), (0, "BUILD", 0, 40, 70), (0, "BUILD", 1, 80, 100),
+        (1, "BUILD", 2, 10, 50), (1, "MOVE", 4, 50, 60), (1, "WAIT", -1, 60, 100)]
+
+
+def test_idle_windows_hand_built():
+    iw = idle_windows(tl(HAND))
+    got = [(int(r.wg), r.t0_ns // US, r.t1_ns // US) for r in iw.itertuples()]
+    assert got == [(0, 30, 40), (0, 70, 80), (1, 0, 10), (1, 60, 100)]
+    assert list(iw["dur_ns"] // US) == [10, 10, 10, 40]
+
+
+def test_summarize_hand_built():
+    s = summarize(tl(HAND))
+    wg_time = 200.0  # 2 WGs x 100 us
+    expect = {
+        "kernel_us": 100.0,
+        "busy_frac": (40 + 90) / wg_time, "busy_frac_move": 40 / wg_time, "busy_frac_build": 90 / wg_time,
+        "busy_frac_reduce": 0.0, "wait_frac": 50 / wg_time, "idle_frac": 70 / wg_time,
+        "idle_windows": 4, "idle_total_us": 70.0, "idle_longest_us": 40.0,
+        "idle_p50_us": 10.0, "idle_p90_us": 10 + 0.7 * 30,  # linear interpolation of [10, 10, 10, 40]
+        "first_build_us": 10.0, "tail_after_move_us": 40.0,
+        "role_switches": 2, "role_switches_per_wg": 1.0,
+        "wg_busy_frac_min": 0.5, "wg_busy_frac_mean": 0.65, "wg_busy_frac_max": 0.8,
+        "wgs_move": 2, "wgs_build": 2, "wgs_reduce": 0,
+        "trace_ranks": 1, "trace_wgs": 2, "trace_records": 7, "trace_clipped": 0,
+    }
+    for k, v in expect.items():
+        tol = 1e-9 * max(1.0, abs(v))
+        assert abs(s[k] - v) <= tol, (k, s[k], v)
+    assert s["busy_frac"] + s["idle_frac"] == pytest.approx(1.0)
+
+
+def test_summarize_per_rank_windows_and_idle_wg():
+    # Rank 1 runs on another clock (starts at 5000 us) and has a WG that never works.
+    r1 = tl([(0, "BUILD", 0, 20, 60), (0, "MOVE", 1, 60, 80), (1, "WAIT", -1, 0, 80)], rank=1, base_us=5000)
+    s = summarize(pd.concat([tl(HAND), r1], ignore_index=True))
+    assert s["kernel_us"] == 100.0  # max of the two ranks' windows (100, 80)
+    assert s["first_build_us"] == 20.0  # max over ranks of (10, 20)
+    assert s["tail_after_move_us"] == 40.0  # max over ranks of (40, 0)
+    assert s["trace_ranks"] == 2 and s["trace_wgs"] == 4
+    # WG-time 2*100 + 2*80 = 360; rank 1 idle: WG0 0-20 (20), WG1 all 80.
+    assert s["idle_total_us"] == pytest.approx(70 + 20 + 80)
+    assert s["idle_frac"] == pytest.approx(170 / 360)
+    assert s["wg_busy_frac_min"] == 0.0 and s["idle_longest_us"] == 80.0
+
+
+def test_clean_clips_overlaps_and_drops_empty():
+    df = tl([(0, "BUILD", 0, 0, 50), (0, "WAIT", -1, 10, 40), (0, "MOVE", 1, 45, 70), (0, "BUILD", 2, 70, 70)])
+    out, changed = clean(df)
+    assert [(r.role, r.t0_ns // US, r.t1_ns // US) for r in out.itertuples()] == [("BUILD", 0, 50), ("MOVE", 50, 70)]
+    assert changed == 3  # WAIT inside BUILD dropped, MOVE clipped, zero-length BUILD dropped
+    s = summarize(df)
+    assert s["trace_clipped"] == 3 and s["busy_frac"] == pytest.approx(1.0)
+
+
+def test_empty_trace():
+    assert summarize(pd.DataFrame(columns=["rank", "wg", "sm", "role", "item", "t0_ns", "t1_ns"])) == {"trace_records": 0}
+    assert idle_windows(pd.DataFrame(columns=["rank", "wg", "sm", "role", "item", "t0_ns", "t1_ns"])).empty
+
+
+def test_decode_with_overflow():
+    cap = 3
+    rec = np.zeros((2, cap, 4), dtype=np.int64)
+    rec[0, :2] = [[100, 200, 0, 5], [200, 300, 1, 7]]
+    rec[1, :3] = [[110, 150, 3, -1], [150, 400, 1, 8], [400, 420, 2, 9]]
+    df, dropped = decode(rec, np.array([2, 5]), rank=3, sms=np.array([4, 9]))
+    assert dropped == 2 and df.attrs["dropped"] == 2
+    assert list(df["role"]) == ["MOVE", "BUILD", "WAIT", "BUILD", "REDUCE"]
+    assert list(df["wg"]) == [0, 0, 1, 1, 1] and list(df["sm"]) == [4, 4, 9, 9, 9]
+    assert (df["rank"] == 3).all() and list(df["item"]) == [5, 7, -1, 8, 9]
+    assert summarize(df)["trace_dropped"] == 2
+    rec[0, 0, 2] = 7
+    with pytest.raises(ValueError, match="unknown role code"):
+        decode(rec, np.array([2, 3]))
+
+
+@pytest.mark.parametrize("policy", ["self", "fixed:3", "predicted"])
+def test_synthetic_traces_are_consistent(policy):
+    tr = synthetic_trace(policy, world=4, ranks=[0, 1], wgs=8, bands_per_peer=2, tiles_per_band=3)
+    s = summarize(tr)
+    assert s["trace_clipped"] == 0
+    assert s["busy_frac"] + s["idle_frac"] == pytest.approx(1.0)
+    assert s["wgs_move"] >= 2 and s["wgs_build"] >= 2
+    # Every tile built exactly once per rank: 4 source ranks x 2 bands x 3 tiles.
+    assert (tr[tr["role"] == "BUILD"].groupby("rank")["item"].nunique() == 24).all()
+    assert (tr[tr["role"] == "MOVE"].groupby("rank")["item"].nunique() == 6).all()
+    if policy == "fixed:3":
+        movers = set(tr.loc[tr["role"] == "MOVE", "wg"])
+        assert movers <= {0, 1, 2} and not set(tr.loc[tr["role"] == "BUILD", "wg"]) & movers
+        assert s["role_switches"] == 0
+
+
+def test_perfetto_valid_and_non_overlapping(tmp_path):
+    tr = synthetic_trace("self", world=4, ranks=[0, 2], wgs=6, bands_per_peer=2, tiles_per_band=2)
+    # Add an overlapping record: the export must clip it.
+    bad = tr.iloc[[0]].assign(t0_ns=tr.iloc[0]["t0_ns"] + 1, t1_ns=tr.iloc[0]["t1_ns"] + 5, role="WAIT")
+    path = to_perfetto(pd.concat([tr, bad], ignore_index=True), tmp_path / "t.json", meta={"key": "abc"})
+    obj = json.loads(path.read_text())
+    assert validate_perfetto(obj) == []
+    assert obj["metadata"]["key"] == "abc" and obj["metadata"]["clipped"] >= 1
+    ev = obj["traceEvents"]
+    procs = {e["pid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
+    assert procs == {0: "rank 0", 2: "rank 2"}
+    threads = [e for e in ev if e["ph"] == "M" and e["name"] == "thread_name"]
+    assert len(threads) == 12 and threads[0]["args"]["name"].startswith("WG 0 · SM ")
+    slices = [e for e in ev if e["ph"] == "X"]
+    assert {e["name"] for e in slices} <= {"MOVE", "BUILD", "WAIT", "REDUCE"}
+    assert all(e["dur"] > 0 and e["ts"] >= 0 and "cname" in e for e in slices)
+    assert len(slices) == len(clean(pd.concat([tr, bad]))[0])
+
+
+def test_validate_perfetto_catches_overlap():
+    obj = {"traceEvents": [{"ph": "X", "name": "MOVE", "pid": 0, "tid": 1, "ts": 0.0, "dur": 2.0},
+                           {"ph": "X", "name": "BUILD", "pid": 0, "tid": 1, "ts": 1.5, "dur": 1.0}]}
+    assert any("overlaps" in p for p in validate_perfetto(obj))
+    assert validate_perfetto({"events": []})
+
+
+def test_ingest_rocprofv3_sample():
+    df = ingest_rocprofv3(DATA / "rocprofv3_kernel_trace.csv")
+    assert list(df.columns[:7]) == ["rank", "wg", "sm", "role", "item", "t0_ns", "t1_ns"]
+    assert len(df) == 5 and (df["role"] == "KERNEL").all() and (df["sm"] == -1).all()
+    first = df.iloc[0]  # sorted by start time
+    assert first["kernel_name"] == "void ag_gemm_kernel<__hip_bfloat16>(Params)"
+    assert (first["t0_ns"], first["t1_ns"]) == (1551874061244694, 1551874061255734)
+    assert first["grid_size"] == "65536x1x1" and first["workgroup_size"] == "256x1x1"
+    by_name = df.groupby("kernel_name")["item"].unique()
+    assert by_name["void ag_gemm_kernel<__hip_bfloat16>(Params)"].tolist() == [0]
+    assert sorted(df["item"].unique()) == [0, 1, 2]
+    # Agent 4 -> rank 0, Agent 5 -> rank 1; Agent 4's two queues -> tracks 0 and 1.
+    assert dict(zip(df["agent_id"], df["rank"])) == {"Agent 4": 0, "Agent 5": 1}
+    assert sorted(df.loc[df["rank"] == 0, "wg"].unique()) == [0, 1]
+    assert validate_perfetto(perfetto_events(df)) == []
+    assert summarize(df)["trace_records"] == 5
+
+
+def test_ingest_rocprofv3_newer_columns_and_bad_file(tmp_path):
+    p = tmp_path / "x_kernel_trace.csv"
+    p.write_text('"Kind","Agent_Id","Queue_Id","Kernel_Id","Kernel_Name","Correlation_Id","Start_Timestamp",'
+                 '"End_Timestamp","Private_Segment_Size","Group_Segment_Size"\n'
+                 '"KERNEL_DISPATCH",2,7,1,"k1",1,1000,2000,0,0\n"KERNEL_DISPATCH",2,7,2,"k2",2,2500,2600,0,0\n')
+    df = ingest_rocprofv3(p)
+    assert list(df["item"]) == [0, 1] and (df["rank"] == 0).all() and (df["wg"] == 0).all()
+    assert df["workgroup_size"].isna().all()
+    q = tmp_path / "bad.csv"
+    q.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="missing column"):
+        ingest_rocprofv3(q)
+
+
+def test_rocprofv3_absent_says_why(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    ok, why = rocprofv3_available()
+    assert not ok and "rocprofv3" in why and "PATH" in why
+    with pytest.raises(RuntimeError, match="not on PATH"):
+        run_under_rocprofv3(["true"], tmp_path / "out")
+
+
+def test_run_under_rocprofv3_with_fake_tool(monkeypatch, tmp_path):
+    """A stand-in rocprofv3 that writes the sample CSV where the real one would."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "rocprofv3"
+    fake.write_text("#!/bin/sh\n# args: --kernel-trace --output-format csv -d DIR -o NAME -- cmd...\n"
+                    f'mkdir -p "$5/host/123" && cp "{DATA / "rocprofv3_kernel_trace.csv"}" "$5/host/123/$7_kernel_trace.csv"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    path = run_under_rocprofv3(["true"], tmp_path / "out")
+    assert path.name == "kosmos_kernel_trace.csv" and len(ingest_rocprofv3(path)) == 5
+
+
+def test_torch_profile_cpu(tmp_path):
+    import torch
+
+    a = torch.randn(64, 64)
+    path = torch_profile(lambda: a @ a, tmp_path / "prof.json", steps=2)
+    obj = json.loads(path.read_text())
+    names = {e.get("name") for e in obj["traceEvents"]}
+    assert "kosmos-bench step 0" in names and "kosmos-bench step 1" in names
