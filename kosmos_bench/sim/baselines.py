@@ -2,8 +2,10 @@
 
 They mirror `impls/nccl.py` stream by stream:
 
-* GEMM alone (cuBLAS): time = max(tiles / G, 1) waves of one tile at the profile's per-SM
-  rate (cuBLAS's persistent/stream-K kernels make the last wave nearly free) + launch.
+* GEMM alone (cuBLAS): (tiles / G) waves of one tile at the profile's per-SM rate (its
+  persistent / stream-K kernels make a partial last wave nearly free); below one wave
+  (tiles < G) split-K / stream-K recover part of the idle SMs: utilisation 0.4 + 0.6 x
+  tiles / G. Plus the launch.
 * collective alone: nvlink -> NCCL at its bus bandwidth (nccl-tests: t = lat + S (W-1)/W / busbw);
   host -> the copy engine moving the (W-1) peer pieces over PCIe (H2D, and D2H in parallel
   on a second engine for gemm-rs).
@@ -40,7 +42,9 @@ def cublas_us(prof: dict, dtype: str, m: int, n: int, k: int, sms: int | None = 
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
     g = sms or prof["num_sms"]
-    t = max(tiles(prof, m, n) / g, 1.0) * tile_us(prof, dtype, k)
+    waves = tiles(prof, m, n) / g
+    util = 1.0 if waves >= 1.0 else 0.4 + 0.6 * waves
+    t = waves / util * tile_us(prof, dtype, k)
     return t + (prof["launch_overhead_us"] if launch else 0.0)
 
 

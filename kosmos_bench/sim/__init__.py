@@ -1,0 +1,82 @@
+"""Simulator backend: the kernels' own schedules replayed on a hardware profile.
+
+    fields, trace = run_point(point)     # point.backend == 'sim'
+
+`kosmos` points run the discrete-event engine (`engine.py`) over the items, queue orders,
+dependencies and mover counts of `kosmos_bench.schedule` (`model.py` prices them with the
+profile); `nccl-seq` and `nccl-overlap` are closed-form stream models (`baselines.py`).
+Every number is a prediction: rows say backend=sim and name the profile.
+"""
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+
+from ..point import Point
+from . import baselines, profiles
+from .model import Unsupported
+
+IMPLS = ("kosmos", "nccl-seq", "nccl-overlap")
+
+__all__ = ["run_point", "simulate_point", "profile_for", "Unsupported", "profiles", "IMPLS"]
+
+
+def profile_for(point: Point) -> dict:
+    """The point's profile (its `profile` field, else the default for its fabric)."""
+    try:
+        return profiles.load(point.profile or profiles.default_for(point.fabric, point.world))
+    except KeyError as e:
+        raise Unsupported(str(e.args[0])) from None
+
+
+def _check_fabric(point: Point, prof: dict) -> None:
+    host_prof = prof["topology"] == "host"
+    if point.fabric == "host" and not host_prof:
+        raise Unsupported(f"profile {prof['name']} has no host link; use a host profile (e.g. h200-host-pcie)")
+    if point.fabric in ("nvlink", "gloo") and host_prof:
+        raise Unsupported(f"profile {prof['name']} describes the host fabric, not {point.fabric}")
+
+
+def simulate_point(point: Point, prof: dict | None = None, num_movers: int | None = None, full: bool | None = None):
+    """(fields, SimResult or None) of one point. `num_movers` overrides the policy's k."""
+    from . import engine, model
+
+    prof = prof or profile_for(point)
+    if point.impl not in IMPLS:
+        raise Unsupported(f"the simulator models {', '.join(IMPLS)}, not {point.impl}")
+    _check_fabric(point, prof)
+    if point.op not in ("ag-gemm", "gemm-rs"):
+        raise Unsupported(f"the simulator does not model {point.op}")
+    if point.dtype not in prof["gemm_tflops"]:
+        raise Unsupported(f"profile {prof['name']} has no {point.dtype} GEMM rate")
+    fields = {"profile": prof["name"], "t_gemm_us": baselines.gemm_alone_us(point, prof), "cv": 0.0}
+    if point.impl != "kosmos" and point.fabric == "local":
+        raise Unsupported(f"{point.impl} does not run on the local fabric")
+    try:
+        fields["t_comm_us"] = baselines.comm_alone_us(point, prof) if point.world > 1 else None
+    except ValueError as e:
+        raise Unsupported(str(e)) from None
+    res = None
+    t0 = time.perf_counter()
+    if point.impl == "nccl-seq":
+        t = baselines.seq_us(point, prof)
+    elif point.impl == "nccl-overlap":
+        t = baselines.overlap_us(point, prof)
+    else:
+        built = model.build(point, prof, num_movers=num_movers, full=full)
+        res = engine.simulate(built.problem, check=False)
+        t = (res.makespan_ns + built.overhead_ns) / 1e3
+        fields.update(res.summary())
+        fields.update(num_movers=built.num_movers, num_wgs=built.num_wgs, sim_ranks=len(built.ranks),
+                      sim_symmetric=built.symmetric, sim_items=built.problem.n, sim_events=res.events)
+    fields.update(t_median_us=t, t_min_us=t, t_p99_us=t, sim_wall_s=time.perf_counter() - t0)
+    return fields, res
+
+
+def run_point(point: Point) -> tuple[dict, pd.DataFrame | None]:
+    """Result-row fields of a simulated point, and its role timeline (kosmos; None for the
+    baselines, which have no per-WG roles). Raises `Unsupported` for points it cannot model."""
+    fields, res = simulate_point(point)
+    trace = res.timeline() if res is not None else None
+    return fields, trace

@@ -1,0 +1,313 @@
+"""From a `Point` and a hardware profile to an engine `Problem`, built from the kernels' own
+schedules (`kosmos_bench.schedule`: items, queue orders, dependencies, mover count, WG->rank
+assignment). Nothing here decides an order; it only prices items and wires flags.
+
+Which ranks are simulated:
+
+* ``host`` fabric: rank 0 only (peers do not execute; their flags are preset, their data is
+  static in host memory), as in the kernel.
+* ``nvlink`` with a rotation-symmetric queue order (``demand``, ``reverse``): rank 0 only.
+  Every rank runs the same schedule rotated by its rank, so a flag that peer q releases into
+  rank 0's array is released at the time rank 0 releases the rotated flag: the dependency is
+  wired to rank 0's own rotated item (found in q's schedule by (queue, kind, peer - q, m0,
+  rows, n0, cols)), with the remote flag latency. Link loads are symmetric too, so a
+  switch port (or a mesh link) carries exactly rank 0's traffic.
+* ``nvlink`` with ``fifo`` / ``random`` orders (not symmetric: every rank pulls from peer 0
+  first) and ``local`` (W emulated ranks sharing one GPU's WGs and HBM): all W ranks.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from .. import schedule as S
+from ..ops.base import ELEM_BYTES
+from ..point import Point
+from . import engine as E
+
+SYMMETRIC_ORDERS = ("demand", "reverse")
+
+# The kernels' WG loops (schedule.py docstring, "Queues and the WG loop"), as engine rules:
+# [(queue, only_if_ready), ...] tried in order; the first applicable rule claims.
+_B, _M, _R = S.Q_BUILD, S.Q_MOVE, S.Q_REDUCE
+LOOP_RULES = {
+    ("ag-gemm", "self"): [(_B, True), (_M, False), (_B, False)],
+    ("gemm-rs", "self"): [(_R, True), (_M, True), (_B, False), (_M, False), (_R, False)],
+    "mover": [(_M, False)],
+    "builder": [(_B, False), (_R, False)],
+}
+
+_ROLE_OF_KIND = {S.AG_PULL: E.MOVE, S.AG_BUILD: E.BUILD, S.RS_BUILD: E.BUILD, S.RS_PUSH: E.MOVE,
+                 S.RS_PROXY: E.MOVE, S.RS_REDUCE: E.REDUCE}
+
+
+class Unsupported(Exception):
+    """This point cannot be simulated (the message says why); the harness skips it."""
+
+
+@dataclass
+class Built:
+    """A Problem plus what run_point reports about it."""
+
+    problem: E.Problem
+    ranks: list[int]            # simulated ranks
+    num_wgs: int                # WGs per rank (rank 0)
+    num_movers: int | None      # k of fixed/predicted, None for self
+    symmetric: bool
+    overhead_ns: float          # launch + exit handshake, added to the makespan
+    scheds: list
+
+
+def model_params(prof: dict, fabric: str) -> dict:
+    """predicted_movers' cost-model dict from a profile (same keys as schedule.MODEL_DEFAULTS)."""
+    link = prof["link"]
+    if fabric == "host":
+        bw = link.get("h2d_GBps") or link.get("bw_GBps")
+    elif fabric == "local":
+        bw = prof["hbm_GBps"] / 2.0
+    else:
+        bw = link.get("bw_GBps") * (7 if prof["topology"] == "mesh" else 1)
+    return {
+        "link_gbs": float(bw),
+        "alpha_us": float(link.get("latency_ns", 1000.0)) / 1e3,
+        "wg_copy_gbs": float(prof["wg_hbm_GBps"] if fabric == "local" else link.get("wg_GBps", 30.0)),
+        "wg_tflops": float(prof["gemm_tflops"]["bf16"]) * float(prof.get("builder_efficiency", 1.0)) / prof["num_sms"],
+        "wg_reduce_gbs": float(prof["wg_hbm_GBps"]),
+    }
+
+
+@lru_cache(maxsize=64)
+def _schedule(op, M, N, K, world, rank, BM, BN, chunk, num_wgs, queue_order, seed, local_first, fabric):
+    # Built with policy='self': the mover count only changes the WG rules, never the queues.
+    return S.build_schedule(op, M, N, K, world, rank, BM=BM, BN=BN, chunk=chunk, num_wgs=num_wgs, policy="self",
+                            queue_order=queue_order, seed=seed, local_first=local_first, fabric=fabric)
+
+
+def _tables(s):
+    return s.builders, s.movers, s.reduces
+
+
+def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None = None,
+          model_from_profile: bool = True) -> Built:
+    """The engine problem of a kosmos point. `num_movers` overrides the policy's k (e.g. the
+    k a measured run reported); `full` forces (True) or forbids (False) simulating all ranks."""
+    if p.fabric not in ("host", "nvlink", "local"):
+        raise Unsupported(f"the kosmos kernels do not run on the {p.fabric} fabric")
+    if p.dtype not in ("bf16", "fp16"):
+        raise Unsupported(f"the kosmos kernels take bf16/fp16 operands, not {p.dtype}")
+    W = p.world
+    BM, BN = int(prof["tile_m"]), int(prof["tile_n"])
+    chunk = int(p.chunk or 1)
+    order = p.queue_order or "demand"
+    policy = p.policy or "self"
+    why = S.validate(p.op, p.M, p.N, p.K, W, BM, BN, chunk)
+    if why:
+        raise Unsupported(why)
+    G = int(prof["num_sms"])
+    if p.fabric == "local":
+        sizes = np.diff(S.wg_starts(G, W)).tolist()
+        starts = S.wg_starts(G, W).tolist()
+    else:
+        sizes, starts = [G] * W, [0] * W
+    if num_movers is None:
+        model = model_params(prof, p.fabric) if model_from_profile else None
+        try:
+            num_movers = S.resolve_movers(policy, p.op, p.M, p.N, p.K, W, sizes[0], model, p.fabric)
+        except ValueError as e:
+            raise Unsupported(str(e)) from None
+    if num_movers is not None and not 0 < num_movers < min(sizes):
+        raise Unsupported(f"{num_movers} movers leave no builder among {min(sizes)} WGs per rank")
+
+    symmetric = p.fabric == "nvlink" and order in SYMMETRIC_ORDERS and W > 1
+    if full is not None and p.fabric != "host":
+        symmetric = not full
+    if p.fabric == "host" or W == 1:
+        ranks = [0]
+    elif symmetric:
+        ranks = [0]
+    else:
+        ranks = list(range(W))
+    sched_fabric = "host" if p.fabric == "host" else p.fabric
+
+    def sched(r):
+        return _schedule(p.op, p.M, p.N, p.K, W, r, BM, BN, chunk, sizes[r], order, p.seed,
+                         p.local_first, sched_fabric)
+
+    scheds = {r: sched(r) for r in ranks}
+    elem_scale = ELEM_BYTES[p.dtype] / S.ELEM_BYTES
+
+    # ---- items: global id = offset[(rank, table)] + row
+    offset, n = {}, 0
+    for r in ranks:
+        for qi, t in enumerate(_tables(scheds[r])):
+            offset[r, qi] = n
+            n += len(t)
+    kind = np.zeros(n, dtype=np.int8)
+    rank = np.zeros(n, dtype=np.int32)
+    work = np.zeros(n)
+    nbytes = np.zeros(n)
+    label = np.zeros(n, dtype=np.int64)
+    path: list = [()] * n
+    lat = prof["link"].get("latency_ns", 0.0)
+    tflops = float(prof["gemm_tflops"][p.dtype]) * float(prof.get("builder_efficiency", 1.0))
+    per_sm_flop_ns = tflops * 1e12 / G / 1e9  # FLOP per ns of one SM
+    tile_ovh = float(prof.get("tile_overhead_ns", 0.0))
+    wg_hbm = float(prof["wg_hbm_GBps"])  # bytes/ns
+    links, cap = _links(p, prof, ranks, symmetric)
+    for r in ranks:
+        for qi, t in enumerate(_tables(scheds[r])):
+            if not len(t):
+                continue
+            o = offset[r, qi]
+            sl = slice(o, o + len(t))
+            kinds = t.col("kind")
+            kind[sl] = np.vectorize(_ROLE_OF_KIND.get, otypes=[np.int8])(kinds)
+            rank[sl] = r
+            label[sl] = np.arange(len(t))
+            if qi == S.Q_BUILD:
+                rows, cols = t.col("rows").astype(float), t.col("cols").astype(float)
+                k = t.flops / (2.0 * rows * cols)
+                # a partial edge tile costs a full tile on the tensor cores
+                work[sl] = 2.0 * BM * BN * k / per_sm_flop_ns + tile_ovh
+            elif qi == S.Q_REDUCE:
+                work[sl] = t.bytes * elem_scale / wg_hbm + tile_ovh
+            else:
+                work[sl] = lat
+                nbytes[sl] = t.bytes * elem_scale
+                peers = t.col("peer")
+                for i in range(len(t)):
+                    path[o + i] = links(r, int(kinds[i]), int(peers[i]))
+
+    # ---- dependencies: flag -> releasing item
+    release: dict = {}
+    for r in ranks:
+        for qi, t in enumerate(_tables(scheds[r])):
+            if not len(t):
+                continue
+            rr, rf = t.col("rel_rank"), t.col("rel_flag")
+            for i in np.flatnonzero(rf >= 0):
+                release[int(rr[i]), int(rf[i])] = (offset[r, qi] + int(i), r)
+    remote_lat = float(prof["flag_latency_ns"]["remote"])
+    local_lat = float(prof["flag_latency_ns"]["local"])
+    entry_floor = 0.0 if p.fabric == "host" else remote_lat
+    floor = np.zeros(n)
+    dep_lists: list[list[int]] = [[] for _ in range(n)]
+    lat_lists: list[list[float]] = [[] for _ in range(n)]
+    rot_index: dict = {}
+    for r in ranks:
+        s = scheds[r]
+        lay = s.flags
+        for qi, t in enumerate(_tables(s)):
+            if not len(t):
+                continue
+            o = offset[r, qi]
+            db, dc = t.col("dep_begin"), t.col("dep_count")
+            for i in range(len(t)):
+                for f in s.deps[db[i]:db[i] + dc[i]].tolist():
+                    rel = release.get((r, f))
+                    if rel is None:
+                        if lay.entry <= f < lay.entry + W or lay.exit <= f < lay.exit + W:
+                            floor[o + i] = max(floor[o + i], entry_floor)
+                            continue
+                        if p.fabric == "host":
+                            continue  # preset by the host (peers' static data)
+                        if not symmetric:
+                            raise RuntimeError(f"rank {r}: flag {f} has no releasing item")
+                        if r not in rot_index:
+                            rot_index[r] = _peer_releases(r, sched, offset, W)
+                        rel = rot_index[r].get(f)
+                        if rel is None:
+                            raise RuntimeError(f"rank {r}: no rank releases flag {f}")
+                    src, src_rank = rel
+                    dep_lists[o + i].append(src)
+                    lat_lists[o + i].append(local_lat if src_rank == r else remote_lat)
+    dep_ptr, dep_idx = E.csr(dep_lists)
+    dep_lat = np.fromiter((x for l in lat_lists for x in l), dtype=float, count=len(dep_idx))
+
+    # ---- queues and WG rules
+    queues, wg_rules, sm = [], [], []
+    if num_movers is None:
+        rule_sets = [LOOP_RULES[p.op, "self"]]
+    else:
+        rule_sets = [LOOP_RULES["mover"], LOOP_RULES["builder"]]
+    for r in ranks:
+        queues.append([E.Queue(name, np.asarray(t.queue, dtype=np.int64) + offset[r, qi])
+                       for qi, (name, t) in enumerate(zip(("builder", "mover", "reduce"), _tables(scheds[r])))])
+        g = sizes[r]
+        wr = np.zeros(g, dtype=np.int64)
+        if num_movers is not None:
+            wr[num_movers:] = 1
+        wg_rules.append(wr)
+        sm.append(np.arange(g) + starts[r])
+    prob = E.Problem(kind=kind, rank=rank, work_ns=work, nbytes=nbytes, path=path, dep_ptr=dep_ptr,
+                     dep_idx=dep_idx, dep_lat_ns=dep_lat, label=label, queues=queues, rule_sets=rule_sets,
+                     wg_rules=wg_rules, link_bw=links.bw, floor_ns=floor, flow_cap=cap,
+                     claim_ns=float(prof.get("claim_ns", 0.0)), sm=sm)
+    overhead = prof["launch_overhead_us"] * 1e3 + (remote_lat if p.fabric != "host" and W > 1 else 0.0)
+    return Built(prob, ranks, sizes[0], num_movers, symmetric, overhead, [scheds[r] for r in ranks])
+
+
+def _peer_releases(r, sched, offset, W) -> dict:
+    """Symmetric mode: flag f of rank r -> (rank-r item standing for the peer item that
+    releases it, the peer). Peer q's item maps to r's item with the same (queue, kind,
+    peer - rank, m0, rows, n0, cols): the schedules are rotations of each other."""
+    def key(qi, row, rank):
+        return (qi, row[S.F["kind"]], (row[S.F["peer"]] - rank) % W, row[S.F["m0"]], row[S.F["rows"]],
+                row[S.F["n0"]], row[S.F["cols"]])
+
+    own = {}
+    for qi, t in enumerate(_tables(sched(r))):
+        for i, row in enumerate(t.table.tolist()):
+            own[key(qi, row, r)] = offset[r, qi] + i
+    out = {}
+    for q in range(1, W):
+        src = (r + q) % W
+        for qi, t in enumerate(_tables(sched(src))):
+            if not len(t):
+                continue
+            hit = np.flatnonzero(t.col("rel_rank") == r)
+            for row in t.table[hit].tolist():
+                item = own.get(key(qi, row, src))
+                if item is None:
+                    raise RuntimeError(f"schedule of rank {src} is not a rotation of rank {r}'s")
+                out[row[S.F["rel_flag"]]] = (item, src)
+    return out
+
+
+class _LinkMap:
+    """Link ids and capacities (bytes/ns) for a fabric/topology; callable -> path."""
+
+    def __init__(self, bw, fn):
+        self.bw = np.asarray(bw, dtype=float)
+        self.fn = fn
+
+    def __call__(self, r, kind, peer):
+        return self.fn(r, kind, peer)
+
+
+def _links(p: Point, prof: dict, ranks: list[int], symmetric: bool):
+    W = p.world
+    link = prof["link"]
+    topo = prof["topology"]
+    if p.fabric == "local":  # every copy is an HBM read + write on the one GPU
+        bw = [prof["hbm_GBps"] / 2.0]
+        return _LinkMap(bw, lambda r, kind, peer: (0,)), float(prof["wg_hbm_GBps"])
+    cap = float(link.get("wg_GBps") or math.inf)
+    if p.fabric == "host":
+        h2d = link.get("h2d_GBps") or link.get("bw_GBps")
+        d2h = link.get("d2h_GBps") or h2d
+        return _LinkMap([h2d, d2h], lambda r, kind, peer: (1,) if kind == S.RS_PUSH else (0,)), cap
+    if topo == "host":
+        raise Unsupported(f"profile {prof['name']} describes the host fabric, not {p.fabric}")
+    bwl = float(link["bw_GBps"])
+    pull = lambda kind: kind in (S.AG_PULL, S.RS_PROXY)  # noqa: E731 - data flows peer -> r
+    if topo == "switch":
+        if symmetric:  # rank 0's ingress port (pulls) and egress port (pushes)
+            return _LinkMap([bwl, bwl], lambda r, kind, peer: (0,) if pull(kind) else (1,)), cap
+        # ingress of rank x = x, egress of rank x = W + x
+        return _LinkMap([bwl] * (2 * W), lambda r, kind, peer: (W + peer, r) if pull(kind) else (W + r, peer)), cap
+    # mesh: one link per ordered pair src -> dst, id src * W + dst
+    return _LinkMap([bwl] * (W * W), lambda r, kind, peer: (peer * W + r,) if pull(kind) else (r * W + peer,)), cap

@@ -1,0 +1,165 @@
+"""Simulator engine on hand-built item sets: conservation, closed forms, link sharing."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from kosmos_bench.sim import engine as E
+
+SELF_AG = [(0, True), (1, False), (0, False)]  # builder if ready > mover > wait on builder
+
+
+def make(builds, moves, deps, *, wgs=4, rules=None, wg_rules=None, bw=(10.0,), cap=math.inf, lat=0.0,
+         claim=0.0, ranks=None, queues=None, floor=None):
+    """builds: list of durations; moves: list of (bytes, path). Items: builds first, then moves."""
+    nb, nm = len(builds), len(moves)
+    n = nb + nm
+    kind = np.array([E.BUILD] * nb + [E.MOVE] * nm, dtype=np.int8)
+    rank = np.zeros(n, dtype=np.int32) if ranks is None else np.asarray(ranks, dtype=np.int32)
+    work = np.array(list(builds) + [lat] * nm, dtype=float)
+    nbytes = np.array([0.0] * nb + [b for b, _ in moves])
+    path = [()] * nb + [tuple(p) for _, p in moves]
+    ptr, idx = E.csr(deps)
+    R = int(rank.max()) + 1 if n else 1
+    if queues is None:
+        queues = [[E.Queue("builder", np.flatnonzero((rank == r) & (kind == E.BUILD))),
+                   E.Queue("mover", np.flatnonzero((rank == r) & (kind == E.MOVE)))] for r in range(R)]
+    return E.Problem(kind=kind, rank=rank, work_ns=work, nbytes=nbytes, path=path, dep_ptr=ptr, dep_idx=idx,
+                     dep_lat_ns=np.zeros(len(idx)), label=np.arange(n), queues=queues,
+                     rule_sets=rules or [SELF_AG], wg_rules=wg_rules or [np.zeros(wgs, dtype=np.int64)] * R,
+                     link_bw=np.asarray(bw, dtype=float), flow_cap=cap, claim_ns=claim, floor_ns=floor)
+
+
+def random_problem(seed: int, ranks: int = 2, wgs: int = 5, fixed: int | None = None):
+    """Random AG-like problem: per rank, movers (random sizes, own ingress link), builders
+    depending on a random earlier mover of any rank (or nothing)."""
+    rng = np.random.default_rng(seed)
+    builds, moves, deps, rank_b, rank_m = [], [], [], [], []
+    nm_per = int(rng.integers(1, 6))
+    nb_per = int(rng.integers(3, 20))
+    for r in range(ranks):
+        for _ in range(nm_per):
+            moves.append((float(rng.integers(1, 200)), (r, ranks + (r + 1) % ranks)))
+            rank_m.append(r)
+    nb = nb_per * ranks
+    for r in range(ranks):
+        for _ in range(nb_per):
+            builds.append(float(rng.integers(1, 50)))
+            rank_b.append(r)
+    for i in range(nb):
+        deps.append([] if rng.random() < 0.3 else [nb + int(rng.integers(0, len(moves)))])
+    deps += [[] for _ in moves]
+    rules = [SELF_AG] if fixed is None else [[(1, False)], [(0, False)]]
+    wr = np.zeros(wgs, dtype=np.int64)
+    if fixed is not None:
+        wr[fixed:] = 1
+    return make(builds, moves, deps, wgs=wgs, rules=rules, wg_rules=[wr] * ranks, bw=[7.0] * (2 * ranks),
+                cap=3.0, lat=2.0, claim=0.5, ranks=rank_b + rank_m)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("fixed", [None, 1, 3])
+def test_conservation(seed, fixed):
+    p = random_problem(seed, fixed=fixed)
+    res = E.simulate(p)
+    # every item executed exactly once, by a WG of its rank, after it was ready
+    assert np.all(np.isfinite(res.t_end)) and np.all(res.wg_of >= 0)
+    assert np.all(res.t_start >= res.t_ready - 1e-6)
+    assert np.all(res.t_end >= res.t_start)
+    tl = res.timeline()
+    work = tl[tl.role != "WAIT"]
+    assert len(work) == p.n and sorted(work["item"]) == sorted(p.label.tolist())
+    # busy + wait + tail == makespan for every WG
+    acc = res.wg_accounting()
+    tol = 1e-6 * max(res.makespan_ns, 1.0)
+    assert np.allclose(acc["total_ns"], res.makespan_ns, atol=tol)
+    # role intervals of one WG never overlap
+    for (_, _), g in tl.groupby(["rank", "wg"]):
+        t0, t1 = g["t0_ns"].to_numpy(), g["t1_ns"].to_numpy()
+        assert np.all(t0[1:] >= t1[:-1])
+
+
+def test_pure_compute_closed_form():
+    wgs, d = 4, 10.0
+    for n in (1, 4, 7, 8, 13):
+        res = E.simulate(make([d] * n, [], [[]] * n, wgs=wgs))
+        want = math.ceil(n / wgs) * d
+        assert res.makespan_ns == pytest.approx(want)
+
+
+def test_pure_comm_shares_link_fairly():
+    # n equal transfers, k mover WGs (all WGs move: no builders), link B, per-WG cap c
+    B, c, b = 10.0, 4.0, 100.0
+    for n, k in ((4, 4), (8, 4), (3, 4), (6, 2)):
+        res = E.simulate(make([], [(b, (0,))] * n, [[]] * n, wgs=k, bw=[B], cap=c))
+        rate = min(c, B / min(n, k))
+        waves = math.ceil(n / k)
+        if n % k == 0 or n < k:
+            want = waves * b / rate
+            assert res.makespan_ns == pytest.approx(want, rel=1e-9)
+        # never faster than the link, never faster than the per-WG cap
+        assert res.makespan_ns >= n * b / B * (1 - 1e-9)
+        assert res.makespan_ns >= b / c * (1 - 1e-9)
+
+
+def test_waterfill_two_links():
+    # flows: A uses links 0,1; B uses link 0; C uses link 1. link0=10, link1=4.
+    # max-min: C and A share link1 -> 2 each; B gets link0 leftover 8.
+    res = E.simulate(make([], [(20.0, (0, 1)), (80.0, (0,)), (20.0, (1,))], [[]] * 3, wgs=3, bw=[10.0, 4.0]))
+    assert res.t_end[0] == pytest.approx(10.0)
+    assert res.t_end[2] == pytest.approx(10.0)
+    assert res.t_end[1] == pytest.approx(10.0)
+
+
+def test_perfect_overlap_bound_and_ready_wait():
+    # builders depend on transfers: makespan >= max(compute / wgs, comm / bw)
+    nb, nm = 16, 2  # 2 WGs move, the other 2 claim the builder head and wait on it
+    deps = [[nb + i % nm] for i in range(nb)] + [[] for _ in range(nm)]
+    p = make([10.0] * nb, [(50.0, (0,))] * nm, deps, wgs=4, bw=[5.0])
+    res = E.simulate(p)
+    assert res.makespan_ns >= max(nb * 10.0 / 4, nm * 50.0 / 5.0) - 1e-9
+    assert (res.timeline().role == "WAIT").any()
+
+
+def test_dependency_latency_and_floor():
+    # one mover, one builder depending on it with a 7 ns flag latency; builder floor irrelevant
+    p = make([5.0], [(10.0, (0,))], [[1], []], wgs=2, bw=[1.0])
+    p.dep_lat_ns = np.array([7.0])
+    res = E.simulate(p)
+    assert res.t_ready[0] == pytest.approx(10.0 + 7.0)
+    assert res.makespan_ns == pytest.approx(10.0 + 7.0 + 5.0)
+    p = make([5.0], [], [[]], wgs=1, floor=np.array([3.0]))
+    assert E.simulate(p).makespan_ns == pytest.approx(8.0)
+
+
+def test_more_bandwidth_never_slower():
+    for seed in range(8):
+        base = random_problem(seed)
+        prev = None
+        for scale in (0.5, 1.0, 2.0, 4.0):
+            p = random_problem(seed)
+            p.link_bw = base.link_bw * scale
+            t = E.simulate(p).makespan_ns
+            if prev is not None:
+                assert t <= prev * (1 + 1e-9)
+            prev = t
+
+
+def test_fixed_bad_k_slower_than_self():
+    # plenty of compute, little comm: 3 of 4 WGs as movers wastes the machine
+    nb, nm = 40, 2
+    deps = [[] for _ in range(nb)] + [[] for _ in range(nm)]
+    self_t = E.simulate(make([10.0] * nb, [(10.0, (0,))] * nm, deps, wgs=4)).makespan_ns
+    rules = [[(1, False)], [(0, False)]]
+    bad = E.simulate(make([10.0] * nb, [(10.0, (0,))] * nm, deps, wgs=4, rules=rules,
+                          wg_rules=[np.array([0, 0, 0, 1])])).makespan_ns
+    assert self_t < bad
+
+
+def test_deadlock_is_reported():
+    # a builder-only WG waits on a builder whose input no WG may move
+    p = make([5.0], [(10.0, (0,))], [[1], []], wgs=1, rules=[[(0, False)]])
+    with pytest.raises(RuntimeError, match="deadlock"):
+        E.simulate(p)
