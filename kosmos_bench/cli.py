@@ -21,7 +21,7 @@ from rich.table import Table
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Benchmark self-scheduling persistent comm+GEMM kernels (KOSMOS) against the baselines.")
 out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 BAD_STATUSES = ("wrong", "failed", "timeout")
 
