@@ -30,24 +30,35 @@
 namespace kosmos {
 namespace sm90 {
 
-using Builder = BuilderSm90<128, 256, 64, 4>;
+// Compiled variants (runtime `variant` argument): 0 is the default.
+//   0: 128x256x64, 4 stages, staged (coalesced) epilogue      — the production config
+//   1: 128x256x64, 3 stages, staged epilogue                  — more smem left for movers
+//   2: 128x256x64, 4 stages, direct register->global epilogue — reference point
+using Builder = BuilderSm90<128, 256, 64, 4, true>;
+using BuilderS3 = BuilderSm90<128, 256, 64, 3, true>;
+using BuilderDirect = BuilderSm90<128, 256, 64, 4, false>;
+constexpr int kNumVariants = 3;
 constexpr int kClaimDepth = 4;  // tiles in flight between the loader warp and the math warps
 using ClaimPipe = cutlass::PipelineAsync<kClaimDepth>;
 
 // Shared memory of the standalone kernel:
-//   builder        : Builder::SharedStorage (see builder_sm90.cuh)     = Builder::kSmemBytes
+//   builder        : BuilderT::SharedStorage (see builder_sm90.cuh)    = BuilderT::kSmemBytes
 //   claim_barriers : 2 * kClaimDepth mbarriers                          = 16 * kClaimDepth B
 //   claim_tile     : kClaimDepth tile indices (-1 = no more work)       = 4 * kClaimDepth B
+template <class BuilderT>
 struct GemmShared {
-  Builder::SharedStorage builder;
+  typename BuilderT::SharedStorage builder;
   ClaimPipe::SharedStorage claim_barriers;
   int claim_tile[kClaimDepth];
 };
-constexpr int kGemmSmemBytes = int(sizeof(GemmShared));
-static_assert(kGemmSmemBytes <= 227 * 1024, "standalone GEMM shared memory exceeds 227 KB");
+template <class BuilderT>
+constexpr int smem_bytes() { return int(sizeof(GemmShared<BuilderT>)); }
+static_assert(smem_bytes<Builder>() <= 227 * 1024, "standalone GEMM shared memory exceeds 227 KB");
+static_assert(smem_bytes<BuilderDirect>() <= 227 * 1024, "standalone GEMM shared memory exceeds 227 KB");
 
+template <class BuilderT>
 struct GemmParams {
-  Builder::Params builder;
+  typename BuilderT::Params builder;
   unsigned long long* ticket;      // global claim counter (never reset)
   unsigned long long ticket_base;  // this launch's first ticket
   int num_tiles;
@@ -67,9 +78,11 @@ __device__ __forceinline__ void tile_coords(int t, int num_m, int num_n, int gro
   n_blk = r / gm;
 }
 
-__global__ void __launch_bounds__(Builder::kNumThreads, 1) gemm_sm90_kernel(const __grid_constant__ GemmParams params) {
+template <class Builder>
+__global__ void __launch_bounds__(Builder::kNumThreads, 1)
+gemm_sm90_kernel(const __grid_constant__ GemmParams<Builder> params) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  GemmShared& smem = *reinterpret_cast<GemmShared*>(smem_raw);
+  GemmShared<Builder>& smem = *reinterpret_cast<GemmShared<Builder>*>(smem_raw);
 
   int const warp_idx = cutlass::canonical_warp_idx_sync();
   int const lane = int(threadIdx.x % 32);
@@ -135,7 +148,7 @@ struct DeviceState {
   unsigned long long* ticket = nullptr;  // device counter, allocated on first use
   unsigned long long next_base = 0;
   int num_sms = 0;
-  bool attr_set = false;
+  bool attr_set[kNumVariants] = {};
 };
 DeviceState g_devices[kMaxDevices];
 std::mutex g_mutex;
@@ -158,8 +171,31 @@ int fail_cuda(cudaError_t err, const char* where) {
 
 }  // namespace
 
+template <class BuilderT>
+int launch(DeviceState& st, int variant, const void* A, const void* B, void* C, int M, int N, int K,
+           int group_m, int max_ctas, cudaStream_t stream) {
+  constexpr int kSmem = smem_bytes<BuilderT>();
+  if (!st.attr_set[variant]) {
+    KB_CUDA(cudaFuncSetAttribute(gemm_sm90_kernel<BuilderT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    st.attr_set[variant] = true;
+  }
+  GemmParams<BuilderT> p;
+  p.builder = BuilderT::make_params(A, B, C, M, N, K);
+  p.num_tiles = p.builder.num_m_blk * p.builder.num_n_blk;
+  p.group_m = group_m;
+  p.ticket = st.ticket;
+  int grid = st.num_sms;
+  if (max_ctas > 0 && max_ctas < grid) grid = max_ctas;
+  if (grid > p.num_tiles) grid = p.num_tiles;
+  p.ticket_base = st.next_base;
+  gemm_sm90_kernel<BuilderT><<<grid, BuilderT::kNumThreads, kSmem, stream>>>(p);
+  KB_CUDA(cudaGetLastError());
+  st.next_base += (unsigned long long)p.num_tiles + (unsigned long long)grid;
+  return 0;
+}
+
 int gemm_sm90(const void* A, const void* B, void* C, int M, int N, int K, int group_m, int max_ctas,
-              cudaStream_t stream) {
+              int variant, cudaStream_t stream) {
   if (const char* why = Builder::validate(A, B, C, M, N, K)) return fail(1, why);
   if (group_m <= 0) return fail(1, "sm90 gemm: group_m must be positive");
   int dev = 0;
@@ -178,23 +214,12 @@ int gemm_sm90(const void* A, const void* B, void* C, int M, int N, int K, int gr
     KB_CUDA(cudaDeviceSynchronize());
     st.next_base = 0;
   }
-  if (!st.attr_set) {
-    KB_CUDA(cudaFuncSetAttribute(gemm_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kGemmSmemBytes));
-    st.attr_set = true;
+  switch (variant) {
+    case 0: return launch<Builder>(st, 0, A, B, C, M, N, K, group_m, max_ctas, stream);
+    case 1: return launch<BuilderS3>(st, 1, A, B, C, M, N, K, group_m, max_ctas, stream);
+    case 2: return launch<BuilderDirect>(st, 2, A, B, C, M, N, K, group_m, max_ctas, stream);
+    default: return fail(1, "sm90 gemm: unknown variant");
   }
-  GemmParams p;
-  p.builder = Builder::make_params(A, B, C, M, N, K);
-  p.num_tiles = p.builder.num_m_blk * p.builder.num_n_blk;
-  p.group_m = group_m;
-  p.ticket = st.ticket;
-  int grid = st.num_sms;
-  if (max_ctas > 0 && max_ctas < grid) grid = max_ctas;
-  if (grid > p.num_tiles) grid = p.num_tiles;
-  p.ticket_base = st.next_base;
-  gemm_sm90_kernel<<<grid, Builder::kNumThreads, kGemmSmemBytes, stream>>>(p);
-  KB_CUDA(cudaGetLastError());
-  st.next_base += (unsigned long long)p.num_tiles + (unsigned long long)grid;
-  return 0;
 }
 
 }  // namespace sm90
@@ -204,9 +229,10 @@ int gemm_sm90(const void* A, const void* B, void* C, int M, int N, int K, int gr
 extern "C" {
 
 // 0 on success; 1 unsupported arguments, 2 CUDA error, 3 wrong device. Message: kb_sm90_last_error().
+// variant: 0 default (see kNumVariants above).
 int kb_sm90_gemm(const void* A, const void* B, void* C, int M, int N, int K, int group_m, int max_ctas,
-                 void* stream) {
-  return kosmos::sm90::gemm_sm90(A, B, C, M, N, K, group_m, max_ctas, static_cast<cudaStream_t>(stream));
+                 int variant, void* stream) {
+  return kosmos::sm90::gemm_sm90(A, B, C, M, N, K, group_m, max_ctas, variant, static_cast<cudaStream_t>(stream));
 }
 
 // nullptr-free: "" when the last call on this thread succeeded.
@@ -218,7 +244,7 @@ const char* kb_sm90_validate(int M, int N, int K) {
   return why ? why : "";
 }
 
-// Configuration, for logs: tile sizes, stages, threads, shared-memory bytes.
+// Configuration of the default variant, for logs: tile sizes, stages, threads, smem bytes.
 void kb_sm90_config(int* out6) {
   using B = kosmos::sm90::Builder;
   out6[0] = B::kBM;
@@ -226,7 +252,7 @@ void kb_sm90_config(int* out6) {
   out6[2] = B::kBK;
   out6[3] = B::kNumStages;
   out6[4] = B::kNumThreads;
-  out6[5] = kosmos::sm90::kGemmSmemBytes;
+  out6[5] = kosmos::sm90::smem_bytes<B>();
 }
 
 }  // extern "C"

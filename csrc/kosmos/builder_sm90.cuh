@@ -49,8 +49,9 @@
 namespace kosmos {
 namespace sm90 {
 
-template <int kBM_ = 128, int kBN_ = 256, int kBK_ = 64, int kNumStages_ = 4>
+template <int kBM_ = 128, int kBN_ = 256, int kBK_ = 64, int kNumStages_ = 4, bool kStagedEpilogue_ = true>
 struct BuilderSm90 {
+  static constexpr bool kStagedEpilogue = kStagedEpilogue_;
   static constexpr int kBM = kBM_;
   static constexpr int kBN = kBN_;
   static constexpr int kBK = kBK_;
@@ -82,9 +83,18 @@ struct BuilderSm90 {
   static_assert(cute::is_same_v<StrideB, cute::Stride<cute::Int<1>, int64_t, int64_t>>, "B row-major (N contiguous)");
   static_assert(cute::size(TiledMma{}) == kNumMathThreads, "cooperative schedule: 2 math warpgroups");
 
+  // Epilogue staging (kStagedEpilogue): per math warp, one 16 x 64 bf16 sub-tile with rows
+  // padded to 144 B (128 B of data + 16 B, so the fragment writes hit 32 distinct banks):
+  // 8 warps * 16 rows * 144 B = 18,432 B. Separate from the mainloop ring, so the loader can
+  // keep prefetching the next tile while the math warps store this one.
+  static constexpr int kEpiRowBytes = 144;
+  static constexpr int kEpiWarpBytes = 16 * kEpiRowBytes;
+  static constexpr int kEpiBytes = kStagedEpilogue ? (kNumMathThreads / 32) * kEpiWarpBytes : 16;
+
   struct SharedStorage {
     typename Mainloop::TensorStorage tensors;
     alignas(16) typename MainloopPipeline::SharedStorage pipeline;
+    alignas(16) uint8_t epilogue[kEpiBytes];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "builder shared memory exceeds the sm_90 per-block limit");
@@ -173,7 +183,11 @@ struct BuilderSm90 {
     mainloop.mma(pipeline_, read_state_, accum, params_.num_k_blk, math_idx, smem_.tensors, params_.mainloop);
     mainloop.mma_tail(pipeline_, read_state_, params_.num_k_blk);
     read_state_.advance(params_.num_k_blk);
-    store_tile(accum, tiled_mma, math_idx, m_blk, n_blk);
+    if constexpr (kStagedEpilogue) {
+      store_tile_staged(accum, math_idx, m_blk, n_blk);
+    } else {
+      store_tile(accum, tiled_mma, math_idx, m_blk, n_blk);
+    }
   }
 
  private:
@@ -186,6 +200,46 @@ struct BuilderSm90 {
     pp.num_consumers = kNumMathThreads;
     pp.transaction_bytes = Mainloop::TmaTransactionBytes;
     return pp;
+  }
+
+  // Staged epilogue: each math warp owns 16 rows x kBN columns of the tile; per 64-column
+  // chunk it writes its fragment (bf16x2) into its smem sub-tile, then reads it back as rows
+  // of 16-byte vectors and stores whole 128-byte row segments to C (coalesced; masked by M
+  // and N, which is a multiple of 8 so a 16-byte vector is all in or all out).
+  // Accumulator layout of wgmma m64nNk16 (PTX ISA), thread t of a warpgroup, value v:
+  //   row = 16*(t/32) + (t%32)/4 + 8*((v/2)%2),   col = 8*(v/4) + 2*(t%4) + v%2
+  // and math warpgroup g (= math_idx/128) holds rows 64*g .. 64*g+63 of the tile.
+  template <class Accum>
+  CUTLASS_DEVICE void store_tile_staged(Accum const& accum, int math_idx, int m_blk, int n_blk) {
+    static_assert(kBM == 128 && kBN % 64 == 0, "staged epilogue assumes 2 x m64nN atoms");
+    static_assert(decltype(cute::size(accum))::value == kBN / 2, "one m64nN atom per thread");
+    int const lane = math_idx % 32;
+    int const warp = math_idx / 32;  // 0..7: warpgroup = warp/4, 16-row slab = warp%4
+    uint8_t* stage = smem_.epilogue + warp * kEpiWarpBytes;
+    int const row0 = m_blk * kBM + (warp / 4) * 64 + (warp % 4) * 16;
+    int const M = params_.M, N = params_.N;
+    __nv_bfloat16* C = reinterpret_cast<__nv_bfloat16*>(params_.C);
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kBN / 64; ++j) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int b = 0; b < 8; ++b) {
+        int const v0 = (j * 8 + b) * 4;
+        int const off = (lane / 4) * kEpiRowBytes + (b * 8 + 2 * (lane % 4)) * 2;
+        *reinterpret_cast<__nv_bfloat162*>(stage + off) = __floats2bfloat162_rn(accum(v0), accum(v0 + 1));
+        *reinterpret_cast<__nv_bfloat162*>(stage + off + 8 * kEpiRowBytes) =
+            __floats2bfloat162_rn(accum(v0 + 2), accum(v0 + 3));
+      }
+      __syncwarp();
+      int const col = n_blk * kBN + j * 64 + (lane % 8) * 8;
+      CUTLASS_PRAGMA_UNROLL
+      for (int it = 0; it < 4; ++it) {
+        int const r = it * 4 + lane / 8;
+        uint4 const val = *reinterpret_cast<uint4 const*>(stage + r * kEpiRowBytes + (lane % 8) * 16);
+        int const row = row0 + r;
+        if (row < M && col < N) *reinterpret_cast<uint4*>(C + int64_t(row) * N + col) = val;
+      }
+      __syncwarp();
+    }
   }
 
   // Epilogue. The wgmma accumulator layout gives each thread pairs of adjacent columns

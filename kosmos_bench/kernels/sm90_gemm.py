@@ -32,6 +32,12 @@ NVCC_FLAGS = (
     "-shared", "-cudart", "static", "-Xptxas", "-v",
 )
 LIB_STEM = "sm90_gemm"
+# Compiled variants (csrc/gemm_sm90.cu): index -> description. 0 is the default.
+VARIANTS = {
+    0: "128x256x64 4-stage, staged epilogue",
+    1: "128x256x64 3-stage, staged epilogue",
+    2: "128x256x64 4-stage, direct epilogue",
+}
 
 # The TP+SP layer GEMMs of llama3-8b/70b/405b and gpt3-175b, as (K, N); M = tokens.
 LAYER_KN = (
@@ -138,7 +144,8 @@ def load(build_if_missing: bool = True) -> ctypes.CDLL:
         path = build()
     lib = ctypes.CDLL(str(path))
     lib.kb_sm90_gemm.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                 ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+                                 ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                 ctypes.c_void_p]
     lib.kb_sm90_gemm.restype = ctypes.c_int
     lib.kb_sm90_last_error.restype = ctypes.c_char_p
     lib.kb_sm90_validate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
@@ -173,11 +180,13 @@ def available() -> tuple[bool, str]:
 
 
 # ----------------------------------------------------------------------------------- call
-def gemm(A, B, out=None, group_m: int = 8, max_ctas: int = 0):
+def gemm(A, B, out=None, group_m: int = 8, max_ctas: int = 0, variant: int = 0):
     """C = A @ B on the Hopper builder.
 
     A: (M, K) bf16, row-major contiguous, CUDA. B: (K, N) bf16, row-major contiguous.
     out: optional (M, N) bf16 contiguous. Returns out. Launches on torch's current stream.
+    group_m: tile raster (row bands per group); max_ctas: cap on the grid (0 = #SMs);
+    variant: a key of VARIANTS.
     """
     import torch
     if A.dtype != torch.bfloat16 or B.dtype != torch.bfloat16:
@@ -197,14 +206,15 @@ def gemm(A, B, out=None, group_m: int = 8, max_ctas: int = 0):
         raise ValueError("sm90 gemm: out must be a contiguous (M, N) bf16 tensor")
     lib = load()
     stream = torch.cuda.current_stream(A.device).cuda_stream
-    rc = lib.kb_sm90_gemm(A.data_ptr(), B.data_ptr(), out.data_ptr(), M, N, K, group_m, max_ctas, stream)
+    rc = lib.kb_sm90_gemm(A.data_ptr(), B.data_ptr(), out.data_ptr(), M, N, K, group_m, max_ctas, variant,
+                          stream)
     if rc != 0:
         raise RuntimeError(f"kb_sm90_gemm failed ({rc}): {lib.kb_sm90_last_error().decode()}")
     return out
 
 
 # ------------------------------------------------------------------------ check and bench
-def check_one(M: int, N: int, K: int, seed: int = 0, group_m: int = 8) -> dict:
+def check_one(M: int, N: int, K: int, seed: int = 0, group_m: int = 8, variant: int = 0) -> dict:
     """One correctness check against torch.matmul in fp32 on fresh random inputs.
 
     Output poisoned with NaN first; returns counts of unwritten (NaN) and wrong elements and
@@ -216,7 +226,7 @@ def check_one(M: int, N: int, K: int, seed: int = 0, group_m: int = 8) -> dict:
     A = torch.randn((M, K), generator=g, device="cuda").to(torch.bfloat16)
     B = torch.randn((K, N), generator=g, device="cuda").to(torch.bfloat16)
     C = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")
-    gemm(A, B, out=C, group_m=group_m)
+    gemm(A, B, out=C, group_m=group_m, variant=variant)
     torch.cuda.synchronize()
     ref = A.float() @ B.float()
     out = C.float()
@@ -227,16 +237,17 @@ def check_one(M: int, N: int, K: int, seed: int = 0, group_m: int = 8) -> dict:
     rel = float((out.nan_to_num(0) - ref).norm() / ref.norm())
     # determinism: a second call on the same inputs must give the same bits
     C2 = torch.full_like(C, float("nan"))
-    gemm(A, B, out=C2, group_m=group_m)
+    gemm(A, B, out=C2, group_m=group_m, variant=variant)
     torch.cuda.synchronize()
     same = bool(torch.equal(C.view(torch.int16), C2.view(torch.int16)))
-    return {"M": M, "N": N, "K": K, "nan": nan, "wrong": wrong, "rel_err": rel, "bitwise_repeat": same}
+    return {"variant": variant, "M": M, "N": N, "K": K, "nan": nan, "wrong": wrong, "rel_err": rel, "bitwise_repeat": same}
 
 
 def bench_one(M: int, N: int, K: int, warmup: int = 5, reps: int = 20, group_m: int = 8,
-              flush_bytes: int = 256 << 20) -> dict:
-    """TFLOP/s of ours and torch.matmul on (M, N, K): device events around each call,
-    L2 flushed before each timed call, calls of the two interleaved, median of `reps`."""
+              flush_bytes: int = 256 << 20, extra: tuple = ()) -> dict:
+    """TFLOP/s of ours (variant 0) and torch.matmul on (M, N, K): device events around each
+    call, L2 flushed before each timed call, all calls interleaved, median of `reps`.
+    extra: more (name, variant, group_m) configurations of ours to time alongside."""
     import statistics
 
     import torch
@@ -251,6 +262,8 @@ def bench_one(M: int, N: int, K: int, warmup: int = 5, reps: int = 20, group_m: 
         "kosmos": lambda: gemm(A, B, out=C_ours, group_m=group_m),
         "torch": lambda: torch.matmul(A, B, out=C_ref),
     }
+    for name, v, gm in extra:
+        fns[name] = (lambda v=v, gm=gm: gemm(A, B, out=C_ours, group_m=gm, variant=v))
     for _ in range(warmup):
         for fn in fns.values():
             fn()
@@ -266,6 +279,8 @@ def bench_one(M: int, N: int, K: int, warmup: int = 5, reps: int = 20, group_m: 
             e.synchronize()
             times[name].append(s.elapsed_time(e) * 1e-3)
     flops = 2.0 * M * N * K
+    gemm(A, B, out=C_ours, group_m=group_m)
+    torch.cuda.synchronize()
     rel = float((C_ours.float() - C_ref.float()).norm() / C_ref.float().norm())
     res = {"M": M, "N": N, "K": K, "rel_vs_cublas": rel}
     for name, ts in times.items():
@@ -300,6 +315,7 @@ def _main(argv: list[str]) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--group-m", type=int, default=8)
+    ap.add_argument("--extra", default="", help="more configs of ours: name:variant:group_m,...")
     args = ap.parse_args(argv)
     if args.cmd == "build":
         print(build(verbose=True))
@@ -320,13 +336,14 @@ def _main(argv: list[str]) -> int:
     status = 0
     if args.cmd in ("check", "all"):
         print(f"# {'M':>6} {'N':>6} {'K':>6} {'nan':>8} {'wrong':>8} {'rel_err':>9} repeat")
-        for i, (M, N, K) in enumerate(CHECK_SHAPES):
-            r = check_one(M, N, K, seed=i)
+        cases = [(0, s) for s in CHECK_SHAPES] + [(v, s) for v in VARIANTS if v for s in CHECK_SHAPES[::3]]
+        for i, (v, (M, N, K)) in enumerate(cases):
+            r = check_one(M, N, K, seed=i, variant=v)
             emit({"kind": "check", **r})
             bad = r["wrong"] > 0 or not r["bitwise_repeat"] or not math.isfinite(r["rel_err"]) or r["rel_err"] > 1e-2
             status |= int(bad)
             print(f"  {M:>6} {N:>6} {K:>6} {r['nan']:>8} {r['wrong']:>8} {r['rel_err']:>9.2e} "
-                  f"{r['bitwise_repeat']} {'FAIL' if bad else 'ok'}", flush=True)
+                  f"{r['bitwise_repeat']} v{v} {'FAIL' if bad else 'ok'}", flush=True)
         for M, N, K in ((128, 1001, 64), (128, 256, 100)):
             try:
                 gemm(torch.ones(M, K, dtype=torch.bfloat16, device="cuda"),
@@ -337,18 +354,25 @@ def _main(argv: list[str]) -> int:
                 print(f"  reject {M}x{N}x{K}: {e}  ok")
     if args.cmd in ("bench", "all"):
         rows = []
+        extra = [(e.split(":")[0], int(e.split(":")[1]), int(e.split(":")[2]))
+                 for e in args.extra.split(",") if e]
         for T in (int(t) for t in args.tokens.split(",")):
             for K, N in LAYER_KN:
-                r = bench_one(T, N, K, warmup=args.warmup, reps=args.reps, group_m=args.group_m)
+                r = bench_one(T, N, K, warmup=args.warmup, reps=args.reps, group_m=args.group_m,
+                              extra=tuple(extra))
                 emit({"kind": "bench", **r})
                 rows.append(r)
+                more = " ".join(f"{n} {r[n + '_tflops']:6.1f}" for n, _, _ in extra)
                 print(f"  M={T:>6} N={N:>6} K={K:>6} ours {r['kosmos_tflops']:6.1f} cublas "
-                      f"{r['torch_tflops']:6.1f} ratio {r['ratio']:.3f} rel {r['rel_vs_cublas']:.1e}",
+                      f"{r['torch_tflops']:6.1f} ratio {r['ratio']:.3f} rel {r['rel_vs_cublas']:.1e} {more}",
                       flush=True)
         print(f"\n# {'M':>6} {'N':>6} {'K':>6} {'ours':>7} {'cuBLAS':>7} {'ratio':>6}")
         for r in rows:
             print(f"  {r['M']:>6} {r['N']:>6} {r['K']:>6} {r['kosmos_tflops']:7.1f} {r['torch_tflops']:7.1f} "
                   f"{r['ratio']:6.3f}")
+        for n, _, _ in extra:
+            g = math.exp(sum(math.log(r[n + "_tflops"] / r["torch_tflops"]) for r in rows) / len(rows))
+            print(f"# {n}: geomean ratio {g:.3f}")
         gm = math.exp(sum(math.log(r["ratio"]) for r in rows) / len(rows))
         worst = min(rows, key=lambda r: r["ratio"])
         print(f"# geomean ratio {gm:.3f} over {len(rows)} shapes; worst {worst['ratio']:.3f} at "
