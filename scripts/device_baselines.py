@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Device check of the optional baselines on a one-GPU machine (self-contained, bounded).
 
-    python3 scripts/device_baselines.py [--timeout 180] [--no-pair] [--out DIR]
+    python3 scripts/device_baselines.py [--timeout 180] [--no-pair] [--no-cli] [--out DIR]
 
-1. Prints ``optional_status()`` (symm-mem, te-ub, flux, deepep: available, why, version)
-   and the skip reasons the harness gives symm-mem at world 1 and on the host fabric.
+1. Prints ``optional_status()`` (symm-mem, te-ub, flux, deepep: available, why, version),
+   the skip reasons the harness gives symm-mem at world 1 and on the host fabric, and the
+   output of ``kosmos-bench doctor`` and ``kosmos-bench list`` (each bounded to 120 s).
 2. Stage ``world1``: a single-process NCCL group (FileStore, world_size=1) and symm-mem's
    real prepare/run path on ag-gemm and gemm-rs (a regular and an awkward shape, bf16):
    poisoned outputs, two calls, compared with the op's fp32 reference and with each other
@@ -278,6 +279,24 @@ def run_stage(name: str, timeout: float, store_dir: str) -> dict:
     return result
 
 
+def run_cli(cmd: str, timeout: float) -> str:
+    """`kosmos-bench <cmd>` through the package (no console script needed); returns 'ok'/reason."""
+    code = f"import sys; sys.argv = ['kosmos-bench', '{cmd}']; from kosmos_bench.cli import main; main()"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="160",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env, cwd=ROOT, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        print(out)
+        return f"timeout after {timeout:.0f} s"
+    print(out.rstrip())
+    return "ok" if proc.returncode == 0 else f"exit code {proc.returncode}"
+
+
 def _stage_summary(res: dict) -> str:
     st = res["status"]
     if st == "ok":
@@ -294,6 +313,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--timeout", type=float, default=180.0, help="seconds per stage before it is killed")
     ap.add_argument("--no-pair", action="store_true", help="skip the two-processes-on-one-GPU stage")
+    ap.add_argument("--no-cli", action="store_true", help="skip `kosmos-bench doctor` and `list`")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="directory for device_baselines.json")
     ap.add_argument("--child", choices=["world1", "pair"], help=argparse.SUPPRESS)
     ap.add_argument("--store", help=argparse.SUPPRESS)
@@ -327,7 +347,11 @@ def main() -> int:
         p = Point(op="ag-gemm", impl="symm-mem", M=1024, N=1024, K=1024, world=world, fabric=fabric, backend="gpu")
         print(f"# harness skip reason, symm-mem fabric={fabric} world={world}: {symm.unsupported(p)}")
 
-    report = {"optional_status": status, "stages": []}
+    report = {"optional_status": status, "stages": [], "cli": {}}
+    if not args.no_cli:
+        for cmd in ("doctor", "list"):
+            print(f"# kosmos-bench {cmd}")
+            report["cli"][cmd] = run_cli(cmd, 120.0)
     with tempfile.TemporaryDirectory(prefix="kb-devbase-") as store_dir:
         print(f"# stage world1: symm-mem in a single-process NCCL group (timeout {args.timeout:.0f} s)")
         w1 = run_stage("world1", args.timeout, store_dir)
@@ -354,8 +378,9 @@ def main() -> int:
         code = 1
     others = ", ".join(f"{s['name']} {'yes' if s['available'] else 'no'}" for s in status if s["name"] != "symm-mem")
     pair_s = _stage_summary(pair) if pair is not None else "not run"
+    cli_s = ", ".join(f"{k} {v}" for k, v in report["cli"].items()) or "not run"
     print(f"SUMMARY symm-mem {verdict} | world=1: {_stage_summary(w1)} | W=2 on one GPU (extra): {pair_s} "
-          f"| optional: {others}")
+          f"| optional: {others} | cli: {cli_s}")
     return code
 
 

@@ -17,10 +17,7 @@ import pytest
 import torch
 
 from kosmos_bench.impls import IMPLS, get_impl
-from kosmos_bench.impls import deepep as deepep_mod
-from kosmos_bench.impls import flux as flux_mod
 from kosmos_bench.impls import symm_mem as sm
-from kosmos_bench.impls import te as te_mod
 from kosmos_bench.impls.base import RankCtx
 from kosmos_bench.point import Point
 
