@@ -110,6 +110,8 @@ def comm_alone_us(p: Point, prof: dict) -> float:
             return h2d + prof["launch_overhead_us"]
         d2h = (W - 1) * _copy_us(prof, piece, "d2h")
         return max(h2d, d2h) + prof["launch_overhead_us"]
+    if p.fabric == "local":  # W emulated ranks copy (W-1) pieces each through one GPU's HBM
+        return W * (W - 1) * _piece_bytes(p) / (prof["hbm_GBps"] / 2.0 * 1e3) + prof["launch_overhead_us"]
     size = float(p.M * (p.K if p.op == "ag-gemm" else p.N) * _elem(p))
     return prof["nccl"]["latency_us"] + size * (W - 1) / W / (_nccl_busbw(prof, p) * 1e3)
 

@@ -335,9 +335,10 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
         for g in range(len(rules[r])):
             push(0.0, _EV_FREE, r, g)
 
-    def start(it, t):
+    def start(it, t, t_role):
+        """Work of `it` begins at t; its role interval (trace) at t_role (claim included)."""
         nonlocal max_movers
-        t_start[it] = t
+        t_start[it] = t_role
         r = rank_of[it]
         if is_move[it]:
             movers_now[r] += 1
@@ -362,7 +363,7 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
             wg_of[it] = g
             t_claim[it] = t
             if rdy:
-                start(it, t + claim_ns)
+                start(it, t + claim_ns, t)
             else:
                 waiting[it] = g
             return
@@ -394,7 +395,8 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
         elif typ == _EV_READY:
             ready_t[a] = t
             if waiting[a] >= 0:
-                start(a, max(t, t_claim[a] + claim_ns))
+                ts = max(t, t_claim[a] + claim_ns)
+                start(a, ts, ts)
         elif typ == _EV_JOIN:
             links.advance(t)
             links.add(a, tuple(p.path[a]), nbytes[a])

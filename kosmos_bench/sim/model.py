@@ -188,8 +188,8 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
             if not len(t):
                 continue
             rr, rf = t.col("rel_rank"), t.col("rel_flag")
-            for i in np.flatnonzero(rf >= 0):
-                release[int(rr[i]), int(rf[i])] = (offset[r, qi] + int(i), r)
+            for i in np.flatnonzero(rf >= 0):  # a flag may have several releasers (flag_mult)
+                release.setdefault((int(rr[i]), int(rf[i])), []).append((offset[r, qi] + int(i), r))
     remote_lat = float(prof["flag_latency_ns"]["remote"])
     local_lat = float(prof["flag_latency_ns"]["local"])
     entry_floor = 0.0 if p.fabric == "host" else remote_lat
@@ -221,9 +221,11 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
                         rel = rot_index[r].get(f)
                         if rel is None:
                             raise RuntimeError(f"rank {r}: no rank releases flag {f}")
-                    src, src_rank = rel
-                    dep_lists[o + i].append(src)
-                    lat_lists[o + i].append(local_lat if src_rank == r else remote_lat)
+                    if len(rel) != s.flag_mult[f]:
+                        raise RuntimeError(f"rank {r}: flag {f} has {len(rel)} releasers, flag_mult says {s.flag_mult[f]}")
+                    for src, src_rank in rel:
+                        dep_lists[o + i].append(src)
+                        lat_lists[o + i].append(local_lat if src_rank == r else remote_lat)
     dep_ptr, dep_idx = E.csr(dep_lists)
     dep_lat = np.fromiter((x for l in lat_lists for x in l), dtype=float, count=len(dep_idx))
 
@@ -273,7 +275,7 @@ def _peer_releases(r, sched, offset, W) -> dict:
                 item = own.get(key(qi, row, src))
                 if item is None:
                     raise RuntimeError(f"schedule of rank {src} is not a rotation of rank {r}'s")
-                out[row[S.F["rel_flag"]]] = (item, src)
+                out.setdefault(row[S.F["rel_flag"]], []).append((item, src))
     return out
 
 

@@ -1,0 +1,190 @@
+"""Simulator on real kernel schedules: API, profiles, bounds, monotonicity, policy ordering."""
+from __future__ import annotations
+
+import copy
+import math
+import time
+
+import numpy as np
+import pytest
+
+from kosmos_bench import schedule as S
+from kosmos_bench.point import Point
+from kosmos_bench.sim import Unsupported, baselines, profiles, run_point, simulate_point
+from kosmos_bench.store import TRACE_COLUMNS
+
+
+def pt(op="ag-gemm", impl="kosmos", M=4096, N=4096, K=2048, world=8, fabric="nvlink", policy="self", **kw):
+    kn = dict(policy=policy, queue_order="demand", local_first=None, chunk=1) if impl == "kosmos" else {}
+    kn.update(kw)
+    return Point(op=op, impl=impl, M=M, N=N, K=K, world=world, fabric=fabric, backend="sim", **kn)
+
+
+def prof_with(name="h200-nvlink-x8", **changes):
+    p = copy.deepcopy(profiles.load(name))
+    for k, v in changes.items():
+        if k == "link_scale":
+            for key in ("bw_GBps", "h2d_GBps", "d2h_GBps", "wg_GBps"):
+                if p["link"].get(key):
+                    p["link"][key] *= v
+        elif k == "sms":  # same per-SM rate, different SM count
+            p["gemm_tflops"] = {d: r * v / p["num_sms"] for d, r in p["gemm_tflops"].items()}
+            p["num_sms"] = v
+        else:
+            p[k] = v
+    return p
+
+
+# ------------------------------------------------------------------------------- profiles
+def test_profiles_ship_and_load():
+    names = profiles.names()
+    for want in ("h200-nvlink-x8", "mi355x-xgmi-x8", "h200-host-pcie"):
+        assert want in names
+        prof = profiles.load(want)
+        assert prof["name"] == want and prof["notes"], "profiles document their figures"
+    assert profiles.default_for("host", 8) == "h200-host-pcie"
+    assert profiles.default_for("nvlink", 8) == "h200-nvlink-x8"
+    with pytest.raises(KeyError, match="unknown simulator profile"):
+        profiles.load("no-such-gpu")
+
+
+def test_profile_from_path(tmp_path):
+    import json
+
+    prof = profiles.load("h200-host-pcie")
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({**prof, "name": "mine"}))
+    assert profiles.load(str(path))["name"] == "mine"
+
+
+# ----------------------------------------------------------------------------------- API
+@pytest.mark.parametrize("op", ["ag-gemm", "gemm-rs"])
+@pytest.mark.parametrize("fabric", ["nvlink", "host", "local"])
+def test_run_point_fields_and_trace(op, fabric):
+    p = pt(op=op, fabric=fabric, M=2048, N=1024, K=1024, world=4)
+    fields, trace = run_point(p)
+    for k in ("t_median_us", "t_min_us", "t_p99_us", "t_gemm_us", "t_comm_us"):
+        assert fields[k] > 0, k
+    assert fields["t_median_us"] == fields["t_min_us"] == fields["t_p99_us"] and fields["cv"] == 0.0
+    assert list(trace.columns) == [c for c in TRACE_COLUMNS if c != "key"]
+    assert set(trace.role) <= {"MOVE", "BUILD", "REDUCE", "WAIT"}
+    # traces never overlap within a WG, and every item runs exactly once
+    for _, g in trace.groupby(["rank", "wg"]):
+        g = g.sort_values("t0_ns")
+        assert np.all(g.t0_ns.to_numpy()[1:] >= g.t1_ns.to_numpy()[:-1])
+    work = trace[trace.role != "WAIT"]
+    assert len(work) == fields["sim_items"]
+    assert not work.duplicated(["rank", "role", "item"]).any()
+    assert trace["rank"].nunique() == fields["sim_ranks"]
+
+
+@pytest.mark.parametrize("impl", ["nccl-seq", "nccl-overlap"])
+@pytest.mark.parametrize("fabric", ["nvlink", "host"])
+@pytest.mark.parametrize("op", ["ag-gemm", "gemm-rs"])
+def test_baselines(impl, fabric, op):
+    fields, trace = run_point(pt(op=op, impl=impl, fabric=fabric, M=8192, N=8192, K=8192))
+    assert trace is None
+    # a baseline is never faster than either of its parts alone (perfect overlap bound)
+    assert fields["t_median_us"] >= max(fields["t_gemm_us"], fields["t_comm_us"]) * 0.999
+
+
+def test_unsupported():
+    with pytest.raises(Unsupported):
+        run_point(pt(impl="symm-mem"))
+    with pytest.raises(Unsupported):
+        run_point(pt(fabric="gloo"))
+    with pytest.raises(Unsupported):
+        run_point(pt(impl="nccl-seq", fabric="local"))
+    with pytest.raises(Unsupported):
+        run_point(pt(fabric="host", profile="h200-nvlink-x8"))
+
+
+# ---------------------------------------------------------------------------- closed forms
+def test_world1_is_the_builder_gemm():
+    prof = profiles.load("h200-nvlink-x8")
+    p = pt(world=1, M=4096, N=4096, K=2048)
+    fields, trace = run_point(p)
+    tiles = math.ceil(p.M / prof["tile_m"]) * math.ceil(p.N / prof["tile_n"])
+    t_tile = baselines.tile_us(prof, "bf16", p.K, builder=True) + prof["claim_ns"] / 1e3
+    want = math.ceil(tiles / prof["num_sms"]) * t_tile + prof["launch_overhead_us"]
+    assert fields["t_median_us"] == pytest.approx(want, rel=1e-6)
+    assert set(trace.role) == {"BUILD"}
+
+
+@pytest.mark.parametrize("fabric", ["nvlink", "host"])
+@pytest.mark.parametrize("op", ["ag-gemm", "gemm-rs"])
+@pytest.mark.parametrize("policy", ["self", "fixed:8", "predicted"])
+def test_perfect_overlap_bound(fabric, op, policy):
+    """t_kosmos >= max(all SMs building, the link moving every byte at full rate)."""
+    p = pt(op=op, fabric=fabric, policy=policy, M=8192, N=4096, K=4096)
+    prof = profiles.load(profiles.default_for(fabric, 8))
+    fields, _ = run_point(p)
+    sched = S.build_schedule(op, p.M, p.N, p.K, 8, 0, BM=prof["tile_m"], BN=prof["tile_n"], fabric=fabric)
+    t_build = len(sched.builders) * baselines.tile_us(prof, "bf16", sched.builders.flops[0] /
+                                                        (2 * prof["tile_m"] * prof["tile_n"]), builder=True)
+    t_build /= prof["num_sms"]
+    link = prof["link"]
+    bw = min(link.get("h2d_GBps") or link["bw_GBps"], link.get("bw_GBps") or link["h2d_GBps"])
+    t_comm = sched.movers.bytes.sum() / (bw * 1e3) / (2 if op == "gemm-rs" else 1)  # 2 directions
+    assert fields["t_median_us"] >= max(t_build, t_comm) * 0.999
+
+
+# ---------------------------------------------------------------------------- monotonicity
+@pytest.mark.parametrize("fabric", ["nvlink", "host"])
+@pytest.mark.parametrize("policy", ["self", "fixed:16"])
+def test_more_bandwidth_never_slower(fabric, policy):
+    p = pt(fabric=fabric, policy=policy, M=8192, N=8192, K=4096)
+    name = profiles.default_for(fabric, 8)
+    times = [simulate_point(p, prof_with(name, link_scale=s))[0]["t_median_us"] for s in (0.25, 0.5, 1.0, 2.0, 4.0)]
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(times, times[1:])), times
+
+
+@pytest.mark.parametrize("op", ["ag-gemm", "gemm-rs"])
+def test_more_wgs_never_slower_for_self(op):
+    p = pt(op=op, M=8192, N=8192, K=4096)
+    times = [simulate_point(p, prof_with(sms=g))[0]["t_median_us"] for g in (33, 66, 132, 264)]
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(times, times[1:])), times
+
+
+# -------------------------------------------------------------------------- policy ordering
+@pytest.mark.parametrize("fabric", ["nvlink", "host"])
+def test_self_beats_a_badly_chosen_fixed_split(fabric):
+    # compute-heavy problem: 120 of 132 WGs as dedicated movers starves the GEMM
+    p = pt(fabric=fabric, M=8192, N=16384, K=8192)
+    t_self = run_point(p)[0]["t_median_us"]
+    t_bad = run_point(p.replace(policy="fixed:120"))[0]["t_median_us"]
+    assert t_self < t_bad
+
+
+def test_too_few_movers_on_a_slow_link_is_slower():
+    # comm-heavy on PCIe: one mover WG cannot drive the link (per-WG cap) -> slower than self
+    p = pt(fabric="host", M=16384, N=2048, K=8192)
+    assert run_point(p)[0]["t_median_us"] < run_point(p.replace(policy="fixed:1"))[0]["t_median_us"]
+
+
+# ----------------------------------------------------------------------- symmetric vs full
+@pytest.mark.parametrize("op", ["ag-gemm", "gemm-rs"])
+@pytest.mark.parametrize("policy", ["self", "fixed:4"])
+def test_symmetric_rank0_equals_full_simulation(op, policy):
+    p = pt(op=op, policy=policy, M=2048, N=1024, K=1024, world=4)
+    prof = profiles.load("h200-nvlink-x8")
+    sym, _ = simulate_point(p, prof, full=False)
+    full, res = simulate_point(p, prof, full=True)
+    assert sym["sim_ranks"] == 1 and full["sim_ranks"] == 4
+    assert sym["t_median_us"] == pytest.approx(full["t_median_us"], rel=1e-6)
+    # every rank of the full run finishes at the same time (the schedule is symmetric)
+    tl = res.timeline()
+    ends = tl.groupby("rank").t1_ns.max()
+    assert ends.max() - ends.min() <= 2
+
+
+def test_fifo_is_simulated_on_all_ranks():
+    fields, trace = run_point(pt(queue_order="fifo", M=2048, N=1024, K=1024, world=4))
+    assert fields["sim_ranks"] == 4 and trace["rank"].nunique() == 4
+
+
+def test_fast_enough():
+    """A large sweep point simulates in well under a second or two on one core."""
+    t0 = time.perf_counter()
+    run_point(pt(M=16384, N=57344, K=8192))
+    assert time.perf_counter() - t0 < 5.0
