@@ -28,22 +28,24 @@ TITLES = {
 }
 
 
-def _save(fig, out_dir: Path, name: str) -> list[Path]:
+def _save(fig, out_dir: Path, name: str, formats) -> list[Path]:
     import matplotlib.pyplot as plt
 
-    paths = [out_dir / f"{name}.png", out_dir / f"{name}.svg"]
-    fig.savefig(paths[0], dpi=130)
-    fig.savefig(paths[1])
+    paths = [out_dir / f"{name}.{fmt}" for fmt in formats]
+    for p in paths:
+        fig.savefig(p, dpi=130)
     plt.close(fig)
     return paths
 
 
-def render(run_dir: Path, out_dir: Path | None = None, trace_key: str | None = None) -> list[Path]:
+def render(run_dir: Path, out_dir: Path | None = None, trace_key: str | None = None, *,
+           formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
     """Write the figures of `run_dir` (PNG + SVG) and index.md into `out_dir`.
 
     out_dir defaults to <run_dir>/plots. trace_key (a key or a prefix of one) picks the
     point of the role timeline; default: the first traced kosmos point, policy self first.
-    Returns the written paths (index.md last). A figure that cannot be drawn is skipped and
+    formats: image formats, the first is the one index.md shows. Returns the written paths
+    (index.md last). A figure that cannot be drawn is skipped and
     index.md says why; only a run directory with no rows at all raises (FileNotFoundError).
     """
     from . import figures as F
@@ -81,11 +83,11 @@ def render(run_dir: Path, out_dir: Path | None = None, trace_key: str | None = N
             tb = traceback.format_exc(limit=3).strip().splitlines()[-1]
             sections.append(f"## {TITLES[name]}\n\n*skipped: drawing failed: {type(e).__name__}: {e}* (`{tb}`)\n")
             continue
-        paths = _save(fig, out_dir, name)
+        paths = _save(fig, out_dir, name, formats)
         written += paths
         body = "\n".join(f"- {l}" for l in lines)
-        sections.append(f"## {TITLES[name]}\n\n![{TITLES[name]}]({paths[0].name})\n\n{body}\n\n"
-                        f"([SVG]({paths[1].name}))\n")
+        also = " ".join(f"([{p.suffix[1:].upper()}]({p.name}))" for p in paths[1:])
+        sections.append(f"## {TITLES[name]}\n\n![{TITLES[name]}]({paths[0].name})\n\n{body}\n\n{also}\n")
 
     v = verdict(df)
     gm = geomean_speedups(df)

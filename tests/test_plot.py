@@ -1,0 +1,103 @@
+"""Plot rendering on synthetic run directories (rows via RunStore, traces via write_trace)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kosmos_bench.plot import FIGURES, render
+from kosmos_bench.point import Point
+from kosmos_bench.store import RunStore, load_rows, write_json
+from kosmos_bench.trace import validate_perfetto
+from kosmos_bench.trace.synth import synthetic_run, synthetic_trace
+
+SHAPES = ({"M": 4096, "N": 8192, "K": 8192}, {"M": 8192, "N": 8192, "K": 4096})
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def synth_run(tmp_path_factory):
+    return synthetic_run(tmp_path_factory.mktemp("runs") / "synth", wgs=8, shapes=SHAPES)
+
+
+def test_render_all_figures(synth_run, tmp_path):
+    out = tmp_path / "plots"
+    paths = render(synth_run, out)
+    names = {p.name for p in paths}
+    for f in FIGURES:
+        assert f"{f}.png" in names and f"{f}.svg" in names, f
+        assert (out / f"{f}.png").read_bytes()[:8] == PNG_MAGIC
+        assert (out / f"{f}.svg").read_text().lstrip().startswith(("<?xml", "<svg"))
+    assert paths[-1].name == "index.md"
+    md = (out / "index.md").read_text()
+    assert "*skipped" not in md
+    for f in FIGURES:
+        assert f"({f}.png)" in md
+    assert "SYNTHETIC" in md and "SIMULATED" in md
+    assert "geomean speedup over nccl-seq" in md and "kosmos[self]" in md
+    assert "busy " in md and "idle windows" in md  # key numbers of the timeline and the CDF
+    obj = json.loads((out / "timeline.perfetto.json").read_text())
+    assert validate_perfetto(obj) == [] and obj["metadata"]["key"]
+
+
+def test_render_default_out_dir_and_trace_key(synth_run):
+    rows = load_rows(synth_run)
+    key = rows.loc[rows["variant"] == "kosmos[fixed:2]", "key"].iloc[0]
+    paths = render(synth_run, trace_key=key[:8], formats=("png",))
+    assert all(p.parent == synth_run / "plots" for p in paths)
+    md = (synth_run / "plots" / "index.md").read_text()
+    assert f"point `{key}`: kosmos[fixed:2]" in md
+    render(synth_run, synth_run / "p2", trace_key="nosuchkey", formats=("png",))
+    md = (synth_run / "p2" / "index.md").read_text()
+    assert "*skipped: no trace for key 'nosuchkey'" in md and "(speedup.png)" in md
+
+
+def test_render_sparse_run_skips_with_reasons(tmp_path):
+    """No nccl-seq, no traces, no t_gemm/t_comm: every figure but ablation is skipped, with why."""
+    store = RunStore(tmp_path / "sparse")
+    store.root.mkdir()
+    write_json(store.root / "manifest.json", {"command": "test"})
+    for pol, t in (("self", 80.0), ("fixed:4", 95.0)):
+        p = Point(op="ag-gemm", impl="kosmos", M=1024, N=1024, K=1024, world=2, policy=pol, queue_order="demand")
+        store.write_row(p.as_row() | {"status": "ok", "t_median_us": t})
+    store.write_row(Point(op="ag-gemm", impl="nccl-overlap", M=1024, N=1024, K=1024, world=2).as_row()
+                    | {"status": "failed", "error": "boom"})
+    paths = render(store.root, formats=("png",))
+    md = (store.root / "plots" / "index.md").read_text()
+    assert "no ok point has an nccl-seq baseline" in md
+    assert "no ok point has t_gemm_us, t_comm_us" in md
+    assert "the run has no traces" in md and "no traced kosmos point" in md
+    assert "(ablation.png)" in md and "role policy @ 1024×1024×1024: best self (1.00×)" in md
+    assert {p.name for p in paths} == {"ablation.png", "index.md"}
+    assert "1 failed" in md
+
+
+def test_render_survives_a_broken_figure(synth_run, tmp_path, monkeypatch):
+    import kosmos_bench.plot.figures as F
+
+    def boom(df, run_dir):
+        raise RuntimeError("kaputt")
+
+    monkeypatch.setattr(F, "fig_overlap", boom)
+    render(synth_run, tmp_path / "p", formats=("png",))
+    md = (tmp_path / "p" / "index.md").read_text()
+    assert "drawing failed: RuntimeError: kaputt" in md and "(speedup.png)" in md
+
+
+def test_render_timeline_from_write_trace(tmp_path):
+    """A run whose only trace is written by hand with RunStore.write_trace (4 ranks shown as 2)."""
+    store = RunStore(tmp_path / "one")
+    store.root.mkdir()
+    p = Point(op="ag-gemm", impl="kosmos", M=2048, N=2048, K=2048, world=4, policy="self", trace=True)
+    store.write_row(p.as_row() | {"status": "ok", "t_median_us": 50.0})
+    tr = synthetic_trace("self", world=4, ranks=[0, 1, 2, 3], wgs=6, bands_per_peer=2, tiles_per_band=2)
+    store.write_trace(p.key(), tr.assign(key=p.key()))
+    render(store.root, formats=("png",))
+    md = (store.root / "plots" / "index.md").read_text()
+    assert "(timeline.png)" in md and p.key() in md
+
+
+def test_render_empty_run_raises(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no result rows"):
+        render(tmp_path / "empty")
