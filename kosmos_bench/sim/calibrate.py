@@ -1,0 +1,206 @@
+"""Measure this GPU and write a simulator profile (`kosmos-bench calibrate`).
+
+What is measured (all with CUDA events, after warm-up, medians of several repetitions):
+
+* GEMM rate: ``torch.matmul`` (cuBLAS) in bf16 / fp16 / fp32 on a few large shapes ->
+  ``gemm_tflops[dtype]`` (median over shapes); the per-SM tile time follows from it.
+* Copy engine over PCIe: pinned host <-> device copies of 256 MiB -> ``copy_engine_GBps``
+  {h2d, d2h} and the host link's ``h2d_GBps`` / ``d2h_GBps``; a 4 KiB copy gives the link
+  latency. Both directions at once are measured too (``duplex_GBps``, informational).
+* Kernel launch overhead: a tiny kernel timed back to back.
+* HBM: a large device-to-device copy -> ``hbm_GBps``.
+* Optional, when the `kosmos` implementation is available on this machine: its builder's
+  per-SM tile rate (a world=1 point: pure GEMM) -> ``builder_efficiency``, and what one mover
+  WG drives over the host link (``fixed:1`` on a communication-bound host point) ->
+  ``link.wg_GBps``. Without it those two keep the base profile's estimates (and say so).
+
+Everything not measured is copied from the base profile (default ``h200-host-pcie``); the
+raw measurements are stored under ``calibration``.
+"""
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import json
+from pathlib import Path
+
+import numpy as np
+
+from . import profiles
+
+GEMM_SHAPES = ((8192, 8192, 8192), (16384, 8192, 8192), (8192, 28672, 8192), (16384, 16384, 16384))
+
+
+def _time_us(fn, reps: int = 10, warmup: int = 3) -> float:
+    """Median time of fn() in microseconds (CUDA events on the current stream)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) * 1e3)
+    return float(np.median(out))
+
+
+def measure_gemm(device, dtypes=("bf16", "fp16", "fp32"), shapes=GEMM_SHAPES) -> dict:
+    import torch
+
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    res = {}
+    for name in dtypes:
+        rates = []
+        for (m, n, k) in shapes if name != "fp32" else shapes[:2]:
+            a = torch.randn(m, k, device=device).to(tdt[name])
+            b = torch.randn(k, n, device=device).to(tdt[name])
+            c = torch.empty(m, n, device=device, dtype=tdt[name])
+            t = _time_us(lambda: torch.matmul(a, b, out=c), reps=5 if name == "fp32" else 10)
+            rates.append({"M": m, "N": n, "K": k, "us": t, "tflops": 2.0 * m * n * k / (t * 1e-6) / 1e12})
+            del a, b, c
+        res[name] = {"shapes": rates, "tflops": float(np.median([r["tflops"] for r in rates]))}
+    torch.cuda.empty_cache()
+    return res
+
+
+def measure_copies(device, nbytes: int = 256 << 20) -> dict:
+    import torch
+
+    host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+    host2 = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+    dev = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dev2 = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    h2d = _time_us(lambda: dev.copy_(host, non_blocking=True))
+    d2h = _time_us(lambda: host.copy_(dev, non_blocking=True))
+    side = torch.cuda.Stream(device)
+
+    def duplex():
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            host2.copy_(dev2, non_blocking=True)
+        dev.copy_(host, non_blocking=True)
+        torch.cuda.current_stream().wait_stream(side)
+
+    both = _time_us(duplex)
+    small_h, small_d = host[:4096], dev[:4096]
+    lat = _time_us(lambda: small_d.copy_(small_h, non_blocking=True), reps=50)
+    d2d = _time_us(lambda: dev2.copy_(dev))
+    out = {"bytes": nbytes, "h2d_GBps": nbytes / h2d / 1e3, "d2h_GBps": nbytes / d2h / 1e3,
+           "duplex_GBps": 2 * nbytes / both / 1e3, "small_copy_us": lat, "hbm_GBps": 2 * nbytes / d2d / 1e3}
+    del host, host2, dev, dev2
+    torch.cuda.empty_cache()
+    return out
+
+
+def measure_launch(device) -> float:
+    import torch
+
+    x = torch.zeros(1, device=device)
+    n = 200
+
+    def many():
+        for _ in range(n):
+            x.add_(1)
+
+    return _time_us(many, reps=5) / n
+
+
+def _kosmos_point(**kw):
+    from ..point import Point
+
+    base = dict(op="ag-gemm", impl="kosmos", dtype="bf16", fabric="host", backend="gpu", policy="self",
+                queue_order="demand", local_first=True, chunk=1, warmup=3, reps=10)
+    base.update(kw)
+    return Point(**base)
+
+
+def measure_kosmos(prof: dict) -> dict:
+    """Builder tile rate and one mover WG's link rate from the kosmos kernel (if present)."""
+    from ..harness import run_point
+    from ..impls import IMPLS
+
+    if "kosmos" not in IMPLS:
+        return {"skipped": "the kosmos implementation is not registered"}
+    ok, why = IMPLS["kosmos"].available("gpu")
+    if not ok:
+        return {"skipped": f"kosmos unavailable: {why}"}
+    out = {}
+    G, BM, BN = prof["num_sms"], prof["tile_m"], prof["tile_n"]
+    # builder: world 1, a pure GEMM with whole waves
+    M, N, K = 8192, 8192, 8192
+    row, _ = run_point(_kosmos_point(M=M, N=N, K=K, world=1), rank=0, procs=1)
+    if row.get("status") == "ok":
+        tiles = -(-M // BM) * -(-N // BN)
+        waves = -(-tiles // G)
+        t_tile_us = (row["t_median_us"] - prof["launch_overhead_us"]) / waves
+        per_sm = 2.0 * BM * BN * K / (t_tile_us * 1e-6)
+        out["builder"] = {"M": M, "N": N, "K": K, "us": row["t_median_us"], "tile_us": t_tile_us,
+                          "per_sm_tflops": per_sm / 1e12}
+    else:
+        out["builder"] = {"error": row.get("error")}
+    # movers: communication-bound host AG (N tiny), fixed:k for a few k
+    W, M, N, K = 8, 32768, 1024, 4096
+    movers = []
+    for k in (1, 2, 4, 8):
+        row, _ = run_point(_kosmos_point(M=M, N=N, K=K, world=W, policy=f"fixed:{k}"), rank=0, procs=1)
+        if row.get("status") != "ok":
+            movers.append({"k": k, "error": row.get("error")})
+            continue
+        nbytes = (W - 1) * (M // W) * K * 2
+        movers.append({"k": k, "us": row["t_median_us"], "GBps": nbytes / row["t_median_us"] / 1e3})
+    out["movers"] = movers
+    return out
+
+
+def calibrate(out_path, device: str = "cuda", base: str = "h200-host-pcie", kosmos: bool = True) -> dict:
+    """Measure this GPU, write a profile JSON at `out_path` (based on `base`), return it."""
+    import torch
+
+    dev = torch.device(device)
+    prof = copy.deepcopy(profiles.load(base))
+    props = torch.cuda.get_device_properties(dev)
+    raw: dict = {"device": torch.cuda.get_device_name(dev), "time": _dt.datetime.now().isoformat(timespec="seconds"),
+                 "torch": torch.__version__, "cuda": torch.version.cuda}
+    raw["gemm"] = measure_gemm(dev)
+    raw["copies"] = measure_copies(dev)
+    raw["launch_us"] = measure_launch(dev)
+    c = raw["copies"]
+    prof.update(
+        name=Path(out_path).stem.replace(".json", ""), device=raw["device"], num_sms=int(props.multi_processor_count),
+        gemm_tflops={k: round(v["tflops"], 1) for k, v in raw["gemm"].items()},
+        hbm_GBps=round(c["hbm_GBps"], 1), launch_overhead_us=round(max(raw["launch_us"], 1.0), 2), measured=True,
+        copy_engine_GBps={"h2d": round(c["h2d_GBps"], 2), "d2h": round(c["d2h_GBps"], 2)},
+    )
+    link = dict(prof["link"])
+    link.update(h2d_GBps=round(c["h2d_GBps"], 2), d2h_GBps=round(c["d2h_GBps"], 2),
+                latency_ns=round(max(c["small_copy_us"] - prof["launch_overhead_us"], 0.5) * 1e3, 0))
+    prof["link"] = link
+    notes = [f"Calibrated on {raw['device']} at {raw['time']} by kosmos-bench calibrate (base profile {base})."]
+    if kosmos:
+        try:
+            kz = measure_kosmos(prof)
+        except Exception as e:  # noqa: BLE001 - calibration of the rest still stands
+            kz = {"skipped": f"{type(e).__name__}: {e}"}
+        raw["kosmos"] = kz
+        b = kz.get("builder", {})
+        if "per_sm_tflops" in b:
+            cublas_per_sm = prof["gemm_tflops"]["bf16"] / prof["num_sms"]
+            prof["builder_efficiency"] = round(b["per_sm_tflops"] / cublas_per_sm, 3)
+            notes.append(f"builder_efficiency measured with the kosmos kernel (world=1, {b['M']}^3).")
+        ok = [m for m in kz.get("movers", []) if "GBps" in m]
+        if ok:
+            one = [m for m in ok if m["k"] == 1]
+            per_wg = one[0]["GBps"] if one else max(m["GBps"] / m["k"] for m in ok)
+            prof["link"]["wg_GBps"] = round(per_wg, 2)
+            notes.append("link.wg_GBps measured: kosmos fixed:1 on a communication-bound host ag-gemm.")
+        if "skipped" in kz:
+            notes.append(f"builder_efficiency and link.wg_GBps NOT measured ({kz['skipped']}): base estimates kept.")
+    prof["notes"] = notes + [n for n in prof.get("notes", []) if not n.startswith("Calibrated on")]
+    prof["calibration"] = raw
+    Path(out_path).write_text(json.dumps(prof, indent=2, default=float))
+    return prof

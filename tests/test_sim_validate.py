@@ -1,0 +1,70 @@
+"""validate-sim on a synthetic measured run; calibrate on a GPU (skipped without one)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kosmos_bench.point import Point
+from kosmos_bench.sim import profiles, run_point
+from kosmos_bench.sim.validate import point_of, summary, validate_sim
+from kosmos_bench.store import RunStore
+
+
+def _measured_run(tmp_path, factor):
+    store = RunStore.create(tmp_path, "measured")
+    pts = [
+        Point(op="ag-gemm", impl="kosmos", M=8192, N=4096, K=4096, world=8, fabric="host", backend="gpu",
+              policy="self", queue_order="demand", local_first=True, chunk=1),
+        Point(op="ag-gemm", impl="kosmos", M=8192, N=4096, K=4096, world=8, fabric="host", backend="gpu",
+              policy="predicted", queue_order="demand", local_first=True, chunk=1),
+        Point(op="gemm-rs", impl="nccl-seq", M=8192, N=4096, K=4096, world=8, fabric="host", backend="gpu"),
+        Point(op="ag-gemm", impl="symm-mem", M=8192, N=4096, K=4096, world=8, fabric="nvlink", backend="gpu"),
+    ]
+    for p in pts:
+        try:
+            f, _ = run_point(p.replace(backend="sim"))
+            t = f["t_median_us"] * factor
+            extra = {"num_movers": f.get("num_movers")}
+        except Exception:
+            t, extra = 100.0, {}
+        store.write_row({**p.as_row(), "status": "ok", "t_median_us": t, "t_gemm_us": 50.0, "t_comm_us": 60.0, **extra})
+    # a failed row and a sim row are ignored
+    store.write_row({**pts[0].replace(seed=1).as_row(), "status": "failed"})
+    store.write_row({**pts[0].replace(backend="sim").as_row(), "status": "ok", "t_median_us": 1.0})
+    return store.root
+
+
+def test_point_roundtrip():
+    p = Point(op="gemm-rs", impl="kosmos", M=8192, N=4096, K=4096, world=8, fabric="host", backend="gpu",
+              policy="fixed:4", queue_order="fifo", local_first=False, chunk=2, model="llama3-70b", layer="fc2",
+              tokens=8192)
+    assert point_of(p.as_row()).key() == p.key()
+
+
+def test_validate_sim(tmp_path):
+    run = _measured_run(tmp_path, factor=1.25)
+    df = validate_sim(run)
+    assert len(df) == 4
+    ok = df.dropna(subset=["rel_err"])
+    assert len(ok) == 3
+    want = 1 / 1.25 - 1  # predicted = measured / 1.25
+    assert ok["rel_err"].astype(float).between(want - 1e-6, want + 1e-6).all()
+    assert df.loc[df.impl == "symm-mem", "note"].iloc[0].startswith("not simulated")
+    s = summary(df)
+    assert s["n"] == 3 and s["not_simulated"] == 1
+    assert s["median_abs_rel_err"] == pytest.approx(abs(want))
+    assert s["within_15pct"] == 0.0
+    json.dumps(s)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="calibrate needs a CUDA GPU")
+def test_calibrate_writes_a_loadable_profile(tmp_path):
+    from kosmos_bench.sim.calibrate import calibrate
+
+    out = tmp_path / "gpu.json"
+    prof = calibrate(out, kosmos=False)
+    assert out.exists() and profiles.load(str(out))["num_sms"] == prof["num_sms"]
+    assert prof["gemm_tflops"]["bf16"] > 10 and prof["link"]["h2d_GBps"] > 1
