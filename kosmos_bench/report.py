@@ -223,8 +223,7 @@ def verdict(df: pd.DataFrame) -> dict:
 
 def geomean_speedups(df: pd.DataFrame) -> dict[str, tuple[float, int]]:
     """variant -> (geometric-mean speedup over nccl-seq, number of points), nccl-seq excluded."""
-    if "speedup_vs_seq" not in df.columns:
-        df = derive(df)
+    df = derive(df)
     out = {}
     s = pd.to_numeric(df["speedup_vs_seq"], errors="coerce")
     sel = s.notna() & (s > 0) & (df["impl"] != SEQ_IMPL)
@@ -235,9 +234,10 @@ def geomean_speedups(df: pd.DataFrame) -> dict[str, tuple[float, int]]:
 
 
 def footer_text(df: pd.DataFrame) -> str:
-    """Footer lines: verdict counts, geometric-mean speedups per variant, best point, result."""
-    if "speedup_vs_seq" not in df.columns:
-        df = derive(df)
+    """Footer lines: verdict counts, geometric-mean speedups per variant, best point, result.
+
+    Speedups are (re)derived from the rows, so live sweeps may pass the rows as stored."""
+    df = derive(df)
     v = verdict(df)
     lines = [f"# verdict: {v['ok']} ok, {v['wrong']} wrong, {v['failed']} failed, {v['skipped']} skipped"
              + (f", {v['timeout']} timeout" if v["timeout"] else "") + f"  ({v['total']} points)"]

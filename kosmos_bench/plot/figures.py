@@ -115,7 +115,8 @@ def fig_speedup(df: pd.DataFrame, run_dir: Path):
     variants = _variant_order(d["variant"])
     pal = _palette(variants)
     piv = d.groupby(["shape", "variant"])["speedup_vs_seq"].median().unstack("variant").reindex(index=shapes, columns=variants)
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.3 * len(shapes) * max(1, len(variants)) / 3 + 3), 4.8), layout="constrained")
+    width = min(20.0, max(7.0, 0.7 * len(shapes) + 0.3 * len(shapes) * len(variants) + 2.5))
+    fig, ax = plt.subplots(figsize=(width, 5.2), layout="constrained")
     x = np.arange(len(shapes))
     w = 0.8 / len(variants)
     for i, v in enumerate(variants):
@@ -124,7 +125,9 @@ def fig_speedup(df: pd.DataFrame, run_dir: Path):
         if len(shapes) * len(variants) <= 40:
             ax.bar_label(bars, labels=[f"{y:.2f}" if np.isfinite(y) else "" for y in vals], fontsize=7, padding=1)
     ax.axhline(1.0, color="black", lw=1, ls="--", label="nccl-seq (= 1)")
-    ax.set_xticks(x, shapes, fontsize=8)
+    crowded = len(shapes) > 5
+    ax.set_xticks(x, shapes, fontsize=8 if not crowded else 7, rotation=35 if crowded else 0,
+                  ha="right" if crowded else "center", rotation_mode="anchor")
     ax.set_ylabel("speedup over nccl-seq (×, higher is better)")
     ax.set_xlabel("GEMM shape M×N×K (global)")
     ax.set_title(f"{', '.join(map(str, d['op'].unique()))}: speedup over nccl-seq (collective, then GEMM)")
