@@ -4,6 +4,7 @@ Figures (each skipped, with the reason written to index.md, when the run lacks i
   speedup     speedup over nccl-seq per shape and implementation
   overlap     overlap efficiency vs comm/compute ratio (t_comm_us / t_gemm_us)
   timeline    role Gantt (WGs x time, per rank) of one traced point (+ its Perfetto JSON)
+  timeline_policies  the same Gantt for self vs fixed:k vs predicted of one shape (rank 0)
   idle_cdf    idle-window CDF of self vs fixed:k (traced kosmos points of one shape)
   ablation    bars per value of queue_order / policy / local_first / chunk
 """
@@ -18,11 +19,12 @@ import pandas as pd
 from ..report import derive, header_text, points_summary, verdict, geomean_speedups
 from ..store import load_rows
 
-FIGURES = ("speedup", "overlap", "timeline", "idle_cdf", "ablation")
+FIGURES = ("speedup", "overlap", "timeline", "timeline_policies", "idle_cdf", "ablation")
 TITLES = {
     "speedup": "Speedup over nccl-seq",
     "overlap": "Overlap efficiency vs comm/compute ratio",
     "timeline": "Role timeline",
+    "timeline_policies": "Role timelines by policy (same shape, same time scale)",
     "idle_cdf": "Idle-window CDF: self vs fixed roles",
     "ablation": "Ablations",
 }

@@ -211,6 +211,42 @@ def _point_title(row: dict) -> str:
         return str(row.get("variant"))
 
 
+def _gantt(ax, t: pd.DataFrame, span_us: float, ylabel: str) -> None:
+    """Draw one rank's records: a row per WG, bars coloured by role, time from its first record."""
+    t0 = int(t["t0_ns"].min())
+    wgs = sorted(t["wg"].unique())
+    ypos = {w: i for i, w in enumerate(wgs)}
+    for role, g in t.groupby("role"):
+        y = g["wg"].map(ypos).to_numpy()
+        s = (g["t0_ns"].to_numpy() - t0) / 1e3
+        w = (g["t1_ns"] - g["t0_ns"]).to_numpy() / 1e3
+        # rasterized: a real trace has 10^4-10^5 bars; keeps the SVG small
+        ax.barh(y, w, left=s, height=0.8, color=ROLE_COLORS.get(role, "black"), linewidth=0,
+                label=ROLE_LABELS.get(role, role), rasterized=len(g) > 2000)
+    ax.set_ylim(len(wgs) - 0.5, -0.5)
+    step = max(1, len(wgs) // 16)
+    ax.set_yticks(range(0, len(wgs), step), [str(wgs[i]) for i in range(0, len(wgs), step)], fontsize=7)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.set_xlim(0, span_us)
+    ax.grid(axis="x", alpha=0.3)
+
+
+def _role_legend(fig, axes) -> None:
+    handles, labels = [], []
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    known = list(ROLE_LABELS.values())
+    order = sorted(range(len(labels)), key=lambda i: known.index(labels[i]) if labels[i] in known else 9)
+    fig.legend([handles[i] for i in order], [labels[i] for i in order], loc="outside lower center", ncol=4, fontsize=8)
+
+
+def _span_us(t: pd.DataFrame) -> float:
+    return (int(t["t1_ns"].max()) - int(t["t0_ns"].min())) / 1e3
+
+
 def fig_timeline(df: pd.DataFrame, run_dir: Path, trace_key: str | None = None, max_ranks: int = 2):
     key = choose_trace_key(df, run_dir, trace_key)
     tr = load_traces(run_dir, key)
@@ -225,31 +261,9 @@ def fig_timeline(df: pd.DataFrame, run_dir: Path, trace_key: str | None = None, 
     span_us = max((int(tr.loc[tr["rank"] == r, "t1_ns"].max()) - int(tr.loc[tr["rank"] == r, "t0_ns"].min())) / 1e3
                   for r in ranks)
     for ax, rk in zip(axes[:, 0], ranks):
-        t = tr[tr["rank"] == rk]
-        t0 = int(t["t0_ns"].min())
-        wgs = sorted(t["wg"].unique())
-        ypos = {w: i for i, w in enumerate(wgs)}
-        for role, g in t.groupby("role"):
-            y = g["wg"].map(ypos).to_numpy()
-            s = (g["t0_ns"].to_numpy() - t0) / 1e3
-            w = (g["t1_ns"] - g["t0_ns"]).to_numpy() / 1e3
-            ax.barh(y, w, left=s, height=0.8, color=ROLE_COLORS.get(role, "black"), linewidth=0,
-                    label=ROLE_LABELS.get(role, role))
-        ax.set_ylim(len(wgs) - 0.5, -0.5)
-        step = max(1, len(wgs) // 16)
-        ax.set_yticks(range(0, len(wgs), step), [str(wgs[i]) for i in range(0, len(wgs), step)], fontsize=7)
-        ax.set_ylabel(f"rank {rk}: WG")
-        ax.set_xlim(0, span_us)
-        ax.grid(axis="x", alpha=0.3)
+        _gantt(ax, tr[tr["rank"] == rk], span_us, f"rank {rk}: WG")
     axes[-1, 0].set_xlabel("time since the rank's first record (us); white = idle gap")
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    for ax in axes[1:, 0]:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    order = sorted(range(len(labels)), key=lambda i: list(ROLE_LABELS.values()).index(labels[i]) if labels[i] in ROLE_LABELS.values() else 9)
-    fig.legend([handles[i] for i in order], [labels[i] for i in order], loc="outside lower center", ncol=4, fontsize=8)
+    _role_legend(fig, axes[:, 0])
     total_ranks = tr["rank"].nunique()
     shown = "" if total_ranks <= len(ranks) else f" (ranks {', '.join(map(str, ranks))} of {total_ranks})"
     fig.suptitle(f"Role timeline: {_point_title(row)}{shown}", fontsize=10, x=0.01, ha="left")
@@ -264,17 +278,59 @@ def fig_timeline(df: pd.DataFrame, run_dir: Path, trace_key: str | None = None, 
     return fig, lines, key, tr, row
 
 
-def fig_idle_cdf(df: pd.DataFrame, run_dir: Path):
+def _policy_group(df: pd.DataFrame, run_dir: Path) -> pd.DataFrame:
+    """Traced, non-ablation kosmos rows of the shape with the most traced policies."""
     keys = set(_traced_keys(run_dir))
     d = df[df["key"].isin(keys) & (df["impl"] == "kosmos")]
     d = d[is_default_kosmos(d)]
     if d.empty:
         raise Skip("no traced kosmos point (run the sweep with --trace and the kosmos impl)")
-    groups = d.groupby(_shape_cols(d), dropna=False)
-    # The shape with the most traced policies (self vs fixed:k needs at least two).
-    best = max(groups, key=lambda kv: (kv[1]["policy"].nunique(), -kv[0][1] if len(kv[0]) > 1 else 0))[1]
+    groups = [g for _, g in d.groupby(_shape_cols(d), dropna=False, sort=True)]
+    best = max(groups, key=lambda g: g["policy"].nunique())  # first (smallest) shape on ties
     if best["policy"].nunique() < 2:
         raise Skip("no shape has traces of two or more policies (e.g. self and fixed:k)")
+    return best
+
+
+def fig_timeline_policies(df: pd.DataFrame, run_dir: Path, max_variants: int = 4):
+    best = _policy_group(df, run_dir)
+    variants = _variant_order(best["variant"])
+    if len(variants) > max_variants:  # keep self, predicted and the best/worst fixed
+        variants = [v for v in variants if "self" in v or "predicted" in v][:2]
+        variants += [v for v in _variant_order(best["variant"]) if v not in variants][: max_variants - len(variants)]
+    traces = {}
+    for v in variants:
+        key = best.loc[best["variant"] == v, "key"].iloc[0]
+        tr = load_traces(run_dir, key)
+        tr = tr[tr["rank"] == tr["rank"].min()]
+        if len(tr):
+            traces[v] = tr
+    if len(traces) < 2:
+        raise Skip("fewer than two of the traced policies have records")
+    span = max(_span_us(t) for t in traces.values())
+    n_wg = [t["wg"].nunique() for t in traces.values()]
+    fig, axes = plt.subplots(len(traces), 1, figsize=(11, min(16.0, 1.4 + sum(max(1.3, 0.1 * n) for n in n_wg))),
+                             squeeze=False, sharex=True, layout="constrained", height_ratios=[max(1, n) for n in n_wg])
+    lines = []
+    for ax, (v, t) in zip(axes[:, 0], traces.items()):
+        s = summarize(t)
+        _gantt(ax, t, span, f"{v}\nWG")
+        ax.set_title(f"{v}: kernel {s['kernel_us']:.1f} us, busy {s['busy_frac'] * 100:.0f}%, "
+                     f"idle windows {s['idle_windows']} (longest {s['idle_longest_us']:.1f} us)", fontsize=8, loc="left")
+        lines.append(f"{v}: kernel {s['kernel_us']:.1f} us, busy {s['busy_frac'] * 100:.1f}%, "
+                     f"MOVE {s['busy_frac_move'] * 100:.1f}% / BUILD {s['busy_frac_build'] * 100:.1f}%, "
+                     f"first BUILD {s['first_build_us']:.1f} us, tail after last MOVE {s['tail_after_move_us']:.1f} us")
+    axes[-1, 0].set_xlabel("time since the kernel's first record (us), same scale in every panel")
+    _role_legend(fig, axes[:, 0])
+    r = best.iloc[0].to_dict()
+    fig.suptitle(f"Role timelines by policy (rank {int(next(iter(traces.values()))['rank'].iloc[0])}): {r['op']} "
+                 f"M={int(r['M'])} N={int(r['N'])} K={int(r['K'])} W={int(r['world'])} ({r.get('fabric')}, {r.get('backend')})",
+                 fontsize=10, x=0.01, ha="left")
+    return fig, lines
+
+
+def fig_idle_cdf(df: pd.DataFrame, run_dir: Path):
+    best = _policy_group(df, run_dir)
     variants = _variant_order(best["variant"])
     pal = _palette(variants)
     fig, ax = plt.subplots(figsize=(7.5, 4.8), layout="constrained")
