@@ -25,7 +25,7 @@ ag-gemm (pull), rank r: gathered A is ``M x K``; rank p's rows are ``[p*m_loc, (
 
 * mover ``AG_PULL`` (p != r, band j, slice s): the band (rows ``[m0, m0+rows)`` of A_p, all K
   columns) is one contiguous byte range, cut into ``n0 = s`` of ``cols = S`` slices of
-  ``ceil(bytes/16/S)*16`` bytes (``S = ceil(band bytes / mover_bytes)``, default 256 KiB, so
+  ``ceil(ceil(bytes/16)/S)*16`` bytes (the last slice shorter; slices past the end empty) (``S = ceil(band bytes / mover_bytes)``, default 256 KiB, so
   that many WGs cooperate on the head band and bands arrive in order over a slow link);
   copy the slice into the gathered buffer at row ``p*m_loc + m0``; release band flag (p, j)
   of rank r, whose multiplicity is S.
@@ -406,11 +406,11 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
                 rows = min(band_rows, m_loc - m0)
                 nbytes = rows * K * ELEM_BYTES
                 S = max(1, min(cdiv(nbytes, max(16, mover_bytes)), cdiv(nbytes, 16)))
-                per = cdiv(cdiv(nbytes, 16), S) * 16
-                S = cdiv(nbytes, per)
+                S = cdiv(nbytes, cdiv(cdiv(nbytes, 16), S) * 16)
+                per = cdiv(cdiv(nbytes, 16), S) * 16  # exactly as csrc/ag_gemm.cu computes it
                 mult[lay.band + p * nb + j] = S
                 pull_id[p, j] = [mv.add(AG_PULL, p, m0, rows, s, S, [lay.entry + p], deps, r, lay.band + p * nb + j,
-                                        0, min(per, nbytes - s * per)) for s in range(S)]
+                                        0, max(0, min(per, nbytes - s * per))) for s in range(S)]
         build_id: dict[tuple[int, int, int], int] = {}
         for p in range(W):
             for mt in range(mt_n):

@@ -1,1 +1,468 @@
-IMPLS = []
+"""kosmos: the self-scheduling persistent AG+GEMM and GEMM+RS kernels of csrc/.
+
+One implementation object, ``kosmos``, for ops ag-gemm and gemm-rs on three fabrics:
+
+* ``local``  — W emulated ranks in ONE cooperative launch on one GPU; rank r owns WGs
+  ``schedule.wg_starts(G, W)[r:r+2]``; peers' buffers are other device allocations.
+* ``host``   — rank-0 view: peers' A shards (ag-gemm) and peers' partial contributions to
+  band 0 (gemm-rs, computed with torch in prepare) live in pinned host memory and cross
+  PCIe; rank 0 pushes its partials for peers into pinned host memory (gemm-rs). Peers do
+  not execute.
+* ``nvlink`` — one process per GPU; peer pointers from torch symmetric memory (flags and
+  the buffers peers touch live in one symmetric allocation). Untested until a multi-GPU
+  machine is available.
+
+Point knobs: ``policy`` (self | fixed:k | predicted), ``queue_order``, ``local_first``,
+``chunk``; bf16 only. Extra ``prepare`` keywords: ``num_wgs`` (default: all co-resident),
+``timeout_s`` (watchdog, default ``$KOSMOS_TIMEOUT_S`` or 5 s), ``debug_skip_rank`` (local
+fabric: that emulated rank never signals; the watchdog test), ``trace_cap`` (records/WG).
+
+Runner: ``run()`` launches without synchronizing (and first raises :class:`WatchdogError`
+if an earlier call timed out); ``check()`` synchronizes and raises for this call;
+``run_traced()`` runs once with tracing and returns the role timeline (rank, wg, sm, role,
+item, t0_ns, t1_ns; t0 relative to the call's first record); ``info`` holds extra columns.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+
+import numpy as np
+
+from .. import schedule as S
+from ..point import Point
+from .base import common_unsupported
+
+DEFAULT_TIMEOUT_S = float(os.environ.get("KOSMOS_TIMEOUT_S", "5"))
+DEFAULT_TRACE_CAP = 4096
+
+
+class WatchdogError(RuntimeError):
+    """A spin-wait in a kosmos kernel timed out (missing peer, protocol bug)."""
+
+
+def _policy(p: Point) -> str:
+    return p.policy or "self"
+
+
+class KosmosImpl:
+    name = "kosmos"
+    ops = ("ag-gemm", "gemm-rs")
+    fabrics = ("local", "host", "nvlink")
+
+    def available(self, backend: str) -> tuple[bool, str]:
+        if backend != "gpu":
+            return False, f"kosmos kernels run on backend=gpu (backend={backend}; the simulator models them)"
+        try:
+            import torch
+        except ImportError:
+            return False, "torch is not installed"
+        if not torch.cuda.is_available():
+            return False, "no CUDA device visible"
+        if getattr(torch.version, "hip", None):
+            return False, "no HIP build of the kosmos kernels yet"
+        major, _ = torch.cuda.get_device_capability()
+        if major < 9:
+            return False, f"kosmos kernels are built for sm_90a (this GPU is sm_{major}x)"
+        from .. import kernels
+
+        if kernels.find_lib(kernels.detect_arch()) is None and shutil.which("nvcc") is None:
+            return False, "no prebuilt kosmos library matches the sources and nvcc is not on PATH to build it"
+        return True, ""
+
+    def unsupported(self, point: Point) -> str | None:
+        why = common_unsupported(self, point)
+        if why:
+            return why
+        if point.dtype != "bf16":
+            return f"kosmos kernels are bf16 only (dtype={point.dtype})"
+        why = S.validate(point.op, point.M, point.N, point.K, point.world, chunk=point.chunk or 1)
+        if why:
+            return why
+        pol = _policy(point)
+        if pol.startswith("fixed:"):
+            try:
+                k = int(pol.split(":", 1)[1])
+            except ValueError:
+                return f"policy {pol!r}: k is not an integer"
+            wgs = _guess_wgs_per_rank(point)
+            if wgs is not None and k >= wgs:
+                return f"policy {pol}: k={k} leaves no builder among {wgs} WGs per rank"
+        return None
+
+    def prepare(self, point: Point, ctx, inputs, **kw) -> "KosmosRunner":
+        return KosmosRunner(point, ctx, inputs, **kw)
+
+
+def _guess_wgs_per_rank(point: Point) -> int | None:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+    except Exception:  # noqa: BLE001
+        return None
+    return sms // point.world if point.fabric == "local" else sms
+
+
+def _i32(dev, a: np.ndarray):
+    import torch
+
+    a = np.ascontiguousarray(a, dtype=np.int32)
+    if a.size == 0:
+        a = np.zeros(1, dtype=np.int32)
+    return torch.from_numpy(a.copy()).to(dev)
+
+
+class KosmosRunner:
+    """Buffers, schedules and launch parameters of one point (see the module docstring)."""
+
+    def __init__(self, point: Point, ctx, inputs, *, num_wgs: int | None = None, timeout_s: float | None = None,
+                 debug_skip_rank: int | None = None, trace_cap: int = DEFAULT_TRACE_CAP):
+        import torch
+
+        from .. import kernels
+        from ..kernels import abi
+
+        self.point, self.ctx = point, ctx
+        self.dev = ctx.device
+        self.lib = kernels.load()
+        self.abi = abi
+        self._keep: list = []  # tensors whose pointers the kernel holds
+        self._mapped: list[int] = []
+        self.closed = False
+        op, W, M, N, K = point.op, point.world, point.M, point.N, point.K
+        fabric = point.fabric
+        self.fabric = fabric
+        self.op_code = abi.OP_CODES[op]
+        dev_index = self.dev.index if self.dev.index is not None else torch.cuda.current_device()
+        with torch.cuda.device(dev_index):
+            mx = ctypes.c_int(0)
+            self._call(self.lib.kosmos_max_wgs(self.op_code, dev_index, ctypes.byref(mx)), "kosmos_max_wgs")
+        G = min(int(num_wgs or mx.value), mx.value)
+        ranks = list(range(W)) if fabric == "local" else [ctx.rank if fabric == "nvlink" else 0]
+        if fabric == "local":
+            starts = S.wg_starts(G, W)
+        else:
+            starts = np.array([0, G], dtype=np.int32)
+        self.ranks, self.grid, self.starts = ranks, G, starts
+        sizes = np.diff(starts)
+        kw = dict(BM=128, BN=128, chunk=point.chunk or 1, policy=_policy(point),
+                  queue_order=point.queue_order or "demand", seed=point.seed, local_first=point.local_first,
+                  fabric="host" if fabric == "host" else ("local" if fabric == "local" else "nvlink"))
+        self.scheds = [S.build_schedule(op, M, N, K, W, r, num_wgs=int(sizes[i]), **kw) for i, r in enumerate(ranks)]
+        dt = torch.bfloat16
+        m_loc = M // W
+        nf = self.scheds[0].flags.num_flags
+
+        # ---- state, error record, trace ----
+        n_exec = len(ranks)
+        self.state = torch.zeros(4 + 4 * n_exec, dtype=torch.int32, device=self.dev)
+        host, devp = ctypes.c_void_p(), ctypes.c_void_p()
+        self._call(self.lib.kosmos_alloc_mapped(ctypes.sizeof(abi.ErrorRecord), ctypes.byref(host), ctypes.byref(devp)),
+                   "kosmos_alloc_mapped")
+        self._mapped.append(host.value)
+        self.err = abi.ErrorRecord.from_address(host.value)
+        self.err_dev = devp.value
+        self.err_seen = int(self.err.count)
+        self.trace_cap = int(trace_cap)
+        self.trace_buf = None
+        self.trace_count = None
+
+        # ---- buffers per fabric ----
+        flags: dict[int, object] = {}
+        scratch_flags = None
+        self.symm = None
+        if fabric == "nvlink":
+            sym_ptrs, off_data = self._symmetric(op, W, M, N, K, nf)
+            for p in range(W):
+                flags[p] = sym_ptrs[p]
+        else:
+            for r in ranks:
+                t = torch.zeros(nf, dtype=torch.int32, device=self.dev)
+                self._keep.append(t)
+                flags[r] = t.data_ptr()
+            if fabric == "host":
+                scratch_flags = torch.zeros(nf, dtype=torch.int32, device=self.dev)
+                self._keep.append(scratch_flags)
+                for p in range(W):
+                    flags.setdefault(p, scratch_flags.data_ptr())
+        self.flag_tensors = [t for t in self._keep]  # zeroed after an abort
+
+        self.outputs: dict[int, torch.Tensor] = {}
+        A, B = inputs.A, inputs.B
+        per_rank: dict[int, dict] = {}
+        if op == "ag-gemm":
+            n_loc = N // W
+            peer_A = {}
+            if fabric == "local":
+                peer_A = {p: A[p].data_ptr() for p in range(W)}
+            elif fabric == "host":
+                peer_A[0] = A[0].data_ptr()
+                for p in range(1, W):
+                    peer_A[p] = self._pinned(A[p])
+            else:
+                for p in range(W):
+                    peer_A[p] = sym_ptrs[p] + off_data
+                mine = self.symm_buf[off_data:off_data + m_loc * K * 2].view(dt).view(m_loc, K)
+                mine.copy_(A[ctx.rank])
+                torch.cuda.synchronize(self.dev)
+                self._barrier()
+            for r in ranks:
+                C = torch.empty(M, n_loc, dtype=dt, device=self.dev)
+                work = torch.empty(M, K, dtype=dt, device=self.dev)
+                self._keep += [C, work]
+                self.outputs[r] = C
+                per_rank[r] = dict(A=A[r].data_ptr(), B=B[r].data_ptr(), C=C.data_ptr(), work=work.data_ptr(),
+                                   peer_A=[peer_A.get(p, 0) for p in range(W)])
+        else:
+            slot_bytes = m_loc * N * 2
+            recv = {}
+            if fabric == "local":
+                for r in ranks:
+                    recv[r] = torch.empty(W * m_loc, N, dtype=dt, device=self.dev)
+                    self._keep.append(recv[r])
+            for r in ranks:
+                Cr = torch.empty(m_loc, N, dtype=dt, device=self.dev)
+                work = torch.empty(M, N, dtype=dt, device=self.dev)
+                self._keep += [Cr, work]
+                self.outputs[r] = Cr
+                d = dict(A=A[r].data_ptr(), B=B[r].data_ptr(), C=Cr.data_ptr(), work=work.data_ptr(),
+                         push_dst=[0] * W, slot=[0] * W, proxy_src=[0] * W)
+                if fabric == "local":
+                    for q in range(W):
+                        d["push_dst"][q] = recv[q].data_ptr() + r * slot_bytes
+                        d["slot"][q] = recv[r].data_ptr() + q * slot_bytes
+                elif fabric == "host":
+                    own = torch.empty(W * m_loc, N, dtype=dt, device=self.dev)
+                    self._keep.append(own)
+                    send = torch.empty(max(1, W - 1) * m_loc, N, dtype=dt).pin_memory()
+                    self._keep.append(send)
+                    send_dev = self._dev_ptr(send)
+                    for q in range(W):
+                        d["slot"][q] = own.data_ptr() + q * slot_bytes
+                        if q != r:
+                            d["push_dst"][q] = send_dev + (q - 1) * slot_bytes
+                    for s in range(1, W):  # peers' static contributions to band 0
+                        part = (A[s][:m_loc].float() @ B[s].float()).to(dt)
+                        d["proxy_src"][s] = self._pinned(part)
+                        del part
+                else:
+                    for q in range(W):
+                        d["push_dst"][q] = sym_ptrs[q] + off_data + r * slot_bytes
+                        d["slot"][q] = sym_ptrs[r] + off_data + q * slot_bytes
+                per_rank[r] = d
+
+        # ---- rank args ----
+        ra_arr = (abi.RankArgs * n_exec)()
+        state_ptr = self.state.data_ptr()
+        for i, (r, sch) in enumerate(zip(ranks, self.scheds)):
+            a = ra_arr[i]
+            arrs = sch.arrays()
+            for q, name in enumerate(("builder", "mover", "reduce")):
+                ti, tq = _i32(self.dev, arrs[f"{name}_items"]), _i32(self.dev, arrs[f"{name}_queue"])
+                self._keep += [ti, tq]
+                a.items[q], a.queue[q] = ti.data_ptr(), tq.data_ptr()
+                a.count[q] = len(sch.queues[q])
+            for name in ("deps", "peer_flags", "flag_mult"):
+                t = _i32(self.dev, arrs[name])
+                self._keep.append(t)
+                setattr(a, name, t.data_ptr())
+            a.ctr = state_ptr + 4 * (4 + 4 * i)
+            d = per_rank[r]
+            a.A, a.B, a.C, a.work = d["A"], d["B"], d["C"], d["work"]
+            for p in range(W):
+                a.flags[p] = flags[p]
+                if op == "ag-gemm":
+                    a.peer_A[p] = d["peer_A"][p] or None
+                else:
+                    a.push_dst[p] = d["push_dst"][p] or None
+                    a.slot[p] = d["slot"][p] or None
+                    a.proxy_src[p] = d["proxy_src"][p] or None
+            a.rank = r
+            a.wg_begin, a.wg_end = int(starts[i]), int(starts[i + 1])
+            a.num_mover_wgs = int(sch.num_movers or 0)
+            a.num_peer_flags = len(sch.peer_flags)
+            a.skip = 1 if (debug_skip_rank is not None and r == debug_skip_rank) else 0
+        self._ra_arr = ra_arr
+        raw = np.frombuffer(bytes(ra_arr), dtype=np.uint8)
+        self.rank_args = torch.from_numpy(raw.copy()).to(self.dev)
+
+        self.timeout_ns = int((timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S) * 1e9)
+        self.params = self._params(trace=False)
+        k = self.scheds[0].num_movers
+        self.info = {"num_movers": k, "num_wgs": int(G), "wgs_per_rank": int(sizes.min()),
+                     "kosmos_policy": _policy(point), "trace_dropped": 0}
+        torch.cuda.synchronize(self.dev)
+
+    # ---- helpers ----
+    def _call(self, rc: int, what: str) -> None:
+        if rc != 0:
+            from .. import kernels
+
+            raise RuntimeError(f"{what} failed ({rc}): {kernels.last_error(self.lib)}")
+
+    def _dev_ptr(self, t) -> int:
+        out = ctypes.c_void_p()
+        self._call(self.lib.kosmos_host_device_ptr(ctypes.c_void_p(t.data_ptr()), ctypes.byref(out)),
+                   "kosmos_host_device_ptr")
+        return int(out.value)
+
+    def _pinned(self, t) -> int:
+        h = t.detach().to("cpu").contiguous().pin_memory()
+        self._keep.append(h)
+        return self._dev_ptr(h)
+
+    def _barrier(self) -> None:
+        import torch.distributed as dist
+
+        if self.ctx.group is not None:
+            dist.barrier(group=self.ctx.group)
+
+    def _symmetric(self, op, W, M, N, K, nf):
+        import torch
+        import torch.distributed._symmetric_memory as symm
+
+        if self.ctx.group is None:
+            raise RuntimeError("nvlink fabric needs a process group (ctx.group)")
+        m_loc = M // W
+        off_data = (nf * 4 + 255) // 256 * 256
+        data = m_loc * K * 2 if op == "ag-gemm" else W * m_loc * N * 2
+        buf = symm.empty(off_data + data, dtype=torch.uint8, device=self.dev)
+        buf.zero_()
+        group = self.ctx.group
+        hdl = symm.rendezvous(buf, getattr(group, "group_name", group))
+        torch.cuda.synchronize(self.dev)
+        self._barrier()
+        self.symm, self.symm_buf = hdl, buf
+        self._keep.append(buf)
+        return [int(p) for p in hdl.buffer_ptrs], off_data
+
+    def _params(self, trace: bool):
+        abi = self.abi
+        p = abi.Params()
+        p.ranks = self.rank_args.data_ptr()
+        p.state = self.state.data_ptr()
+        p.err = self.err_dev
+        if trace:
+            p.trace = self.trace_buf.data_ptr()
+            p.trace_count = self.trace_count.data_ptr()
+            p.trace_cap = self.trace_cap
+        p.timeout_ns = self.timeout_ns
+        p.op = self.op_code
+        p.num_ranks = len(self.ranks)
+        p.world = self.point.world
+        p.M, p.N, p.K = self.point.M, self.point.N, self.point.K
+        p.sys_scope = 1 if self.fabric == "nvlink" else 0
+        p.static_peers = 1 if self.fabric == "host" else 0
+        p.grid = self.grid
+        return p
+
+    def _launch(self, params) -> None:
+        import torch
+
+        stream = torch.cuda.current_stream(self.dev).cuda_stream
+        with torch.cuda.device(self.dev):
+            self._call(self.lib.kosmos_launch(ctypes.byref(params), ctypes.c_void_p(stream)), "kosmos_launch")
+
+    def _raise_if_timed_out(self) -> None:
+        import torch
+
+        e = self.err
+        if int(e.count) == self.err_seen:
+            return
+        torch.cuda.synchronize(self.dev)
+        self.err_seen = int(e.count)
+        qn = self.abi.QUEUE_NAMES[e.queue] if 0 <= e.queue < 4 else str(e.queue)
+        msg = (f"kosmos watchdog: rank {e.rank} WG {e.wg} waited {e.waited_ns / 1e6:.1f} ms on flag {e.flag} "
+               f"of rank {e.flag_rank} (expected >= {e.expected}, saw {e.seen}) for {qn} item {e.item} "
+               f"in call {e.epoch} [{self.point.op}, fabric={self.fabric}, world={self.point.world}]")
+        if self.fabric != "nvlink":  # fresh protocol state: the next call starts at epoch 1
+            for t in self.flag_tensors:
+                if t.dtype == torch.int32:
+                    t.zero_()
+            self.state.zero_()
+            torch.cuda.synchronize(self.dev)
+        raise WatchdogError(msg)
+
+    def set_debug_skip(self, rank: int | None) -> None:
+        """Test hook: make emulated rank `rank` never signal (None: everyone works)."""
+        import torch
+
+        for i, r in enumerate(self.ranks):
+            self._ra_arr[i].skip = 1 if (rank is not None and r == rank) else 0
+        raw = np.frombuffer(bytes(self._ra_arr), dtype=np.uint8)
+        self.rank_args.copy_(torch.from_numpy(raw.copy()))
+        torch.cuda.synchronize(self.dev)
+
+    # ---- Runner interface ----
+    def run(self) -> None:
+        """One call (asynchronous). Raises WatchdogError if an earlier call timed out."""
+        self._raise_if_timed_out()
+        self._launch(self.params)
+
+    def check(self) -> None:
+        """Synchronize and raise WatchdogError if any call so far timed out."""
+        import torch
+
+        torch.cuda.synchronize(self.dev)
+        self._raise_if_timed_out()
+
+    def run_traced(self):
+        """Run one call with role tracing; returns a DataFrame (rank, wg, sm, role, item, t0_ns, t1_ns)."""
+        import pandas as pd
+        import torch
+
+        if self.trace_buf is None:
+            self.trace_buf = torch.empty(self.grid * self.trace_cap * self.abi.TRACE_RECORD_BYTES, dtype=torch.uint8,
+                                         device=self.dev)
+            self.trace_count = torch.zeros(self.grid, dtype=torch.int32, device=self.dev)
+        self._raise_if_timed_out()
+        self.trace_count.zero_()
+        self._launch(self._params(trace=True))
+        self.check()
+        counts = self.trace_count.cpu().numpy().astype(np.int64)
+        rec = np.frombuffer(self.trace_buf.cpu().numpy().tobytes(), dtype=np.dtype(
+            [("t0", "<u8"), ("t1", "<u8"), ("item", "<i4"), ("role", "<u2"), ("sm", "<u2")])).reshape(
+            self.grid, self.trace_cap)
+        self.info["trace_dropped"] = int(np.maximum(counts - self.trace_cap, 0).sum())
+        rows = []
+        for g in range(self.grid):
+            n = int(min(counts[g], self.trace_cap))
+            if n == 0:
+                continue
+            i = int(np.searchsorted(self.starts, g, side="right") - 1)
+            r = self.ranks[i]
+            chunk = rec[g, :n]
+            rows.append(pd.DataFrame({"rank": r, "wg": g - int(self.starts[i]), "sm": chunk["sm"].astype(np.int32),
+                                      "role": np.array(S.ROLE_NAMES)[chunk["role"]], "item": chunk["item"],
+                                      "t0_ns": chunk["t0"].astype(np.int64), "t1_ns": chunk["t1"].astype(np.int64)}))
+        cols = ["rank", "wg", "sm", "role", "item", "t0_ns", "t1_ns"]
+        if not rows:
+            return pd.DataFrame(columns=cols)
+        df = pd.concat(rows, ignore_index=True)
+        t_min = int(df["t0_ns"].min())
+        df["t0_ns"] -= t_min
+        df["t1_ns"] -= t_min
+        return df[cols]
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            import torch
+
+            torch.cuda.synchronize(self.dev)
+        except Exception:  # noqa: BLE001
+            pass
+        for h in self._mapped:
+            self.lib.kosmos_free_mapped(ctypes.c_void_p(h))
+        self._mapped.clear()
+        self._keep.clear()
+        self.outputs = {}
+
+
+IMPLS = [KosmosImpl()]

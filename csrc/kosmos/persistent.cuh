@@ -1,0 +1,249 @@
+// persistent.cuh — the self-scheduling persistent WG loop shared by every op.
+//
+// One launch, grid = all co-resident WGs (cooperative launch), 256 threads each. Every WG
+// belongs to one rank (Params.ranks[i].wg_begin..wg_end: W ranks on the local fabric, one
+// otherwise). Thread 0 of a WG decides what to do next (decide(), the rules of
+// kosmos_bench/schedule.py), the whole WG executes the item (OpTraits<kOp>::execute), then
+// thread 0 releases the item's flag and records a trace record.
+//
+// Protocol per call (epoch e = Params.state[0] + 1):
+//   entry: WG 0 of each rank stores e into entry flag [rank] of every rank's flag array
+//          ("my inputs are written"); with static_peers (host fabric) it also stores e into
+//          the flags peers would have released (RankArgs.peer_flags).
+//   work:  items wait on own flags (acquire, watchdog), release one flag (fence + release).
+//   exit:  the last WG of a rank to finish stores e into exit flag [rank] of every rank and
+//          waits for every peer's exit flag (no rank returns while a peer may still read or
+//          write its buffers). The last WG of the grid resets the claim counters and
+//          publishes state[0] = e for the next call.
+#pragma once
+#include "builder_mma.cuh"
+#include "mover.cuh"
+#include "params.h"
+#include "platform.cuh"
+#include "queue.cuh"
+#include "sync.cuh"
+#include "trace.cuh"
+
+namespace kosmos {
+
+using BuilderCfg = MmaBuilderConfig;
+constexpr int kThreads = BuilderCfg::kThreads;
+constexpr int kSmemBytes = BuilderCfg::kSmemBytes;
+static_assert(kSmemBytes + 64 <= 227 * 1024, "dynamic + static shared memory must fit one SM");
+
+// Flag layout constants shared with schedule.FlagLayout.
+__device__ __forceinline__ int entry_flag(int s) { return s; }
+__device__ __forceinline__ int exit_flag(int world, int s) { return world + s; }
+
+template <int kOp>
+struct OpTraits;  // execute(): defined in ag_gemm.cu / gemm_rs.cu
+
+struct Wg {
+  const KosmosParams& p;
+  const KosmosRankArgs& ra;
+  SyncCtx sc;
+  Tracer tr;
+  int wg;   // index within its rank
+  int nwg;  // WGs of its rank
+};
+
+__device__ __forceinline__ uint32_t target_of(const Wg& w, int flag) {
+  return w.sc.epoch * static_cast<uint32_t>(w.ra.flag_mult[flag]);
+}
+
+__device__ __forceinline__ bool deps_ready(const Wg& w, int q, int id) {
+  const Item it = load_item(w.ra.items[q], id);
+  for (int d = 0; d < it.dep_count; ++d) {
+    const int f = w.ra.deps[it.dep_begin + d];
+    if (!flag_ready(ld_acquire(w.ra.flags[w.ra.rank] + f, w.sc.sys), target_of(w, f))) return false;
+  }
+  return true;
+}
+
+// Wait (watchdog on) for every dep of a claimed item; records a WAIT interval if it waited.
+__device__ __forceinline__ bool wait_deps(const Wg& w, int q, int id) {
+  const Item it = load_item(w.ra.items[q], id);
+  const uint64_t t0 = w.tr.now();
+  bool waited = false;
+  for (int d = 0; d < it.dep_count; ++d) {
+    const int f = w.ra.deps[it.dep_begin + d];
+    const uint32_t* addr = w.ra.flags[w.ra.rank] + f;
+    const uint32_t tgt = target_of(w, f);
+    if (flag_ready(ld_acquire(addr, w.sc.sys), tgt)) continue;
+    waited = true;
+    if (!wait_flag(w.sc, addr, tgt, q, id, w.ra.rank, f)) return false;
+  }
+  if (waited) w.tr.add(kRoleWait, id, t0, w.tr.now());
+  return true;
+}
+
+// Thread 0: choose the next item. Returns false when this WG is done (or the call aborted).
+template <int kOp>
+__device__ bool decide(const Wg& w, int* q_out, int* id_out) {
+  const KosmosRankArgs& ra = w.ra;
+  const int k = ra.num_mover_wgs;
+  int id;
+  if (k > 0) {  // fixed roles
+    if (w.wg < k) {
+      id = claim_next(ra, kQMove);
+      if (id < 0) return false;
+      *q_out = kQMove;
+      *id_out = id;
+      return wait_deps(w, kQMove, id);
+    }
+    for (int q = kQBuild; q <= kQReduce; q += (kQReduce - kQBuild)) {
+      id = claim_next(ra, q);
+      if (id >= 0) {
+        *q_out = q;
+        *id_out = id;
+        return wait_deps(w, q, id);
+      }
+    }
+    return false;
+  }
+  for (;;) {  // self-scheduling
+    if (aborted(w.sc)) return false;
+    uint32_t h;
+    if (kOp == KOSMOS_OP_AG_GEMM) {
+      // builder head if ready > next mover > builder head (wait)
+      id = peek(ra, kQBuild, &h);
+      if (id >= 0 && deps_ready(w, kQBuild, id)) {
+        if (claim_head(ra, kQBuild, h)) {
+          *q_out = kQBuild;
+          *id_out = id;
+          return true;
+        }
+        continue;
+      }
+      const int order[2] = {kQMove, kQBuild};
+      for (int i = 0; i < 2; ++i) {
+        id = claim_next(ra, order[i]);
+        if (id >= 0) {
+          *q_out = order[i];
+          *id_out = id;
+          return wait_deps(w, order[i], id);
+        }
+      }
+      return false;
+    } else {
+      // reduce head if ready > mover head if ready > next builder > next mover (wait) > next reduce (wait)
+      bool retry = false;
+      const int ready_order[2] = {kQReduce, kQMove};
+      for (int i = 0; i < 2 && !retry; ++i) {
+        const int q = ready_order[i];
+        id = peek(ra, q, &h);
+        if (id >= 0 && deps_ready(w, q, id)) {
+          if (claim_head(ra, q, h)) {
+            *q_out = q;
+            *id_out = id;
+            return true;
+          }
+          retry = true;
+        }
+      }
+      if (retry) continue;
+      const int order[3] = {kQBuild, kQMove, kQReduce};
+      for (int i = 0; i < 3; ++i) {
+        id = claim_next(ra, order[i]);
+        if (id >= 0) {
+          *q_out = order[i];
+          *id_out = id;
+          return wait_deps(w, order[i], id);
+        }
+      }
+      return false;
+    }
+  }
+}
+
+__device__ __forceinline__ uint16_t role_of(int kind) {
+  switch (kind) {
+    case kAgPull:
+    case kRsPush:
+    case kRsProxy:
+      return kRoleMove;
+    case kRsReduce:
+      return kRoleReduce;
+    default:
+      return kRoleBuild;
+  }
+}
+
+template <int kOp>
+__global__ void __launch_bounds__(kThreads, 1) kosmos_persistent_kernel(const KosmosParams p) {
+  extern __shared__ __align__(128) char smem[];
+  __shared__ int s_cmd[2];
+  const int tid = threadIdx.x;
+  const int block = blockIdx.x;
+
+  int ri = 0;
+  while (ri + 1 < p.num_ranks && block >= p.ranks[ri].wg_end) ++ri;
+  const KosmosRankArgs& ra = p.ranks[ri];
+  const uint32_t epoch = ld_relaxed(p.state) + 1;
+  Wg w{p, ra, SyncCtx{epoch, p.state, p.err, p.timeout_ns, p.sys_scope != 0, ra.rank, block - ra.wg_begin},
+       make_tracer(p, block), block - ra.wg_begin, ra.wg_end - ra.wg_begin};
+  const int W = p.world;
+  const int me = ra.rank;
+
+  if (!ra.skip) {
+    if (tid == 0 && w.wg == 0) {
+      for (int s = 0; s < W; ++s) st_release(ra.flags[s] + entry_flag(me), epoch, w.sc.sys && s != me);
+      if (p.static_peers)
+        for (int i = 0; i < ra.num_peer_flags; ++i) st_release(ra.flags[me] + ra.peer_flags[i], epoch, false);
+    }
+    for (;;) {
+      if (tid == 0) {
+        int q = -1, id = -1;
+        if (!decide<kOp>(w, &q, &id)) q = -1;
+        s_cmd[0] = q;
+        s_cmd[1] = id;
+      }
+      __syncthreads();
+      const int q = s_cmd[0], id = s_cmd[1];
+      __syncthreads();
+      if (q < 0) break;
+      const Item it = load_item(ra.items[q], id);
+      const uint64_t t0 = (tid == 0) ? w.tr.now() : 0;
+      OpTraits<kOp>::execute(p, ra, it, smem, tid);
+      __syncthreads();
+      if (tid == 0) {
+        if (it.rel_flag >= 0) {
+          const int tgt = it.rel_rank;
+          const bool sys = w.sc.sys && tgt != me;
+          fence(sys);
+          uint32_t* f = ra.flags[tgt] + it.rel_flag;
+          const int mult = (tgt == me) ? ra.flag_mult[it.rel_flag] : 1;
+          if (mult == 1)
+            st_release(f, epoch, sys);
+          else
+            atomicAdd(f, 1u);  // ordered after the fence above
+        }
+        w.tr.add(role_of(it.kind), id, t0, w.tr.now());
+      }
+    }
+  }
+
+  // ---- exit ----
+  if (tid == 0) {
+    __threadfence();
+    const uint32_t done = atomicAdd(ra.ctr + 3, 1u);
+    if (done == static_cast<uint32_t>(w.nwg - 1) && !ra.skip && !aborted(w.sc)) {
+      fence(w.sc.sys);
+      for (int s = 0; s < W; ++s) st_release(ra.flags[s] + exit_flag(W, me), epoch, w.sc.sys && s != me);
+      for (int s = 0; s < W; ++s) {
+        if (!wait_flag(w.sc, ra.flags[me] + exit_flag(W, s), epoch, kQueueHandshake, -1, me, exit_flag(W, s))) break;
+      }
+    }
+    __threadfence();
+    const uint32_t g = atomicAdd(p.state + 2, 1u);
+    if (g == static_cast<uint32_t>(p.grid - 1)) {
+      for (int i = 0; i < p.num_ranks; ++i)
+        for (int c = 0; c < 4; ++c) p.ranks[i].ctr[c] = 0;
+      p.state[2] = 0;
+      __threadfence();
+      st_release(p.state, epoch, false);
+    }
+  }
+}
+
+}  // namespace kosmos

@@ -1,0 +1,49 @@
+// trace.cuh — optional per-WG role records.
+//
+// Buffer layout: KosmosTraceRecord trace[grid][trace_cap] (24 bytes each) and uint32
+// trace_count[grid]. Only thread 0 of a WG records, so a plain increment suffices; record i
+// is written only when i < trace_cap: overflow is counted (count - cap = dropped), never
+// written out of bounds. trace == nullptr disables recording (one predictable branch).
+#pragma once
+#include "params.h"
+#include "platform.cuh"
+
+namespace kosmos {
+
+enum Role : uint16_t { kRoleMove = 0, kRoleBuild = 1, kRoleReduce = 2, kRoleWait = 3 };
+
+struct Tracer {
+  KosmosTraceRecord* rec;  // this WG's records, or nullptr
+  uint32_t* count;
+  int cap;
+  uint16_t sm;
+
+  __device__ __forceinline__ bool on() const { return rec != nullptr; }
+  __device__ __forceinline__ uint64_t now() const { return on() ? globaltimer_ns() : 0; }
+  __device__ __forceinline__ void add(uint16_t role, int item, uint64_t t0, uint64_t t1) const {
+    if (!on()) return;
+    const uint32_t i = *count;
+    *count = i + 1;
+    if (i < static_cast<uint32_t>(cap)) {
+      KosmosTraceRecord r;
+      r.t0 = t0;
+      r.t1 = t1;
+      r.item = item;
+      r.role = role;
+      r.sm = sm;
+      rec[i] = r;
+    }
+  }
+};
+
+__device__ __forceinline__ Tracer make_tracer(const KosmosParams& p, int block) {
+  Tracer t;
+  t.rec = p.trace ? p.trace + static_cast<size_t>(block) * p.trace_cap : nullptr;
+  t.count = p.trace_count ? p.trace_count + block : nullptr;
+  t.cap = p.trace_cap;
+  t.sm = static_cast<uint16_t>(sm_id());
+  if (!t.count) t.rec = nullptr;
+  return t;
+}
+
+}  // namespace kosmos

@@ -1,0 +1,124 @@
+// runtime.cu — host launchers and the C ABI (params.h). Every CUDA call is checked; every
+// entry point returns a KosmosStatus and leaves a message for kosmos_last_error().
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+
+#include "kosmos/params.h"
+#include "kosmos/persistent.cuh"
+
+namespace kosmos {
+const void* ag_gemm_kernel();
+const void* gemm_rs_kernel();
+}  // namespace kosmos
+
+namespace {
+
+thread_local char g_err[512] = "";
+
+int fail(int code, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g_err, sizeof(g_err), fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+#define KOSMOS_CUDA(call)                                                                              \
+  do {                                                                                                 \
+    cudaError_t e_ = (call);                                                                           \
+    if (e_ != cudaSuccess) return fail(KOSMOS_ERR_CUDA, "%s failed: %s", #call, cudaGetErrorString(e_)); \
+  } while (0)
+
+const void* kernel_of(int op) {
+  if (op == KOSMOS_OP_AG_GEMM) return kosmos::ag_gemm_kernel();
+  if (op == KOSMOS_OP_GEMM_RS) return kosmos::gemm_rs_kernel();
+  return nullptr;
+}
+
+int prepare_kernel(const void* k) {
+  KOSMOS_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kosmos::kSmemBytes));
+  return KOSMOS_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+int kosmos_abi_version(void) { return KOSMOS_ABI_VERSION; }
+
+const char* kosmos_last_error(void) { return g_err; }
+
+int kosmos_smem_bytes(int op) { return kernel_of(op) ? kosmos::kSmemBytes : -1; }
+
+int kosmos_max_wgs(int op, int device, int* out) {
+  const void* k = kernel_of(op);
+  if (!k || !out) return fail(KOSMOS_ERR_INVALID, "kosmos_max_wgs: bad op %d or null out", op);
+  int prev = 0;
+  KOSMOS_CUDA(cudaGetDevice(&prev));
+  KOSMOS_CUDA(cudaSetDevice(device));
+  int rc = prepare_kernel(k);
+  if (rc) return rc;
+  int per_sm = 0, sms = 0, coop = 0;
+  KOSMOS_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kosmos::kThreads, kosmos::kSmemBytes));
+  KOSMOS_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  KOSMOS_CUDA(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device));
+  KOSMOS_CUDA(cudaSetDevice(prev));
+  if (!coop) return fail(KOSMOS_ERR_INVALID, "device %d does not support cooperative launches", device);
+  *out = per_sm * sms;
+  return KOSMOS_OK;
+}
+
+int kosmos_launch(const KosmosParams* params, void* stream) {
+  if (!params) return fail(KOSMOS_ERR_INVALID, "null params");
+  const KosmosParams& p = *params;
+  const void* k = kernel_of(p.op);
+  if (!k) return fail(KOSMOS_ERR_INVALID, "unknown op %d", p.op);
+  if (p.world < 1 || p.world > KOSMOS_MAX_WORLD) return fail(KOSMOS_ERR_INVALID, "world %d outside 1..%d", p.world, KOSMOS_MAX_WORLD);
+  if (p.num_ranks < 1 || p.num_ranks > p.world) return fail(KOSMOS_ERR_INVALID, "num_ranks %d outside 1..world", p.num_ranks);
+  if (p.grid < p.num_ranks) return fail(KOSMOS_ERR_INVALID, "grid %d smaller than num_ranks %d", p.grid, p.num_ranks);
+  if (!p.ranks || !p.state || !p.err) return fail(KOSMOS_ERR_INVALID, "null ranks/state/err pointer");
+  if (p.trace && (!p.trace_count || p.trace_cap < 1)) return fail(KOSMOS_ERR_INVALID, "trace without counts/cap");
+  int rc = prepare_kernel(k);
+  if (rc) return rc;
+  int dev = 0, per_sm = 0, sms = 0;
+  KOSMOS_CUDA(cudaGetDevice(&dev));
+  KOSMOS_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kosmos::kThreads, kosmos::kSmemBytes));
+  KOSMOS_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  if (p.grid > per_sm * sms)
+    return fail(KOSMOS_ERR_TOO_MANY_WGS, "grid %d > %d co-resident WGs (%d per SM x %d SMs)", p.grid, per_sm * sms,
+                per_sm, sms);
+  KosmosParams local = p;
+  void* args[] = {&local};
+  KOSMOS_CUDA(cudaLaunchCooperativeKernel(k, dim3(p.grid), dim3(kosmos::kThreads), args, kosmos::kSmemBytes,
+                                          static_cast<cudaStream_t>(stream)));
+  KOSMOS_CUDA(cudaGetLastError());
+  return KOSMOS_OK;
+}
+
+int kosmos_host_device_ptr(void* host, void** dev) {
+  if (!host || !dev) return fail(KOSMOS_ERR_INVALID, "null pointer");
+  KOSMOS_CUDA(cudaHostGetDevicePointer(dev, host, 0));
+  return KOSMOS_OK;
+}
+
+int kosmos_alloc_mapped(uint64_t bytes, void** host, void** dev) {
+  if (!host || !dev) return fail(KOSMOS_ERR_INVALID, "null pointer");
+  KOSMOS_CUDA(cudaHostAlloc(host, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+  memset(*host, 0, bytes);
+  KOSMOS_CUDA(cudaHostGetDevicePointer(dev, *host, 0));
+  return KOSMOS_OK;
+}
+
+int kosmos_free_mapped(void* host) {
+  KOSMOS_CUDA(cudaFreeHost(host));
+  return KOSMOS_OK;
+}
+
+}  // extern "C"
+
+// The ctypes mirror (kosmos_bench/kernels/abi.py) asserts the same sizes.
+static_assert(sizeof(KosmosRankArgs) == 8 * (3 + 3 + 8 + 5 * KOSMOS_MAX_WORLD) + 4 * 10, "RankArgs layout");
+static_assert(sizeof(KosmosErrorRecord) == 48, "ErrorRecord layout");
+static_assert(sizeof(KosmosTraceRecord) == 24, "TraceRecord layout");
+static_assert(sizeof(KosmosParams) == 6 * 8 + 10 * 4, "Params layout");

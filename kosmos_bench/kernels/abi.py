@@ -1,0 +1,81 @@
+"""ctypes mirror of csrc/kosmos/params.h (KOSMOS_ABI_VERSION 1). Change both together."""
+from __future__ import annotations
+
+import ctypes as C
+
+ABI_VERSION = 1
+MAX_WORLD = 8
+OP_CODES = {"ag-gemm": 0, "gemm-rs": 1}
+QUEUE_NAMES = ("builder", "mover", "reduce", "handshake")
+
+P = C.c_void_p
+
+
+class RankArgs(C.Structure):
+    _fields_ = [
+        ("items", P * 3),
+        ("queue", P * 3),
+        ("deps", P),
+        ("peer_flags", P),
+        ("flag_mult", P),
+        ("ctr", P),
+        ("A", P),
+        ("B", P),
+        ("C", P),
+        ("work", P),
+        ("flags", P * MAX_WORLD),
+        ("peer_A", P * MAX_WORLD),
+        ("push_dst", P * MAX_WORLD),
+        ("slot", P * MAX_WORLD),
+        ("proxy_src", P * MAX_WORLD),
+        ("count", C.c_int32 * 3),
+        ("rank", C.c_int32),
+        ("wg_begin", C.c_int32),
+        ("wg_end", C.c_int32),
+        ("num_mover_wgs", C.c_int32),
+        ("num_peer_flags", C.c_int32),
+        ("skip", C.c_int32),
+        ("pad_", C.c_int32),
+    ]
+
+
+class ErrorRecord(C.Structure):
+    _fields_ = [
+        ("count", C.c_uint32), ("epoch", C.c_uint32), ("rank", C.c_int32), ("wg", C.c_int32),
+        ("queue", C.c_int32), ("item", C.c_int32), ("flag_rank", C.c_int32), ("flag", C.c_int32),
+        ("expected", C.c_uint32), ("seen", C.c_uint32), ("waited_ns", C.c_uint64),
+    ]
+
+
+TRACE_RECORD_BYTES = 24  # {u64 t0, u64 t1, i32 item, u16 role, u16 sm}
+
+
+class Params(C.Structure):
+    _fields_ = [
+        ("ranks", P), ("state", P), ("err", P), ("trace", P), ("trace_count", P),
+        ("timeout_ns", C.c_uint64),
+        ("op", C.c_int32), ("num_ranks", C.c_int32), ("world", C.c_int32),
+        ("M", C.c_int32), ("N", C.c_int32), ("K", C.c_int32),
+        ("trace_cap", C.c_int32), ("sys_scope", C.c_int32), ("static_peers", C.c_int32), ("grid", C.c_int32),
+    ]
+
+
+assert C.sizeof(RankArgs) == 8 * (3 + 3 + 8 + 5 * MAX_WORLD) + 4 * 10, C.sizeof(RankArgs)
+assert C.sizeof(ErrorRecord) == 48
+assert C.sizeof(Params) == 6 * 8 + 10 * 4
+
+
+def declare(lib: C.CDLL) -> C.CDLL:
+    """Argument / return types of the C entry points (params.h)."""
+    lib.kosmos_abi_version.restype = C.c_int
+    lib.kosmos_last_error.restype = C.c_char_p
+    lib.kosmos_max_wgs.argtypes = [C.c_int, C.c_int, C.POINTER(C.c_int)]
+    lib.kosmos_launch.argtypes = [C.POINTER(Params), P]
+    lib.kosmos_host_device_ptr.argtypes = [P, C.POINTER(P)]
+    lib.kosmos_alloc_mapped.argtypes = [C.c_uint64, C.POINTER(P), C.POINTER(P)]
+    lib.kosmos_free_mapped.argtypes = [P]
+    lib.kosmos_smem_bytes.argtypes = [C.c_int]
+    for f in ("kosmos_max_wgs", "kosmos_launch", "kosmos_host_device_ptr", "kosmos_alloc_mapped",
+              "kosmos_free_mapped", "kosmos_smem_bytes"):
+        getattr(lib, f).restype = C.c_int
+    return lib
