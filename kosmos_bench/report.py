@@ -278,8 +278,12 @@ _VARIANT_RANK = {SEQ_IMPL: 0, "nccl-overlap": 1}
 def _sorted(df: pd.DataFrame) -> pd.DataFrame:
     df = df.copy()
     df["_vr"] = df["impl"].map(lambda i: _VARIANT_RANK.get(i, 5 if i == "kosmos" else 3))
-    cols = [c for c in ("op", "world", "M", "N", "K", "dtype", "fabric", "backend", "_vr", "variant") if c in df.columns]
-    df = df.sort_values(cols, kind="stable", na_position="last").drop(columns="_vr")
+    # natural order of variants: fixed:8 before fixed:32
+    nat = sorted(df["variant"].astype(str).unique(), key=lambda v: tuple(
+        (0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", v)))
+    df["_vn"] = df["variant"].astype(str).map({v: i for i, v in enumerate(nat)})
+    cols = [c for c in ("op", "world", "M", "N", "K", "dtype", "fabric", "backend", "_vr", "_vn") if c in df.columns]
+    df = df.sort_values(cols, kind="stable", na_position="last").drop(columns=["_vr", "_vn"])
     return df.reset_index(drop=True)
 
 

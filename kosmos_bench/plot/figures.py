@@ -4,6 +4,7 @@ run directory for traces), draws on a fresh matplotlib Figure, and returns
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import matplotlib
@@ -76,15 +77,22 @@ def _shape_cols(df):
     return [c for c in ("op", "M", "N", "K", "world", "dtype", "fabric", "backend") if c in df.columns]
 
 
-def _variant_order(vs) -> list[str]:
+def natural_key(v) -> tuple:
+    """'kosmos[fixed:8]' before 'kosmos[fixed:32]'."""
+    return tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", str(v)))
+
+
+def _variant_order(vs, self_first: bool = False) -> list[str]:
     def rank(v):
         if v == "nccl-overlap":
-            return (0, v)
+            return (0, natural_key(v))
         if v.startswith("kosmos[self"):
-            return (3, v)
+            return (1 if self_first else 3, natural_key(v))
+        if v.startswith("kosmos[predicted"):
+            return (2 if self_first else 1.5, natural_key(v))
         if v.startswith("kosmos"):
-            return (2, v)
-        return (1, v)
+            return (2.5 if self_first else 2, natural_key(v))
+        return (1, natural_key(v))
     return sorted(set(vs), key=rank)
 
 
@@ -221,7 +229,7 @@ def _gantt(ax, t: pd.DataFrame, span_us: float, ylabel: str) -> None:
         s = (g["t0_ns"].to_numpy() - t0) / 1e3
         w = (g["t1_ns"] - g["t0_ns"]).to_numpy() / 1e3
         # rasterized: a real trace has 10^4-10^5 bars; keeps the SVG small
-        ax.barh(y, w, left=s, height=0.8, color=ROLE_COLORS.get(role, "black"), linewidth=0,
+        ax.barh(y, w, left=s, height=0.8 if len(wgs) <= 40 else 1.0, color=ROLE_COLORS.get(role, "black"), linewidth=0,
                 label=ROLE_LABELS.get(role, role), rasterized=len(g) > 2000)
     ax.set_ylim(len(wgs) - 0.5, -0.5)
     step = max(1, len(wgs) // 16)
@@ -243,6 +251,11 @@ def _role_legend(fig, axes) -> None:
     fig.legend([handles[i] for i in order], [labels[i] for i in order], loc="outside lower center", ncol=4, fontsize=8)
 
 
+def _rows_height(n_wg: int) -> float:
+    """Inches for a Gantt panel of n_wg rows: readable rows when few, compact when 100+."""
+    return max(1.3, 0.12 * n_wg) if n_wg <= 40 else min(5.0, 4.0 + 0.01 * n_wg)
+
+
 def _span_us(t: pd.DataFrame) -> float:
     return (int(t["t1_ns"].max()) - int(t["t0_ns"].min())) / 1e3
 
@@ -255,7 +268,7 @@ def fig_timeline(df: pd.DataFrame, run_dir: Path, trace_key: str | None = None, 
     row = _row_of(df, key)
     ranks = sorted(tr["rank"].unique())[:max_ranks]
     n_wg = [tr.loc[tr["rank"] == r, "wg"].nunique() for r in ranks]
-    height = min(14.0, 1.2 + sum(max(1.2, 0.12 * n) for n in n_wg))
+    height = min(14.0, 1.2 + sum(_rows_height(n) for n in n_wg))
     fig, axes = plt.subplots(len(ranks), 1, figsize=(11, height), squeeze=False, layout="constrained",
                              height_ratios=[max(1, n) for n in n_wg], sharex=True)
     span_us = max((int(tr.loc[tr["rank"] == r, "t1_ns"].max()) - int(tr.loc[tr["rank"] == r, "t0_ns"].min())) / 1e3
@@ -294,10 +307,11 @@ def _policy_group(df: pd.DataFrame, run_dir: Path) -> pd.DataFrame:
 
 def fig_timeline_policies(df: pd.DataFrame, run_dir: Path, max_variants: int = 4):
     best = _policy_group(df, run_dir)
-    variants = _variant_order(best["variant"])
-    if len(variants) > max_variants:  # keep self, predicted and the best/worst fixed
-        variants = [v for v in variants if "self" in v or "predicted" in v][:2]
-        variants += [v for v in _variant_order(best["variant"]) if v not in variants][: max_variants - len(variants)]
+    variants = _variant_order(best["variant"], self_first=True)
+    if len(variants) > max_variants:  # self, predicted, then the smallest and largest fixed:k
+        fixed = [v for v in variants if "fixed" in v]
+        keep = [v for v in variants if "fixed" not in v][:2] + fixed[:1] + fixed[-1:]
+        variants = [v for v in variants if v in keep][:max_variants]
     traces = {}
     for v in variants:
         key = best.loc[best["variant"] == v, "key"].iloc[0]
@@ -309,7 +323,7 @@ def fig_timeline_policies(df: pd.DataFrame, run_dir: Path, max_variants: int = 4
         raise Skip("fewer than two of the traced policies have records")
     span = max(_span_us(t) for t in traces.values())
     n_wg = [t["wg"].nunique() for t in traces.values()]
-    fig, axes = plt.subplots(len(traces), 1, figsize=(11, min(16.0, 1.4 + sum(max(1.3, 0.1 * n) for n in n_wg))),
+    fig, axes = plt.subplots(len(traces), 1, figsize=(11, min(16.0, 1.4 + sum(_rows_height(n) for n in n_wg))),
                              squeeze=False, sharex=True, layout="constrained", height_ratios=[max(1, n) for n in n_wg])
     lines = []
     for ax, (v, t) in zip(axes[:, 0], traces.items()):
