@@ -255,6 +255,12 @@ def footer_text(df: pd.DataFrame) -> str:
         bw = pd.to_numeric(df["busbw_gbs"], errors="coerce")[df["status"].astype(str) == "ok"]
         if bw.notna().any():
             lines.append(f"# avg busbw (ok points): {bw.mean():.2f} GB/s")
+    for col, what in (("trace_dropped", "trace records dropped (per-WG buffer overflow)"),
+                      ("trace_clipped", "overlapping trace records clipped")):
+        if col in df.columns:
+            n = pd.to_numeric(df[col], errors="coerce").fillna(0)
+            if (n > 0).any():
+                lines.append(f"# WARNING: {int(n.sum())} {what} in {int((n > 0).sum())} point(s)")
     if v["exit_code"]:
         bad = [f"{v[s]} {s}" for s in BAD_STATUSES if v[s]]
         lines.append(f"# result: FAIL ({', '.join(bad)}; exit 1)")
@@ -316,11 +322,15 @@ def report(run_dirs: list[Path], *, as_json: bool = False, compare: tuple[Path, 
     if compare is not None:
         return _compare(Path(compare[0]), Path(compare[1]), as_json=as_json, out=out)
     frames, manifests = [], {}
-    for d in run_dirs:
-        d = Path(d)
+    expanded = []
+    for d in map(Path, run_dirs):
         if not d.exists():
             out(f"# error: run directory {d} does not exist")
             return 2
+        # A parent of several runs (results/) stands for each run under it.
+        subs = [] if (d / "points").is_dir() else sorted(p.parent.parent for p in d.glob("*/points/*.parquet"))
+        expanded += list(dict.fromkeys(subs)) or [d]
+    for d in expanded:
         df, man = _load(d)
         if df.empty:
             out(f"# error: no result rows under {d} (expected {d}/points/*.parquet)")

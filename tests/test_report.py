@@ -97,7 +97,9 @@ def test_footer_geomean_and_verdict():
     f = footer_text(df)
     assert "4 ok, 0 wrong, 0 failed, 1 skipped" in f
     assert "kosmos[self] 1.00x (2)" in f  # geomean of 1.25 and 0.8
-    assert "PASS" in f
+    assert "PASS" in f and "WARNING" not in f
+    df["trace_dropped"] = [None, 12, None, 3, None]
+    assert "WARNING: 15 trace records dropped (per-WG buffer overflow) in 2 point(s)" in footer_text(df)
 
 
 def test_report_ok_exit_0(tmp_path, capsys):
@@ -148,6 +150,9 @@ def test_report_several_runs(tmp_path, capsys):
     assert report([a, b]) == 0
     out = capsys.readouterr().out
     assert "all runs together" in out and "2.00x" in out  # b's kosmos uses a's baseline
+    assert report([tmp_path]) == 0  # the parent stands for both runs
+    out = capsys.readouterr().out
+    assert f"# run: {a}" in out and f"# run: {b}" in out
 
 
 def test_compare(tmp_path, capsys):
