@@ -181,53 +181,67 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
                 for i in range(len(t)):
                     path[o + i] = links(r, int(kinds[i]), int(peers[i]))
 
-    # ---- dependencies: flag -> releasing item
-    release: dict = {}
-    for r in ranks:
-        for qi, t in enumerate(_tables(scheds[r])):
-            if not len(t):
-                continue
-            rr, rf = t.col("rel_rank"), t.col("rel_flag")
-            for i in np.flatnonzero(rf >= 0):  # a flag may have several releasers (flag_mult)
-                release.setdefault((int(rr[i]), int(rf[i])), []).append((offset[r, qi] + int(i), r))
+    # ---- dependencies: every dependency flag -> all items that release it
     remote_lat = float(prof["flag_latency_ns"]["remote"])
     local_lat = float(prof["flag_latency_ns"]["local"])
     entry_floor = 0.0 if p.fabric == "host" else remote_lat
     floor = np.zeros(n)
-    dep_lists: list[list[int]] = [[] for _ in range(n)]
-    lat_lists: list[list[float]] = [[] for _ in range(n)]
-    rot_index: dict = {}
+    # releasers: (target rank, flag, item, releasing rank) of every simulated item
+    rel_parts = []
+    for r in ranks:
+        for qi, t in enumerate(_tables(scheds[r])):
+            if len(t):
+                rf = t.col("rel_flag")
+                on = np.flatnonzero(rf >= 0)
+                rel_parts.append((t.col("rel_rank")[on], rf[on], offset[r, qi] + on, np.full(on.size, r)))
+    cons, srcs, lats = [], [], []
     for r in ranks:
         s = scheds[r]
         lay = s.flags
+        parts = [(f[tr == r], i[tr == r], rr[tr == r]) for tr, f, i, rr in rel_parts]
+        if symmetric and W > 1:
+            peer = _peer_releases(r, sched, offset, W)
+            parts.append((np.asarray(peer[0], dtype=np.int64), np.asarray(peer[1], dtype=np.int64),
+                          np.asarray(peer[2], dtype=np.int64)))
+        rflag = np.concatenate([x[0] for x in parts]).astype(np.int64) if parts else np.zeros(0, np.int64)
+        ritem = np.concatenate([x[1] for x in parts]).astype(np.int64) if parts else np.zeros(0, np.int64)
+        rrank = np.concatenate([x[2] for x in parts]).astype(np.int64) if parts else np.zeros(0, np.int64)
+        order = np.argsort(rflag, kind="stable")
+        rflag, ritem, rrank = rflag[order], ritem[order], rrank[order]
+        fcount = np.bincount(rflag, minlength=lay.num_flags)
+        fstart = np.cumsum(fcount) - fcount
         for qi, t in enumerate(_tables(s)):
             if not len(t):
                 continue
-            o = offset[r, qi]
-            db, dc = t.col("dep_begin"), t.col("dep_count")
-            for i in range(len(t)):
-                for f in s.deps[db[i]:db[i] + dc[i]].tolist():
-                    rel = release.get((r, f))
-                    if rel is None:
-                        if lay.entry <= f < lay.entry + W or lay.exit <= f < lay.exit + W:
-                            floor[o + i] = max(floor[o + i], entry_floor)
-                            continue
-                        if p.fabric == "host":
-                            continue  # preset by the host (peers' static data)
-                        if not symmetric:
-                            raise RuntimeError(f"rank {r}: flag {f} has no releasing item")
-                        if r not in rot_index:
-                            rot_index[r] = _peer_releases(r, sched, offset, W)
-                        rel = rot_index[r].get(f)
-                        if rel is None:
-                            raise RuntimeError(f"rank {r}: no rank releases flag {f}")
-                    if len(rel) != s.flag_mult[f]:
-                        raise RuntimeError(f"rank {r}: flag {f} has {len(rel)} releasers, flag_mult says {s.flag_mult[f]}")
-                    for src, src_rank in rel:
-                        dep_lists[o + i].append(src)
-                        lat_lists[o + i].append(local_lat if src_rank == r else remote_lat)
-    dep_ptr, dep_idx = E.csr(dep_lists)
-    dep_lat = np.fromiter((x for l in lat_lists for x in l), dtype=float, count=len(dep_idx))
+            db, dc = t.col("dep_begin").astype(np.int64), t.col("dep_count").astype(np.int64)
+            tot = int(dc.sum())
+            if not tot:
+                continue
+            item = np.repeat(offset[r, qi] + np.arange(len(t)), dc)
+            flag = s.deps[np.repeat(db, dc) + np.arange(tot) - np.repeat(np.cumsum(dc) - dc, dc)].astype(np.int64)
+            hand = ((flag >= lay.entry) & (flag < lay.entry + W)) | ((flag >= lay.exit) & (flag < lay.exit + W))
+            np.maximum.at(floor, item[hand], entry_floor)
+            item, flag = item[~hand], flag[~hand]
+            cnt = fcount[flag]
+            missing = cnt == 0
+            if missing.any():
+                if p.fabric != "host":  # on the host fabric peers' flags are preset
+                    raise RuntimeError(f"rank {r}: flag {int(flag[missing][0])} has no releasing item")
+                item, flag, cnt = item[~missing], flag[~missing], cnt[~missing]
+            bad = cnt != s.flag_mult[flag]
+            if bad.any():
+                f = int(flag[bad][0])
+                raise RuntimeError(f"rank {r}: flag {f} has {int(fcount[f])} releasers, flag_mult says {s.flag_mult[f]}")
+            k = np.repeat(fstart[flag], cnt) + np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+            cons.append(np.repeat(item, cnt))
+            srcs.append(ritem[k])
+            lats.append(np.where(rrank[k] == r, local_lat, remote_lat))
+    cons_a = np.concatenate(cons) if cons else np.zeros(0, np.int64)
+    order = np.argsort(cons_a, kind="stable")
+    dep_idx = (np.concatenate(srcs) if srcs else np.zeros(0, np.int64))[order]
+    dep_lat = (np.concatenate(lats) if lats else np.zeros(0))[order]
+    dep_ptr = np.zeros(n + 1, dtype=np.int64)
+    dep_ptr[1:] = np.cumsum(np.bincount(cons_a, minlength=n))
 
     # ---- queues and WG rules
     queues, wg_rules, sm = [], [], []
@@ -252,10 +266,11 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     return Built(prob, ranks, sizes[0], num_movers, symmetric, overhead, [scheds[r] for r in ranks])
 
 
-def _peer_releases(r, sched, offset, W) -> dict:
-    """Symmetric mode: flag f of rank r -> (rank-r item standing for the peer item that
-    releases it, the peer). Peer q's item maps to r's item with the same (queue, kind,
-    peer - rank, m0, rows, n0, cols): the schedules are rotations of each other."""
+def _peer_releases(r, sched, offset, W):
+    """Symmetric mode: (flags, items, peers): each flag of rank r that a peer releases, the
+    rank-r item standing for the releasing peer item, and that peer. Peer q's item maps to
+    r's item with the same (queue, kind, peer - rank, m0, rows, n0, cols): the schedules
+    are rotations of each other."""
     def key(qi, row, rank):
         return (qi, row[S.F["kind"]], (row[S.F["peer"]] - rank) % W, row[S.F["m0"]], row[S.F["rows"]],
                 row[S.F["n0"]], row[S.F["cols"]])
@@ -264,7 +279,7 @@ def _peer_releases(r, sched, offset, W) -> dict:
     for qi, t in enumerate(_tables(sched(r))):
         for i, row in enumerate(t.table.tolist()):
             own[key(qi, row, r)] = offset[r, qi] + i
-    out = {}
+    flags, items, peers = [], [], []
     for q in range(1, W):
         src = (r + q) % W
         for qi, t in enumerate(_tables(sched(src))):
@@ -275,8 +290,10 @@ def _peer_releases(r, sched, offset, W) -> dict:
                 item = own.get(key(qi, row, src))
                 if item is None:
                     raise RuntimeError(f"schedule of rank {src} is not a rotation of rank {r}'s")
-                out.setdefault(row[S.F["rel_flag"]], []).append((item, src))
-    return out
+                flags.append(row[S.F["rel_flag"]])
+                items.append(item)
+                peers.append(src)
+    return flags, items, peers
 
 
 class _LinkMap:
