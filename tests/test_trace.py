@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kosmos_bench.trace import (clean, decode, idle_windows, ingest_rocprofv3, perfetto_events, rocprofv3_available,
+from kosmos_bench.trace import (TRACE_RECORD_DTYPE, clean, decode, idle_windows, ingest_rocprofv3, perfetto_events, rocprofv3_available,
                                 run_under_rocprofv3, summarize, to_perfetto, torch_profile, validate_perfetto)
 from kosmos_bench.trace.synth import synthetic_trace
 
@@ -99,6 +99,24 @@ def test_decode_with_overflow():
     rec[0, 0, 2] = 7
     with pytest.raises(ValueError, match="unknown role code"):
         decode(rec, np.array([2, 3]))
+    assert "trace_dropped" not in summarize(tl(HAND))  # unknown unless a decoder says
+
+
+def test_decode_kernel_record_layout():
+    """The 24-byte KosmosTraceRecord of csrc/kosmos/trace.cuh; two emulated ranks in one grid."""
+    grid, cap = 4, 2
+    raw = np.zeros((grid, cap), dtype=TRACE_RECORD_DTYPE)
+    assert TRACE_RECORD_DTYPE.itemsize == 24
+    raw[0, 0] = (10, 20, 5, 0, 7)    # rank 0, wg 0: MOVE item 5 on SM 7
+    raw[1, :] = [(11, 30, 1, 1, 9), (30, 40, -1, 3, 9)]
+    raw[2, 0] = (12, 50, 2, 1, 11)   # rank 1, wg 0
+    buf = raw.tobytes()  # what the device buffer holds
+    recs = np.frombuffer(buf, dtype=TRACE_RECORD_DTYPE).reshape(grid, cap)
+    df, dropped = decode(recs, np.array([1, 2, 1, 0]), rank=np.array([0, 0, 1, 1]))
+    assert dropped == 0
+    assert list(zip(df["rank"], df["wg"], df["sm"], df["role"], df["item"])) == [
+        (0, 0, 7, "MOVE", 5), (0, 1, 9, "BUILD", 1), (0, 1, 9, "WAIT", -1), (1, 0, 11, "BUILD", 2)]
+    assert list(df["t1_ns"]) == [20, 30, 40, 50]
 
 
 @pytest.mark.parametrize("policy", ["self", "fixed:3", "predicted"])

@@ -8,12 +8,13 @@
 """
 from __future__ import annotations
 
-from .analysis import BASE_COLUMNS, ROLE_CODES, ROLES, USEFUL_ROLES, clean, decode, idle_windows, summarize
+from .analysis import (BASE_COLUMNS, ROLE_CODES, ROLES, TRACE_RECORD_DTYPE, USEFUL_ROLES, clean, decode, idle_windows,
+                       summarize)
 from .perfetto import perfetto_events, to_perfetto, validate_perfetto
 from .profilers import ingest_rocprofv3, rocprofv3_available, run_under_rocprofv3, torch_profile
 
 __all__ = [
-    "BASE_COLUMNS", "ROLE_CODES", "ROLES", "USEFUL_ROLES", "clean", "decode", "idle_windows", "summarize",
+    "BASE_COLUMNS", "ROLE_CODES", "ROLES", "TRACE_RECORD_DTYPE", "USEFUL_ROLES", "clean", "decode", "idle_windows", "summarize",
     "perfetto_events", "to_perfetto", "validate_perfetto",
     "ingest_rocprofv3", "rocprofv3_available", "run_under_rocprofv3", "torch_profile",
 ]

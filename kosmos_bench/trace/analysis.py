@@ -61,20 +61,35 @@ def clean(trace_df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     return df, changed
 
 
-def decode(records: np.ndarray, counts: np.ndarray, *, rank: int = 0, sms: np.ndarray | None = None,
+# One kernel trace record as csrc/kosmos/trace.cuh writes it (KosmosTraceRecord, 24 bytes).
+TRACE_RECORD_DTYPE = np.dtype([("t0", "<u8"), ("t1", "<u8"), ("item", "<i4"), ("role", "<u2"), ("sm", "<u2")])
+
+
+def decode(records: np.ndarray, counts: np.ndarray, *, rank=0, sms: np.ndarray | None = None,
            role_codes: dict[int, str] = ROLE_CODES) -> tuple[pd.DataFrame, int]:
     """Raw per-WG trace buffers -> (trace DataFrame, dropped record count).
 
-    records: int64 array (num_wg, capacity, 4); record j of WG w is
-             (t0_ns, t1_ns, role_code, item), the first min(counts[w], capacity) are valid.
-    counts:  int64 array (num_wg,); records each WG *tried* to write (> capacity = overflow,
+    records: either TRACE_RECORD_DTYPE array (num_wg, capacity) (the kernel's buffer, e.g.
+             ``np.frombuffer(buf, TRACE_RECORD_DTYPE).reshape(grid, cap)``), or an int64
+             array (num_wg, capacity, 4) of (t0_ns, t1_ns, role_code, item); the first
+             min(counts[w], capacity) records of WG w are valid.
+    counts:  int array (num_wg,); records each WG *tried* to write (> capacity = overflow,
              the excess was dropped by the kernel and is counted, never decoded).
-    sms:     int array (num_wg,), the SM each WG ran on (-1 when not given).
+    rank:    int, or int array (num_wg,) giving each WG's rank (emulated ranks share a grid);
+             'wg' is then numbered from 0 within each rank, in grid order.
+    sms:     int array (num_wg,), the SM of each WG (structured records carry their own).
+    The dropped count is also stored in df.attrs['dropped'] (summarize reports it).
     Unknown role codes raise ValueError naming the code.
     """
     records = np.asarray(records)
     counts = np.asarray(counts, dtype=np.int64)
-    if records.ndim != 3 or records.shape[2] < 4:
+    structured = records.dtype.names is not None
+    if structured:
+        missing = {"t0", "t1", "item", "role"} - set(records.dtype.names)
+        if records.ndim != 2 or missing:
+            raise ValueError(f"structured trace records must be (num_wg, capacity) with fields t0, t1, item, role; "
+                             f"got shape {records.shape}, missing {sorted(missing)}")
+    elif records.ndim != 3 or records.shape[2] < 4:
         raise ValueError(f"trace records must be (num_wg, capacity, 4), got shape {records.shape}")
     num_wg, cap = records.shape[:2]
     if counts.shape != (num_wg,):
@@ -82,22 +97,35 @@ def decode(records: np.ndarray, counts: np.ndarray, *, rank: int = 0, sms: np.nd
     valid = np.minimum(np.maximum(counts, 0), cap)
     dropped = int(np.maximum(counts - cap, 0).sum())
     mask = np.arange(cap)[None, :] < valid[:, None]
-    wg_idx = np.broadcast_to(np.arange(num_wg)[:, None], (num_wg, cap))[mask]
+    g_idx = np.broadcast_to(np.arange(num_wg)[:, None], (num_wg, cap))[mask]
     rec = records[mask]
-    codes = rec[:, 2].astype(np.int64)
+    if structured:
+        t0, t1, codes, item = rec["t0"], rec["t1"], rec["role"].astype(np.int64), rec["item"]
+    else:
+        t0, t1, codes, item = rec[:, 0], rec[:, 1], rec[:, 2].astype(np.int64), rec[:, 3]
     unknown = sorted(set(np.unique(codes).tolist()) - set(role_codes))
     if unknown:
         raise ValueError(f"unknown role code(s) {unknown} in trace; known: {role_codes}")
-    sm_arr = np.full(num_wg, -1, dtype=np.int64) if sms is None else np.asarray(sms, dtype=np.int64)
+    if sms is not None:
+        sm = np.asarray(sms, dtype=np.int64)[g_idx]
+    elif structured and "sm" in records.dtype.names:
+        sm = rec["sm"].astype(np.int64)
+    else:
+        sm = np.full(len(rec), -1, dtype=np.int64)
+    ranks = np.broadcast_to(np.asarray(rank, dtype=np.int64), (num_wg,))
+    first_of_rank = {}
+    for g, r in enumerate(ranks.tolist()):
+        first_of_rank.setdefault(r, g)
+    wg_local = np.arange(num_wg) - np.array([first_of_rank[r] for r in ranks.tolist()])
     lut = np.array([role_codes.get(i, "?") for i in range(max(role_codes) + 1)], dtype=object)
     df = pd.DataFrame({
-        "rank": np.full(len(rec), rank, dtype=np.int64),
-        "wg": wg_idx.astype(np.int64),
-        "sm": sm_arr[wg_idx],
+        "rank": ranks[g_idx].astype(np.int64),
+        "wg": wg_local[g_idx].astype(np.int64),
+        "sm": sm,
         "role": lut[codes],
-        "item": rec[:, 3].astype(np.int64),
-        "t0_ns": rec[:, 0].astype(np.int64),
-        "t1_ns": rec[:, 1].astype(np.int64),
+        "item": np.asarray(item).astype(np.int64),
+        "t0_ns": np.asarray(t0).astype(np.int64),
+        "t1_ns": np.asarray(t1).astype(np.int64),
     })
     df.attrs["dropped"] = dropped
     return df, dropped
@@ -167,7 +195,8 @@ def summarize(trace_df: pd.DataFrame) -> dict:
       role_switches_per_wg      the same, mean per WG
       wg_busy_frac_min/_mean/_max   per-WG busy fraction, aggregated
       wgs_move, wgs_build, wgs_reduce  WGs (all ranks) that ran at least one such record
-      trace_ranks, trace_wgs, trace_records, trace_clipped, trace_dropped
+      trace_ranks, trace_wgs, trace_records, trace_clipped
+      trace_dropped             only when trace_df.attrs['dropped'] is set (see `decode`)
     An empty trace gives {'trace_records': 0}.
     """
     if trace_df is None or trace_df.empty:
@@ -235,6 +264,7 @@ def summarize(trace_df: pd.DataFrame) -> dict:
         "trace_wgs": n_wg,
         "trace_records": int(len(trace_df)),
         "trace_clipped": int(clipped),
-        "trace_dropped": int(dropped) if dropped is not None else None,
     })
+    if dropped is not None:  # known only when the decoder set trace_df.attrs['dropped']
+        out["trace_dropped"] = int(dropped)
     return out
