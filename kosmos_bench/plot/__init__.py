@@ -14,9 +14,7 @@ import json
 import traceback
 from pathlib import Path
 
-import pandas as pd
-
-from ..report import derive, header_text, points_summary, verdict, geomean_speedups
+from ..report import derive, geomean_speedups, header_text, points_summary, verdict
 from ..store import load_rows
 
 FIGURES = ("speedup", "overlap", "timeline", "timeline_policies", "idle_cdf", "ablation")
