@@ -188,3 +188,17 @@ def test_fast_enough():
     t0 = time.perf_counter()
     run_point(pt(M=16384, N=57344, K=8192))
     assert time.perf_counter() - t0 < 5.0
+
+
+@pytest.mark.parametrize("op", ["ag-gemm", "gemm-rs"])
+@pytest.mark.parametrize("fabric", ["nvlink", "host", "local"])
+@pytest.mark.parametrize("knobs", [dict(queue_order="fifo"), dict(queue_order="reverse"), dict(queue_order="random"),
+                                   dict(local_first=False), dict(local_first=True), dict(chunk=2),
+                                   dict(policy="fixed:3", queue_order="reverse")])
+def test_ablation_variants_run_and_conserve(op, fabric, knobs):
+    """Every kernel variant replays without deadlock; busy + wait + tail == wall per WG."""
+    p = pt(op=op, fabric=fabric, M=1539, N=771, K=963, world=3).replace(**knobs)  # awkward sizes
+    fields, res = simulate_point(p)
+    acc = res.wg_accounting()
+    assert np.allclose(acc.total_ns, res.makespan_ns, rtol=1e-9, atol=1e-3)
+    assert np.isfinite(res.t_end).all() and fields["t_median_us"] > 0
