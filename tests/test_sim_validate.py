@@ -68,3 +68,28 @@ def test_calibrate_writes_a_loadable_profile(tmp_path):
     prof = calibrate(out, kosmos=False)
     assert out.exists() and profiles.load(str(out))["num_sms"] == prof["num_sms"]
     assert prof["gemm_tflops"]["bf16"] > 10 and prof["link"]["h2d_GBps"] > 1
+
+
+def test_build_profile_from_measurements(tmp_path):
+    from kosmos_bench.point import Point
+    from kosmos_bench.sim import simulate_point
+    from kosmos_bench.sim.calibrate import build_profile
+
+    raw = {"device": "FakeGPU", "num_sms": 132, "time": "now",
+           "gemm": {"bf16": {"tflops": 650.0}, "fp16": {"tflops": 640.0}, "fp32": {"tflops": 50.0}},
+           "copies": {"h2d_GBps": 52.0, "d2h_GBps": 49.0, "duplex_GBps": 90.0, "small_copy_us": 9.0, "hbm_GBps": 3900.0},
+           "launch_us": 4.0,
+           "kosmos": {"builder": {"M": 8192, "N": 8192, "K": 8192, "per_sm_tflops": 650.0 / 132 * 0.5},
+                      "movers": [{"k": 1, "GBps": 9.0}, {"k": 2, "GBps": 18.0}, {"k": 8, "GBps": 44.0}]}}
+    prof = build_profile(raw, name="fake")
+    assert prof["builder_efficiency"] == pytest.approx(0.5)
+    assert prof["link"]["wg_GBps"] == 9.0 and prof["link"]["h2d_GBps"] == 44.0
+    assert prof["copy_engine_GBps"] == {"h2d": 52.0, "d2h": 49.0}
+    assert prof["link"]["latency_ns"] == 5000.0
+    path = tmp_path / "fake.json"
+    path.write_text(json.dumps(prof))
+    p = Point(op="ag-gemm", impl="kosmos", M=4096, N=4096, K=4096, world=8, fabric="host", backend="sim",
+              policy="self")
+    assert simulate_point(p, profiles.load(str(path)))[0]["t_median_us"] > 0
+    raw.pop("kosmos")
+    assert any("NOT measured" in n for n in build_profile(raw)["notes"])
