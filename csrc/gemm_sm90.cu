@@ -6,12 +6,12 @@
 // This is the builder role of the fused KOSMOS kernels without the movers.
 //
 // Inside a CTA:
-//   warp 0 (loader warpgroup) : claims a tile, pushes its index into the claim ring, issues
+//   warp 0 (loader warpgroup) : claims a tile, pushes its index into the tile ring (ItemRing), issues
 //                               the tile's TMA loads (runs ahead by up to kNumStages k-blocks,
 //                               so the next tile's first stages load during this tile's tail
 //                               and epilogue); after the last tile it pushes -1.
 //   warps 1-3                 : idle (in the fused kernel: mover work).
-//   warpgroups 1, 2 (math)    : pop a tile index from the claim ring, consume() it.
+//   warpgroups 1, 2 (math)    : pop a tile index from the tile ring, consume() it.
 //
 // The ticket counter is never reset: launch j claims tickets [base_j, base_j + tiles + grid)
 // (every CTA takes exactly one failing ticket), so the host advances base by tiles + grid.
@@ -39,17 +39,15 @@ using BuilderS3 = BuilderSm90<128, 256, 64, 3, true>;
 using BuilderDirect = BuilderSm90<128, 256, 64, 4, false>;
 constexpr int kNumVariants = 3;
 constexpr int kClaimDepth = 4;  // tiles in flight between the loader warp and the math warps
-using ClaimPipe = cutlass::PipelineAsync<kClaimDepth>;
+using TileRing = ItemRing<kClaimDepth, int>;  // tile index, -1 = no more work
 
 // Shared memory of the standalone kernel:
 //   builder        : BuilderT::SharedStorage (see builder_sm90.cuh)    = BuilderT::kSmemBytes
-//   claim_barriers : 2 * kClaimDepth mbarriers                          = 16 * kClaimDepth B
-//   claim_tile     : kClaimDepth tile indices (-1 = no more work)       = 4 * kClaimDepth B
+//   tiles          : TileRing (2 * kClaimDepth mbarriers + kClaimDepth ints) = 20 * kClaimDepth B
 template <class BuilderT>
 struct GemmShared {
   typename BuilderT::SharedStorage builder;
-  ClaimPipe::SharedStorage claim_barriers;
-  int claim_tile[kClaimDepth];
+  TileRing::SharedStorage tiles;
 };
 template <class BuilderT>
 constexpr int smem_bytes() { return int(sizeof(GemmShared<BuilderT>)); }
@@ -88,13 +86,7 @@ gemm_sm90_kernel(const __grid_constant__ GemmParams<Builder> params) {
   int const lane = int(threadIdx.x % 32);
   auto const role = Builder::role_of(int(threadIdx.x));
 
-  ClaimPipe::Params claim_params;
-  claim_params.role = warp_idx == 0 ? ClaimPipe::ThreadCategory::Producer
-                    : role == Builder::Role::kMath ? ClaimPipe::ThreadCategory::Consumer
-                                                   : ClaimPipe::ThreadCategory::NonParticipant;
-  claim_params.producer_arv_count = 1;
-  claim_params.consumer_arv_count = Builder::kNumMathThreads;
-  ClaimPipe claim(smem.claim_barriers, claim_params);
+  TileRing tiles(smem.tiles, warp_idx == 0, role == Builder::Role::kMath, Builder::kNumMathThreads);
   Builder builder(smem.builder, params.builder, role);
   if (threadIdx.x == 0) Builder::Mainloop::prefetch_tma_descriptors(params.builder.mainloop);
   __syncthreads();
@@ -105,17 +97,13 @@ gemm_sm90_kernel(const __grid_constant__ GemmParams<Builder> params) {
   if (role == Builder::Role::kLoader) {
     cutlass::arch::warpgroup_reg_dealloc<Builder::kLoaderRegs>();
     if (warp_idx == 0) {
-      auto claim_state = cutlass::make_producer_start_state<ClaimPipe>();
       while (true) {
         int t = -1;
         if (lane == 0) {
           unsigned long long const ticket = atomicAdd(params.ticket, 1ull) - params.ticket_base;
           t = ticket < (unsigned long long)params.num_tiles ? int(ticket) : -1;
-          claim.producer_acquire(claim_state);
-          smem.claim_tile[claim_state.index()] = t;
-          claim.producer_commit(claim_state);
+          tiles.push(t);
         }
-        ++claim_state;
         t = __shfl_sync(0xffffffffu, t, 0);
         if (t < 0) break;
         int m_blk, n_blk;
@@ -126,12 +114,8 @@ gemm_sm90_kernel(const __grid_constant__ GemmParams<Builder> params) {
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Builder::kMathRegs>();
-    ClaimPipe::PipelineState claim_state;
     while (true) {
-      claim.consumer_wait(claim_state);
-      int const t = smem.claim_tile[claim_state.index()];
-      claim.consumer_release(claim_state);
-      ++claim_state;
+      int const t = tiles.pop();
       if (t < 0) break;
       int m_blk, n_blk;
       tile_coords(t, num_m, num_n, params.group_m, m_blk, n_blk);

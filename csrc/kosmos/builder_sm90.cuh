@@ -49,6 +49,58 @@
 namespace kosmos {
 namespace sm90 {
 
+// ItemRing: the loader warp's scheduling decisions (tile indices, or any item encoding the
+// caller likes; payload item_t), handed in order to the math warps through kDepth smem slots
+// guarded by full/empty mbarriers. One thread pushes (lane 0 of the loader warp); every one
+// of `num_poppers` threads pops every item.
+//   smem: 2 * kDepth mbarriers (16 * kDepth B) + kDepth * sizeof(item_t)
+template <int kDepth, class item_t = int>
+struct ItemRing {
+  using Pipe = cutlass::PipelineAsync<kDepth>;
+  struct SharedStorage {
+    typename Pipe::SharedStorage barriers;
+    item_t item[kDepth];
+  };
+
+  // Construct in all threads (warp 0 initialises the barriers), then __syncthreads().
+  CUTLASS_DEVICE ItemRing(SharedStorage& smem, bool is_pusher, bool is_popper, int num_poppers)
+      : smem_(smem), pipe_(smem.barriers, params(is_pusher, is_popper, num_poppers)),
+        push_state_(cutlass::make_producer_start_state<Pipe>()), pop_state_() {}
+
+  // One thread: blocks while all kDepth slots are still unread.
+  CUTLASS_DEVICE void push(item_t const& item) {
+    pipe_.producer_acquire(push_state_);
+    smem_.item[push_state_.index()] = item;
+    pipe_.producer_commit(push_state_);
+    ++push_state_;
+  }
+
+  // Every popper thread, in the same order: blocks until the next item is there.
+  CUTLASS_DEVICE item_t pop() {
+    pipe_.consumer_wait(pop_state_);
+    item_t const item = smem_.item[pop_state_.index()];
+    pipe_.consumer_release(pop_state_);
+    ++pop_state_;
+    return item;
+  }
+
+ private:
+  static CUTLASS_DEVICE typename Pipe::Params params(bool is_pusher, bool is_popper, int num_poppers) {
+    typename Pipe::Params p;
+    p.role = is_pusher ? Pipe::ThreadCategory::Producer
+           : is_popper ? Pipe::ThreadCategory::Consumer
+                       : Pipe::ThreadCategory::NonParticipant;
+    p.producer_arv_count = 1;
+    p.consumer_arv_count = uint32_t(num_poppers);
+    return p;
+  }
+
+  SharedStorage& smem_;
+  Pipe pipe_;
+  typename Pipe::PipelineState push_state_;
+  typename Pipe::PipelineState pop_state_;
+};
+
 template <int kBM_ = 128, int kBN_ = 256, int kBK_ = 64, int kNumStages_ = 4, bool kStagedEpilogue_ = true>
 struct BuilderSm90 {
   static constexpr bool kStagedEpilogue = kStagedEpilogue_;

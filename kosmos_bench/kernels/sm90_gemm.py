@@ -247,7 +247,7 @@ def bench_one(M: int, N: int, K: int, warmup: int = 5, reps: int = 20, group_m: 
               flush_bytes: int = 256 << 20, extra: tuple = ()) -> dict:
     """TFLOP/s of ours (variant 0) and torch.matmul on (M, N, K): device events around each
     call, L2 flushed before each timed call, all calls interleaved, median of `reps`.
-    extra: more (name, variant, group_m) configurations of ours to time alongside."""
+    extra: more (name, variant, group_m, max_ctas) configurations of ours to time alongside."""
     import statistics
 
     import torch
@@ -262,8 +262,8 @@ def bench_one(M: int, N: int, K: int, warmup: int = 5, reps: int = 20, group_m: 
         "kosmos": lambda: gemm(A, B, out=C_ours, group_m=group_m),
         "torch": lambda: torch.matmul(A, B, out=C_ref),
     }
-    for name, v, gm in extra:
-        fns[name] = (lambda v=v, gm=gm: gemm(A, B, out=C_ours, group_m=gm, variant=v))
+    for name, v, gm, mc in extra:
+        fns[name] = (lambda v=v, gm=gm, mc=mc: gemm(A, B, out=C_ours, group_m=gm, variant=v, max_ctas=mc))
     for _ in range(warmup):
         for fn in fns.values():
             fn()
@@ -315,7 +315,8 @@ def _main(argv: list[str]) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--group-m", type=int, default=8)
-    ap.add_argument("--extra", default="", help="more configs of ours: name:variant:group_m,...")
+    ap.add_argument("--extra", default="",
+                    help="more configs of ours: name:variant:group_m[:max_ctas],... (max_ctas 0 = #SMs)")
     args = ap.parse_args(argv)
     if args.cmd == "build":
         print(build(verbose=True))
@@ -354,15 +355,17 @@ def _main(argv: list[str]) -> int:
                 print(f"  reject {M}x{N}x{K}: {e}  ok")
     if args.cmd in ("bench", "all"):
         rows = []
-        extra = [(e.split(":")[0], int(e.split(":")[1]), int(e.split(":")[2]))
-                 for e in args.extra.split(",") if e]
+        extra = []
+        for e in filter(None, args.extra.split(",")):
+            f = e.split(":")
+            extra.append((f[0], int(f[1]), int(f[2]), int(f[3]) if len(f) > 3 else 0))
         for T in (int(t) for t in args.tokens.split(",")):
             for K, N in LAYER_KN:
                 r = bench_one(T, N, K, warmup=args.warmup, reps=args.reps, group_m=args.group_m,
                               extra=tuple(extra))
                 emit({"kind": "bench", **r})
                 rows.append(r)
-                more = " ".join(f"{n} {r[n + '_tflops']:6.1f}" for n, _, _ in extra)
+                more = " ".join(f"{n} {r[n + '_tflops']:6.1f}" for n, *_ in extra)
                 print(f"  M={T:>6} N={N:>6} K={K:>6} ours {r['kosmos_tflops']:6.1f} cublas "
                       f"{r['torch_tflops']:6.1f} ratio {r['ratio']:.3f} rel {r['rel_vs_cublas']:.1e} {more}",
                       flush=True)
@@ -370,7 +373,7 @@ def _main(argv: list[str]) -> int:
         for r in rows:
             print(f"  {r['M']:>6} {r['N']:>6} {r['K']:>6} {r['kosmos_tflops']:7.1f} {r['torch_tflops']:7.1f} "
                   f"{r['ratio']:6.3f}")
-        for n, _, _ in extra:
+        for n, *_ in extra:
             g = math.exp(sum(math.log(r[n + "_tflops"] / r["torch_tflops"]) for r in rows) / len(rows))
             print(f"# {n}: geomean ratio {g:.3f}")
         gm = math.exp(sum(math.log(r["ratio"]) for r in rows) / len(rows))
