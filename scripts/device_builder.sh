@@ -15,4 +15,5 @@ if command -v cuobjdump >/dev/null; then
   cuobjdump --dump-sass "$lib" > "$OUT/sass.txt" 2>&1
   echo "SASS $lib: HGMMA=$(grep -c HGMMA "$OUT/sass.txt") UTMALDG=$(grep -c UTMALDG "$OUT/sass.txt") LDL/STL=$(grep -cE '\b(LDL|STL)\b' "$OUT/sass.txt")"
 fi
-timeout 280 python3 -m kosmos_bench.kernels.sm90_gemm all --out "$OUT" "$@" 2>&1 | tee "$OUT/log.txt"
+timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_builder_sm90_gpu.py 2>&1 | tee "$OUT/pytest.txt" | tail -3
+timeout 240 python3 -m kosmos_bench.kernels.sm90_gemm all --out "$OUT" "$@" 2>&1 | tee "$OUT/log.txt"
