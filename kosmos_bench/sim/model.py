@@ -91,13 +91,15 @@ def _tables(s):
 
 
 def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None = None,
-          model_from_profile: bool = True) -> Built:
+          model_from_profile: bool = False) -> Built:
     """The engine problem of a kosmos point. `num_movers` overrides the policy's k (e.g. the
-    k a measured run reported); `full` forces (True) or forbids (False) simulating all ranks."""
+    k a measured run reported); `full` forces (True) or forbids (False) simulating all ranks.
+    `predicted` uses the kernel's own cost model (schedule.MODEL_DEFAULTS, as impls/kosmos.py
+    does) unless `model_from_profile`, which feeds it this profile's figures instead."""
     if p.fabric not in ("host", "nvlink", "local"):
         raise Unsupported(f"the kosmos kernels do not run on the {p.fabric} fabric")
-    if p.dtype not in ("bf16", "fp16"):
-        raise Unsupported(f"the kosmos kernels take bf16/fp16 operands, not {p.dtype}")
+    if p.dtype != "bf16":
+        raise Unsupported(f"kosmos kernels are bf16 only (dtype={p.dtype})")
     W = p.world
     BM, BN = int(prof["tile_m"]), int(prof["tile_n"])
     chunk = int(p.chunk or 1)
