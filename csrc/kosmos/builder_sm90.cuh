@@ -18,13 +18,19 @@
 // The loader runs ahead of the math warps by up to kNumStages k-blocks, so while the math
 // warps finish tile t (last MMAs + epilogue), the loads of tile t+1 are already in flight:
 // that is the "prefetch the next tile's first stages" of the design. The tile sequence must
-// be handed from the loader to the math warps (e.g. an smem ring, see gemm_sm90.cu).
+// be handed from the loader to the math warps: ItemRing below (used by gemm_sm90.cu).
 //
 // Shared memory (SharedStorage):
 //   tensors.smem_A : kNumStages x (kBM x kBK) bf16, 128B-swizzled  = kNumStages * kBM*kBK*2 B
 //   tensors.smem_B : kNumStages x (kBN x kBK) bf16, 128B-swizzled  = kNumStages * kBN*kBK*2 B
 //   pipeline       : 2 * kNumStages mbarriers (full / empty)       = 16 * kNumStages B
-//   (128x256x64, 4 stages: 196,672 B; 3 stages: 147,520 B — leaves ~80 KB for movers.)
+//   epilogue       : staging, 8 warps x 16 rows x 144 B             = 18,432 B (kStagedEpilogue)
+//   (128x256x64: 4 stages 215,104 B; 3 stages 165,952 B — leaves ~60 KB of the 227 KB for
+//   movers, at ~0.3 % GEMM speed on H200.)
+//
+// Waits: all waits here are intra-CTA mbarrier waits (TMA completion, stage release, ring
+// slots) without a watchdog; they cannot block on other CTAs or GPUs. Cross-CTA readiness
+// (flags) is the caller's, with its watchdog, before produce() is called for a tile.
 //
 // Requirements (checked on the host by `validate`): K % 8 == 0 and N % 8 == 0 (TMA needs
 // 16-byte-aligned global row strides), 16-byte-aligned base pointers. Any M, N, K otherwise:
