@@ -93,14 +93,16 @@ def _allreduce(vals: list[float], ctx: RankCtx, op: str) -> list[float]:
     return t.tolist()
 
 
-def _bench(fn, p: Point, ctx: RankCtx) -> np.ndarray:
-    before = None
+def _bench(fns: dict, p: Point, ctx: RankCtx) -> dict[str, np.ndarray]:
+    before = agree = None
     if ctx.group is not None and ctx.procs > 1:
         import torch.distributed as dist
 
         before = lambda: dist.barrier(group=ctx.group)  # noqa: E731 - align ranks per rep
-    s = timing.bench(fn, device=ctx.device, warmup=p.warmup, reps=p.reps, before_rep=before)
-    return np.array(_allreduce(list(s), ctx, "max"))  # a rep takes as long as its slowest rank
+        agree = lambda more: bool(_allreduce([float(more)], ctx, "max")[0])  # noqa: E731
+    s = timing.bench(fns, device=ctx.device, warmup=p.warmup, reps=p.reps, before_rep=before, agree=agree)
+    # a rep takes as long as its slowest rank
+    return {k: np.array(_allreduce(list(v), ctx, "max")) for k, v in s.items()}
 
 
 def _check(runner, p: Point, ctx: RankCtx, A, B) -> tuple[int, float, bool]:
@@ -119,23 +121,13 @@ def _check(runner, p: Point, ctx: RankCtx, A, B) -> tuple[int, float, bool]:
         wrong, err = wrong + w, max(err, e)
     same = all(torch.equal(results[0][r], results[1][r]) for r in results[0])
     # NaN != NaN under torch.equal; poisoned-and-unwritten outputs are already counted wrong.
-    w_sum, = _allreduce([float(wrong)], ctx, "sum")
-    e_max, s_min = _allreduce([err, float(same)], ctx, "max")[0], _allreduce([float(same)], ctx, "min")[0]
+    w_sum = _allreduce([float(wrong)], ctx, "sum")[0]
+    e_max = _allreduce([err], ctx, "max")[0]
+    s_min = _allreduce([float(same)], ctx, "min")[0]
     return int(w_sum), e_max, bool(s_min)
 
 
-def _cached_time(cache: dict, kind: str, p: Point, ctx: RankCtx, inputs) -> float | None:
-    """GEMM-alone / collective-alone time of this shape on this fabric, measured once."""
-    key = (kind, p.op, p.M, p.N, p.K, p.world, p.dtype, p.fabric, p.backend)
-    if key not in cache:
-        maker = nccl_impls.gemm_alone if kind == "gemm" else nccl_impls.comm_alone
-        fn = maker(p, ctx, inputs)
-        cache[key] = None if fn is None else float(np.median(_bench(fn, p, ctx)))
-    return cache[key]
-
-
-def run_point(p: Point, *, rank: int, procs: int, cache: dict | None = None) -> tuple[dict, object]:
-    cache = {} if cache is None else cache
+def run_point(p: Point, *, rank: int, procs: int) -> tuple[dict, object]:
     row = base_row(p)
     why = skip_reason(p)
     if why:
@@ -156,9 +148,15 @@ def run_point(p: Point, *, rank: int, procs: int, cache: dict | None = None) -> 
         wrong, err, same = _check(runner, p, ctx, A, B)
         row.update(wrong=wrong, max_rel_err=err, deterministic=same)
         del A, B
-        row.update(timing.stats(_bench(runner.run, p, ctx)))
-        row["t_gemm_us"] = _cached_time(cache, "gemm", p, ctx, inputs)
-        row["t_comm_us"] = _cached_time(cache, "comm", p, ctx, inputs)
+        # The fused op, its GEMM alone and its collective alone, timed interleaved.
+        fns = {"op": runner.run, "gemm": nccl_impls.gemm_alone(p, ctx, inputs)}
+        comm = nccl_impls.comm_alone(p, ctx, inputs)
+        if comm is not None:
+            fns["comm"] = comm
+        samples = _bench(fns, p, ctx)
+        row.update(timing.stats(samples["op"]))
+        row["t_gemm_us"] = float(np.median(samples["gemm"]))
+        row["t_comm_us"] = float(np.median(samples["comm"])) if comm is not None else None
         row.update(getattr(runner, "info", {}) or {})
         if p.trace and hasattr(runner, "run_traced"):
             trace = runner.run_traced()

@@ -1,5 +1,8 @@
 """Timing: device events after warm-up, L2 flushed between repetitions, robust statistics.
 
+Functions compared with each other (the fused op, its GEMM alone, its collective alone) are
+timed interleaved in one loop.
+
 On CUDA each repetition is bracketed by events on the current stream; the L2 flush (a write
 of twice the L2 size) happens outside the bracket. On CPU the host clock is used. Samples
 are per repetition, in microseconds; multi-rank callers reduce them (max over ranks) before
@@ -25,36 +28,55 @@ def l2_flush_buffer(device: torch.device) -> torch.Tensor | None:
     return _FLUSH[device]
 
 
-def bench(fn: Callable[[], None], *, device: torch.device, warmup: int, reps: int, flush_l2: bool = True,
-          before_rep: Callable[[], None] | None = None) -> np.ndarray:
-    """Run fn warmup times, then time `reps` calls; returns per-call times in microseconds.
+def bench(fns: dict[str, Callable[[], None]], *, device: torch.device, warmup: int, reps: int,
+          flush_l2: bool = True, before_rep: Callable[[], None] | None = None,
+          min_warmup_s: float = 0.2, agree: Callable[[bool], bool] | None = None) -> dict[str, np.ndarray]:
+    """Time several functions *interleaved*, rep by rep; returns per-call microseconds each.
 
-    before_rep runs before each timed call, outside the timed region (e.g. a barrier).
+    Interleaving puts every function under the same clock and thermal state (a GPU that
+    throttles under sustained GEMMs would otherwise favour whichever was timed first), so
+    ratios such as fused / GEMM-alone are honest. Warm-up runs each function `warmup` times
+    and keeps going until `min_warmup_s` has passed, so clocks have ramped up.
+    before_rep runs before each timed call, outside the timed region (e.g. a barrier);
+    agree(more) makes ranks agree on warming up once more (any rank wants more -> all do),
+    since ranks that call collectives a different number of times deadlock.
     """
-    for _ in range(warmup):
-        fn()
+    t0, n = time.perf_counter(), 0
+    while True:
+        more = n < warmup or (time.perf_counter() - t0 < min_warmup_s and n < 10 * warmup + 100)
+        if agree is not None:
+            more = agree(more)
+        if not more:
+            break
+        for fn in fns.values():
+            fn()
+        n += 1
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    names = list(fns)
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
         flush = l2_flush_buffer(device) if flush_l2 else None
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ev = {k: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+              for k in names}
         for i in range(reps):
-            if flush is not None:
-                flush.zero_()
+            for k in names:
+                if flush is not None:
+                    flush.zero_()
+                if before_rep is not None:
+                    before_rep()
+                ev[k][i][0].record()
+                fns[k]()
+                ev[k][i][1].record()
+        torch.cuda.synchronize(device)
+        return {k: np.array([s.elapsed_time(e) * 1e3 for s, e in ev[k]]) for k in names}
+    out = {k: np.empty(reps) for k in names}
+    for i in range(reps):
+        for k in names:
             if before_rep is not None:
                 before_rep()
-            starts[i].record()
-            fn()
-            ends[i].record()
-        torch.cuda.synchronize(device)
-        return np.array([s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)])
-    out = np.empty(reps)
-    for i in range(reps):
-        if before_rep is not None:
-            before_rep()
-        t0 = time.perf_counter()
-        fn()
-        out[i] = (time.perf_counter() - t0) * 1e6
+            t = time.perf_counter()
+            fns[k]()
+            out[k][i] = (time.perf_counter() - t) * 1e6
     return out
 
 

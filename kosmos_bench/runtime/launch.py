@@ -79,11 +79,10 @@ def _worker(rank: int, procs: int, points: list[Point], port: int, q, backend: s
             torch.cuda.set_device(rank % max(1, torch.cuda.device_count()))
         if with_group:
             init_group(rank, procs, "nccl" if backend == "gpu" else "gloo", "127.0.0.1", port)
-        cache: dict = {}
         for i, p in enumerate(points):
             if rank == 0:
                 q.put(Event("start", i))
-            row, trace = harness.run_point(p, rank=rank, procs=procs, cache=cache)
+            row, trace = harness.run_point(p, rank=rank, procs=procs)
             if rank == 0:
                 q.put(Event("row", i, row, trace))
     except BaseException:  # noqa: BLE001 - reported to the parent as the failing point's error
@@ -184,7 +183,6 @@ def run_points_torchrun(points: Iterable[Point], on_start, on_row) -> None:
     points = list(points)
     backend = points[0].backend if points else "cpu"
     init_group(rank, world, "nccl" if backend == "gpu" else "gloo", os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
-    cache: dict = {}
     for p in points:
         if procs_for(p) != world:
             if rank == 0:
@@ -193,6 +191,6 @@ def run_points_torchrun(points: Iterable[Point], on_start, on_row) -> None:
             continue
         if rank == 0:
             on_start(p)
-        row, trace = harness.run_point(p, rank=rank, procs=world, cache=cache)
+        row, trace = harness.run_point(p, rank=rank, procs=world)
         if rank == 0:
             on_row(p, row, trace)
