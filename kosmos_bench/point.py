@@ -11,7 +11,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-OPS = ("ag-gemm", "gemm-rs")
+OPS = ("ag-gemm", "gemm-rs", "gemm")
 DTYPES = ("bf16", "fp16", "fp32")
 FABRICS = ("nvlink", "local", "host", "gloo")
 BACKENDS = ("gpu", "cpu", "sim")

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from .ag_gemm import OP as AG_GEMM
 from .base import Op
+from .gemm import OP as GEMM
 from .gemm_rs import OP as GEMM_RS
 
-OPS: dict[str, Op] = {AG_GEMM.name: AG_GEMM, GEMM_RS.name: GEMM_RS}
+OPS: dict[str, Op] = {o.name: o for o in (AG_GEMM, GEMM_RS, GEMM)}
 
 
 def get_op(name: str) -> Op:
