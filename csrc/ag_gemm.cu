@@ -16,7 +16,7 @@ namespace kosmos {
 template <>
 struct OpTraits<KOSMOS_OP_AG_GEMM> {
   static __device__ __forceinline__ void execute(const KosmosParams& p, const KosmosRankArgs& ra, const Item& it,
-                                                 char* smem, int tid) {
+                                                 const SyncCtx& sc, char* smem, int tid) {
     const int64_t K = p.K;
     const int64_t m_loc = p.M / p.world;
     const int64_t n_loc = p.N / p.world;
@@ -27,7 +27,25 @@ struct OpTraits<KOSMOS_OP_AG_GEMM> {
       const int64_t len = (bytes - begin < per) ? (bytes - begin) : per;
       const char* src = static_cast<const char*>(ra.peer_A[it.peer]) + it.m0 * K * 2 + begin;
       char* dst = static_cast<char*>(ra.work) + (it.peer * m_loc + it.m0) * K * 2 + begin;
-      if (len > 0) copy_contig(dst, src, static_cast<size_t>(len), tid, kThreads);
+      if (len <= 0) return;
+      if (p.mover_bulk && aligned16(src) && aligned16(dst) && len >= 16) {
+        // one thread drives the copy engine path; the (< 16 B) tail goes through copy_contig
+        if (tid == 0) {
+          uint64_t* bars = reinterpret_cast<uint64_t*>(smem + kBulkStages * kBulkBytes);
+          bulk_copy_contig(dst, src, static_cast<size_t>(len), smem, bars, [&](uint64_t dt) {
+            if (aborted(sc)) return true;
+            if (dt > sc.timeout_ns) {
+              raise_timeout(sc, kQMove, -1, sc.rank, -1, 0, 0, dt);
+              return true;
+            }
+            return false;
+          });
+        }
+        const int64_t body = len & ~int64_t(15);
+        if (len > body) copy_contig(dst + body, src + body, static_cast<size_t>(len - body), tid, kThreads);
+      } else {
+        copy_contig(dst, src, static_cast<size_t>(len), tid, kThreads);
+      }
     } else {
       TileArgs t;
       t.A = (it.peer == ra.rank) ? static_cast<const bf16*>(ra.A) + it.m0 * K

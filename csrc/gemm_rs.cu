@@ -17,7 +17,7 @@ namespace kosmos {
 template <>
 struct OpTraits<KOSMOS_OP_GEMM_RS> {
   static __device__ __forceinline__ void execute(const KosmosParams& p, const KosmosRankArgs& ra, const Item& it,
-                                                 char* smem, int tid) {
+                                                 const SyncCtx& sc, char* smem, int tid) {
     const int64_t N = p.N;
     const int64_t m_loc = p.M / p.world;
     const int64_t k_loc = p.K / p.world;

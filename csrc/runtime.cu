@@ -121,4 +121,4 @@ int kosmos_free_mapped(void* host) {
 static_assert(sizeof(KosmosRankArgs) == 8 * (3 + 3 + 8 + 5 * KOSMOS_MAX_WORLD) + 4 * 10, "RankArgs layout");
 static_assert(sizeof(KosmosErrorRecord) == 48, "ErrorRecord layout");
 static_assert(sizeof(KosmosTraceRecord) == 24, "TraceRecord layout");
-static_assert(sizeof(KosmosParams) == 6 * 8 + 10 * 4, "Params layout");
+static_assert(sizeof(KosmosParams) == 6 * 8 + 12 * 4, "Params layout");

@@ -108,15 +108,25 @@ ELEM_BYTES = 2  # bf16
 
 # Default cost-model parameters for predicted_movers (per fabric). Units in the keys.
 # The simulator's hardware profiles can pass their own dict with the same keys.
+#   link_gbs            one direction of the rank's link
+#   link_duplex         2.0 when both directions carry traffic at full rate (gemm-rs pushes + pulls)
+#   alpha_us            per-item latency (flag round trip + claim)
+#   wg_copy_gbs         one mover WG's rate on contiguous bands (ag-gemm)
+#   wg_tile_copy_gbs    one mover WG's rate on 128x128 partial tiles (gemm-rs)
+#   wg_tflops           one builder WG's GEMM rate
+#   wg_reduce_gbs       one WG's reduce rate (bytes read + written)
+# Host values measured on one H200 (2026-12-02, scripts/device_kernels.py): fixed:1 moves
+# ag-gemm bands at ~13 GB/s and gemm-rs tiles at ~4.9 GB/s per WG; the link saturates near
+# 46 GB/s (SM loads) and collapses with >= 32 concurrent ag-gemm movers.
 MODEL_DEFAULTS: dict[str, dict[str, float]] = {
-    # one H200, peers' data in pinned host memory over PCIe gen5 (~51 GB/s measured H2D)
-    "host": {"link_gbs": 51.0, "link_duplex": 1.0, "alpha_us": 2.0, "wg_copy_gbs": 10.0,
+    # one H200, peers' data in pinned host memory over PCIe gen5 (~54 GB/s copy-engine H2D)
+    "host": {"link_gbs": 46.0, "link_duplex": 2.0, "alpha_us": 2.0, "wg_copy_gbs": 7.0, "wg_tile_copy_gbs": 3.0,
              "wg_tflops": 2.5, "wg_reduce_gbs": 40.0},
     # W emulated ranks on one GPU: "links" are HBM copies
-    "local": {"link_gbs": 1500.0, "link_duplex": 1.0, "alpha_us": 1.0, "wg_copy_gbs": 30.0,
+    "local": {"link_gbs": 1500.0, "link_duplex": 1.0, "alpha_us": 1.0, "wg_copy_gbs": 30.0, "wg_tile_copy_gbs": 20.0,
               "wg_tflops": 2.5, "wg_reduce_gbs": 40.0},
     # 8x H200 NVLink 4 (~450 GB/s per direction per GPU, practical ~360)
-    "nvlink": {"link_gbs": 360.0, "link_duplex": 1.0, "alpha_us": 1.5, "wg_copy_gbs": 30.0,
+    "nvlink": {"link_gbs": 360.0, "link_duplex": 2.0, "alpha_us": 1.5, "wg_copy_gbs": 30.0, "wg_tile_copy_gbs": 20.0,
                "wg_tflops": 2.5, "wg_reduce_gbs": 40.0},
 }
 
@@ -190,6 +200,7 @@ class RankSchedule:
     num_wgs: int  # WGs of THIS rank
     policy: str
     num_movers: int | None  # k for fixed/predicted, None for self
+    max_inflight: int  # policy self: soft cap on concurrent mover items of this rank (0 = none)
     queue_order: str
     local_first: bool
     fabric: str
@@ -259,33 +270,61 @@ def _comm_and_compute(op: str, M: int, N: int, K: int, world: int) -> tuple[floa
     raise ValueError(f"unknown op {op!r}")
 
 
+def _model(fabric: str, model: dict | None) -> dict:
+    p = dict(MODEL_DEFAULTS.get(fabric, MODEL_DEFAULTS["host"]))
+    p.update(model or {})
+    return p
+
+
+def _link_and_wg_rate(op: str, p: dict) -> tuple[float, float]:
+    """(link bytes/s as the op uses it, one mover WG's bytes/s)."""
+    if op == "gemm-rs":
+        return p["link_gbs"] * 1e9 * p.get("link_duplex", 1.0), p.get("wg_tile_copy_gbs", p["wg_copy_gbs"]) * 1e9
+    return p["link_gbs"] * 1e9, p["wg_copy_gbs"] * 1e9
+
+
 def predicted_movers(op: str, M: int, N: int, K: int, world: int, num_wgs: int,
-                     model: dict | None = None, fabric: str = "host", num_items: int | None = None) -> int:
+                     model: dict | None = None, fabric: str = "host", num_items: int | None = None,
+                     slack: float = 0.02) -> int:
     """Mover WG count k (1 <= k <= num_wgs-1) of the 'predicted' policy.
 
     Alpha-beta + GEMM-rate model of one rank with ``num_wgs`` WGs:
     ``t_comm(k) = alpha * items / k + bytes / min(k * wg_copy_bw, link_bw)`` and
     ``t_build(k) = flops / ((num_wgs - k) * wg_rate) + reduce_bytes / ((num_wgs - k) * wg_reduce_bw)``;
-    k minimises ``max(t_comm, t_build)`` (ties: fewer movers). ``model`` keys are those of
+    k is the fewest movers whose ``max(t_comm, t_build)`` is within ``slack`` of the best
+    (extra movers past link saturation only add contention). ``model`` keys are those of
     ``MODEL_DEFAULTS[fabric]`` (missing keys fall back to them).
     """
     if num_wgs < 2:
         raise ValueError("predicted policy needs at least 2 WGs per rank")
-    p = dict(MODEL_DEFAULTS.get(fabric, MODEL_DEFAULTS["host"]))
-    p.update(model or {})
+    p = _model(fabric, model)
     nbytes, flops, red = _comm_and_compute(op, M, N, K, world)
     if num_items is None:
         num_items = max(1, (world - 1) * cdiv(M // world, 128))
-    link = p["link_gbs"] * 1e9 * (p.get("link_duplex", 1.0) if op == "gemm-rs" else 1.0)
-    best_k, best_t = 1, math.inf
+    link, wg_bw = _link_and_wg_rate(op, p)
+    ts = []
     for k in range(1, num_wgs):
-        t_comm = p["alpha_us"] * 1e-6 * num_items / k + nbytes / min(k * p["wg_copy_gbs"] * 1e9, link)
+        t_comm = p["alpha_us"] * 1e-6 * num_items / k + nbytes / min(k * wg_bw, link)
         b = num_wgs - k
         t_build = flops / (b * p["wg_tflops"] * 1e12) + red / (b * p["wg_reduce_gbs"] * 1e9)
-        t = max(t_comm, t_build)
-        if t < best_t * (1 - 1e-9):
-            best_k, best_t = k, t
-    return best_k
+        ts.append(max(t_comm, t_build))
+    best = min(ts)
+    return next(k for k, t in enumerate(ts, start=1) if t <= best * (1 + slack))
+
+
+def max_inflight_movers(op: str, fabric: str, num_wgs: int, model: dict | None = None) -> int:
+    """Soft cap on concurrent mover items of policy 'self' (0 = none).
+
+    A link property, not a split: 1.5x the WGs that saturate the link
+    (``ceil(1.5 * ceil(link_bw / wg_copy_bw))``). The host PCIe link needs it (unbounded, ag-gemm
+    with 132 concurrent movers ran 2.1x slower than with 8); device-memory and NVLink
+    fabrics run uncapped.
+    """
+    if fabric != "host":
+        return 0
+    p = _model(fabric, model)
+    link, wg_bw = _link_and_wg_rate(op, p)
+    return int(min(num_wgs, math.ceil(1.5 * math.ceil(link / wg_bw))))
 
 
 def resolve_movers(policy: str, op: str, M: int, N: int, K: int, world: int, num_wgs: int,
@@ -514,7 +553,8 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
 
     return RankSchedule(
         op=op, M=M, N=N, K=K, world=W, rank=r, BM=BM, BN=BN, chunk=chunk, num_wgs=num_wgs, policy=policy,
-        num_movers=k_movers, queue_order=queue_order, local_first=bool(local_first), fabric=fabric, flags=lay,
+        num_movers=k_movers, max_inflight=max_inflight_movers(op, fabric, num_wgs, model) if k_movers is None else 0,
+        queue_order=queue_order, local_first=bool(local_first), fabric=fabric, flags=lay,
         builders=builders, movers=movers, reduces=reduces, deps=np.asarray(deps, dtype=np.int32),
         peer_flags=np.asarray(peer_flags, dtype=np.int32), flag_mult=_mult_array(lay.num_flags, mult),
         meta={"m_loc": m_loc, "m_tiles": mt_n, "n_tiles": nt_n, "num_bands": nb},
@@ -558,6 +598,8 @@ def simulate_steps(scheds: list[RankSchedule], durations=None, max_steps: int = 
             for p in range(W):
                 flags[p][s.flags.entry + s.rank] = 1
     ctr = [[0, 0, 0] for _ in scheds]
+    inflight = [0 for _ in scheds]
+    IDLE = (-1, -1)
     wgs = []  # [rank, local_idx, state, busy_until, (q, item)]
     for s in scheds:
         for w in range(s.num_wgs):
@@ -596,12 +638,15 @@ def simulate_steps(scheds: list[RankSchedule], durations=None, max_steps: int = 
             _, i = head(s, Q_BUILD)
             if i is not None and ready(s, Q_BUILD, i):
                 return Q_BUILD, claim(s, Q_BUILD)
-            i = claim(s, Q_MOVE)
-            if i is not None:
-                return Q_MOVE, i
+            if head(s, Q_MOVE)[1] is not None:
+                if under_cap(s):
+                    return Q_MOVE, claim(s, Q_MOVE)
+                return IDLE
             i = claim(s, Q_BUILD)
             return (Q_BUILD, i) if i is not None else None
         # gemm-rs
+        if k is None:
+            return decide_rs_self(wg, s)
         if k is not None:
             if wg["w"] < k:
                 i = claim(s, Q_MOVE)
@@ -611,15 +656,25 @@ def simulate_steps(scheds: list[RankSchedule], durations=None, max_steps: int = 
                 if i is not None:
                     return q, i
             return None
-        for q in (Q_REDUCE, Q_MOVE):
-            _, i = head(s, q)
-            if i is not None and ready(s, q, i):
-                return q, claim(s, q)
-        for q in (Q_BUILD, Q_MOVE, Q_REDUCE):
-            i = claim(s, q)
-            if i is not None:
-                return q, i
         return None
+
+    def under_cap(s):
+        return s.max_inflight == 0 or inflight[s.rank] < s.max_inflight
+
+    def decide_rs_self(wg, s):
+        _, i = head(s, Q_REDUCE)
+        if i is not None and ready(s, Q_REDUCE, i):
+            return Q_REDUCE, claim(s, Q_REDUCE)
+        _, i = head(s, Q_MOVE)
+        if i is not None and under_cap(s) and ready(s, Q_MOVE, i):
+            return Q_MOVE, claim(s, Q_MOVE)
+        i = claim(s, Q_BUILD)
+        if i is not None:
+            return Q_BUILD, i
+        if head(s, Q_MOVE)[1] is not None:
+            return (Q_MOVE, claim(s, Q_MOVE)) if under_cap(s) else IDLE
+        i = claim(s, Q_REDUCE)
+        return (Q_REDUCE, i) if i is not None else None
 
     step, idle_steps = 0, 0
     while True:
@@ -638,6 +693,8 @@ def simulate_steps(scheds: list[RankSchedule], durations=None, max_steps: int = 
                         progress = True
                 elif step >= wg["until"]:
                     release(s, q, i)
+                    if q == Q_MOVE and s.num_movers is None:
+                        inflight[s.rank] -= 1
                     wg["cur"] = None
                     progress = True
                 else:
@@ -648,6 +705,10 @@ def simulate_steps(scheds: list[RankSchedule], durations=None, max_steps: int = 
                     wg["done"] = True
                     progress = True
                     continue
+                if d == IDLE:
+                    continue
+                if d[0] == Q_MOVE and s.num_movers is None:
+                    inflight[s.rank] += 1
                 wg["cur"] = d
                 wg["until"] = 0
                 if ready(s, *d):

@@ -24,7 +24,13 @@ DEV = torch.device("cuda", 0)
 W = 8
 SHAPES = [("ag-gemm", 8192, 8192, 8192), ("ag-gemm", 16384, 28672, 8192), ("gemm-rs", 8192, 8192, 8192),
           ("gemm-rs", 16384, 8192, 28672)]
-POLICIES = ["self", "fixed:1", "fixed:2", "fixed:4", "fixed:8", "fixed:16", "fixed:32", "predicted"]
+# (label, policy, prepare kwargs)
+POLICIES = [("self", "self", {}), ("self@8", "self", {"max_inflight": 8}), ("self@16", "self", {"max_inflight": 16}),
+            ("self@32", "self", {"max_inflight": 32}), ("self@inf", "self", {"max_inflight": 0}),
+            ("fixed:4", "fixed:4", {}), ("fixed:8", "fixed:8", {}), ("fixed:16", "fixed:16", {}),
+            ("fixed:32", "fixed:32", {}), ("fixed:48", "fixed:48", {}), ("predicted", "predicted", {}),
+            ("self+bulk", "self", {"mover_bulk": True}), ("fixed:8+bulk", "fixed:8", {"mover_bulk": True}),
+            ("fixed:16+bulk", "fixed:16", {"mover_bulk": True})]
 
 
 def bench(fn, warmup=3, reps=10):
@@ -84,15 +90,17 @@ def main(argv):
         base = baselines(op, M, N, K, inputs, A, B)
         ref = o.reference(A, B, 0, W)
         t_seq = base["t_gemm_us"] + base["t_comm_us"]
-        for pol in POLICIES:
+        for label, pol, kw in POLICIES:
+            if op == "gemm-rs" and kw.get("mover_bulk"):
+                continue  # bulk copies are used by ag-gemm band movers only
             p = p0.replace(policy=pol)
             why = impl.unsupported(p)
             if why:
-                rows.append({"op": op, "M": M, "N": N, "K": K, "policy": pol, "error": why})
+                rows.append({"op": op, "M": M, "N": N, "K": K, "policy": label, "error": why})
                 continue
             ctx = RankCtx(rank=0, world=W, procs=1, device=DEV, fabric="host", backend="gpu")
             t0 = time.time()
-            r = impl.prepare(p, ctx, inputs)
+            r = impl.prepare(p, ctx, inputs, **kw)
             t_prep = time.time() - t0
             try:
                 r.outputs[0].fill_(float("nan"))
@@ -101,11 +109,12 @@ def main(argv):
                 wrong, err = check_output(r.outputs[0], ref, "bf16")
                 t = bench(r.run)
                 r.check()
-                row = {"op": op, "M": M, "N": N, "K": K, "policy": pol, "k": r.info["num_movers"],
+                row = {"op": op, "M": M, "N": N, "K": K, "policy": label, "k": r.info["num_movers"],
+                       "cap": r.info["max_inflight_movers"],
                        "t_us": t, "wrong": wrong, "max_rel_err": err, "prep_s": t_prep, **base,
                        "t_seq_us": t_seq, "speedup_vs_seq": t_seq / t,
                        "overlap_eff": max(base["t_gemm_us"], base["t_comm_us"]) / t}
-                if pol in ("self", "predicted", "fixed:8"):
+                if label in ("self", "predicted", "fixed:8", "self+bulk"):
                     df = r.run_traced()
                     nw = df[df.role != "WAIT"].groupby("wg")["role"].nunique()
                     row["roles"] = {k: int(v) for k, v in df.role.value_counts().items()}
@@ -114,7 +123,7 @@ def main(argv):
                     span = df.t1_ns.max() - df.t0_ns.min()
                     row["busy_frac"] = float(busy / (span * r.grid)) if span > 0 else None
             except Exception as e:  # noqa: BLE001
-                row = {"op": op, "M": M, "N": N, "K": K, "policy": pol, "error": f"{type(e).__name__}: {e}"}
+                row = {"op": op, "M": M, "N": N, "K": K, "policy": label, "error": f"{type(e).__name__}: {e}"}
             finally:
                 r.close()
             rows.append(row)
@@ -125,13 +134,13 @@ def main(argv):
     with open(os.path.join(out, "device_kernels.json"), "w") as f:
         json.dump(rows, f, indent=1, default=str)
     print("\n# kosmos host fabric, W=8 (rank-0 view), 1x " + torch.cuda.get_device_name(0))
-    print(f"{'op':8} {'M':>6} {'N':>6} {'K':>6} {'policy':10} {'k':>4} {'t_us':>9} {'gemm_us':>9} {'comm_us':>9} "
+    print(f"{'op':8} {'M':>6} {'N':>6} {'K':>6} {'policy':13} {'k':>4} {'t_us':>9} {'gemm_us':>9} {'comm_us':>9} "
           f"{'seq/t':>6} {'ovl_eff':>7} {'wrong':>6}")
     for x in rows:
         if "error" in x:
-            print(f"{x['op']:8} {x['M']:6} {x['N']:6} {x['K']:6} {x['policy']:10} ERROR {x['error'][:80]}")
+            print(f"{x['op']:8} {x['M']:6} {x['N']:6} {x['K']:6} {x['policy']:13} ERROR {x['error'][:80]}")
             continue
-        print(f"{x['op']:8} {x['M']:6} {x['N']:6} {x['K']:6} {x['policy']:10} {str(x['k']):>4} {x['t_us']:9.1f} "
+        print(f"{x['op']:8} {x['M']:6} {x['N']:6} {x['K']:6} {x['policy']:13} {str(x['k'] or x['cap']):>4} {x['t_us']:9.1f} "
               f"{x['t_gemm_us']:9.1f} {x['t_comm_us']:9.1f} {x['speedup_vs_seq']:6.2f} {x['overlap_eff']:7.2f} "
               f"{x['wrong']:6d}")
     bad = [x for x in rows if "error" in x or x.get("wrong")]

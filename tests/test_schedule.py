@@ -199,3 +199,27 @@ def test_deadlock_detected():
     sch[1].deps[:] = sch[1].flags.num_flags - 1  # wait on a flag nobody releases
     with pytest.raises(RuntimeError, match="deadlock"):
         S.simulate_steps(sch)
+
+
+@pytest.mark.parametrize("op", S.OPS)
+@pytest.mark.parametrize("cap", [1, 2, 5])
+def test_no_deadlock_with_inflight_cap(op, cap):
+    W = 3
+    K = 96 if op == "ag-gemm" else 96 * W
+    sch = S.build_all(op, 300 * W, 90 * W, K, W, 4 * W, BM=64, BN=64, mover_bytes=4096)
+    for s in sch:
+        s.max_inflight = cap
+    S.simulate_steps(sch)
+    host = S.build_schedule(op, 200 * 8, 64 * 8, K if op == "ag-gemm" else 64 * 8, 8, 0, BM=64, BN=64,
+                            fabric="host", num_wgs=6)
+    assert host.max_inflight > 0
+    host.max_inflight = cap
+    S.simulate_steps([host], static_peers=True)
+
+
+def test_inflight_cap_defaults():
+    assert S.max_inflight_movers("ag-gemm", "local", 16) == 0
+    assert 4 <= S.max_inflight_movers("ag-gemm", "host", 132) <= 32
+    assert S.max_inflight_movers("gemm-rs", "host", 132) >= S.max_inflight_movers("ag-gemm", "host", 132)
+    # predicted on the host link: a handful of movers, not most of the GPU
+    assert S.predicted_movers("ag-gemm", 8192, 8192, 8192, 8, 132, fabric="host") <= 16

@@ -115,3 +115,59 @@ __device__ __forceinline__ void reduce_tile(bf16* out, int64_t ldo, bf16* const*
 }
 
 }  // namespace kosmos
+
+namespace kosmos {
+
+// Bulk (TMA) contiguous copy through shared memory, issued by ONE thread: kBulkStages
+// stages of kBulkBytes, loads (global -> smem, mbarrier) run kBulkStages ahead of stores
+// (smem -> global, bulk groups). smem: kBulkStages * kBulkBytes bytes (+ 8 * kBulkStages
+// for the barriers in `bars`). Requires 16-byte aligned src/dst; `bytes` may have a
+// non-multiple-of-16 tail, which the caller copies with copy_contig. Returns false on a
+// watchdog timeout (the call then aborts and the WG exits). Barrier phases restart per
+// call: the barriers are (re)initialised on entry and every store is waited for on return.
+constexpr int kBulkStages = 4;
+constexpr uint32_t kBulkBytes = 16384;
+
+template <class Timeout>
+__device__ __forceinline__ bool bulk_copy_contig(char* dst, const char* src, size_t bytes, char* smem, uint64_t* bars,
+                                                 Timeout&& timed_out) {
+  const size_t n = bytes & ~size_t(15);
+  const size_t chunks = (n + kBulkBytes - 1) / kBulkBytes;
+  const uint32_t s0 = smem_addr(smem);
+  for (int s = 0; s < kBulkStages; ++s) mbar_init(smem_addr(bars + s), 1);
+  fence_proxy_async_smem();  // barriers and any generic-proxy smem writes before the async proxy
+  auto issue = [&](size_t i) {
+    const uint32_t st = static_cast<uint32_t>(i % kBulkStages);
+    const size_t off = i * kBulkBytes;
+    const uint32_t len = static_cast<uint32_t>((n - off) < kBulkBytes ? (n - off) : kBulkBytes);
+    mbar_expect_tx(smem_addr(bars + st), len);
+    bulk_g2s(s0 + st * kBulkBytes, src + off, len, smem_addr(bars + st));
+  };
+  for (size_t i = 0; i < chunks && i < static_cast<size_t>(kBulkStages); ++i) issue(i);
+  bool ok = true;
+  for (size_t i = 0; i < chunks; ++i) {
+    const uint32_t st = static_cast<uint32_t>(i % kBulkStages);
+    const uint32_t parity = static_cast<uint32_t>((i / kBulkStages) & 1);
+    const uint64_t t0 = globaltimer_ns();
+    while (!mbar_try_wait(smem_addr(bars + st), parity)) {
+      if (timed_out(globaltimer_ns() - t0)) {
+        ok = false;
+        break;
+      }
+    }
+    if (!ok) break;
+    const size_t off = i * kBulkBytes;
+    const uint32_t len = static_cast<uint32_t>((n - off) < kBulkBytes ? (n - off) : kBulkBytes);
+    bulk_s2g(dst + off, s0 + st * kBulkBytes, len);
+    bulk_commit();
+    if (i + kBulkStages < chunks) {
+      bulk_wait_read<0>();  // the store of this stage has read smem: reuse it
+      issue(i + kBulkStages);
+    }
+  }
+  bulk_wait_all();
+  fence_proxy_async_global();  // async-proxy global writes before the generic-proxy flag release
+  return ok;
+}
+
+}  // namespace kosmos

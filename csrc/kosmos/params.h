@@ -8,7 +8,8 @@
 
 #define KOSMOS_ABI_VERSION 1
 #define KOSMOS_MAX_WORLD 8
-#define KOSMOS_ITEM_STRIDE 10  // int32 words per item row (schedule.ITEM_FIELDS)
+#define KOSMOS_ITEM_STRIDE 10
+#define KOSMOS_NUM_CTR 8       // uint32 counters per rank in Params.state (after 4 globals)  // int32 words per item row (schedule.ITEM_FIELDS)
 
 enum KosmosOp { KOSMOS_OP_AG_GEMM = 0, KOSMOS_OP_GEMM_RS = 1 };
 
@@ -30,7 +31,7 @@ typedef struct KosmosRankArgs {
   const int32_t* deps;        // flat flag indices into this rank's flag array
   const int32_t* peer_flags;  // flags set to the epoch at entry when Params.static_peers
   const int32_t* flag_mult;   // [num_flags] releases per call of each own flag (ready at epoch * mult)
-  uint32_t* ctr;              // [4] claim counters (builder, mover, reduce) + rank done counter
+  uint32_t* ctr;              // [KOSMOS_NUM_CTR]: claims (builder, mover, reduce), rank done, movers in flight
   const void* A;              // ag-gemm: A_r (M/W x K); gemm-rs: A_r (M x K/W)    bf16 row-major
   const void* B;              // ag-gemm: B_r (K x N/W); gemm-rs: B_r (K/W x N)    bf16 row-major
   void* C;                    // ag-gemm: C_r (M x N/W); gemm-rs: C_r (M/W x N)    bf16 row-major
@@ -47,7 +48,7 @@ typedef struct KosmosRankArgs {
   int32_t num_mover_wgs;   // 0: policy self; k > 0: fixed (WGs 0..k-1 move)
   int32_t num_peer_flags;
   int32_t skip;            // debug: this rank never signals and does no work (watchdog test)
-  int32_t pad_;
+  int32_t max_inflight_movers;  // policy self: soft cap on concurrent mover items (0 = none)
 } KosmosRankArgs;
 
 // Error record (host-mapped memory). count increases by one per timed-out call.
@@ -89,6 +90,9 @@ typedef struct KosmosParams {
   int32_t sys_scope;            // 1: cross-rank flags at .sys scope (nvlink); 0: .gpu
   int32_t static_peers;         // 1: host fabric (peers do not execute)
   int32_t grid;                 // number of WGs (blocks) launched
+  int32_t mover_bulk;           // 1: ag-gemm band slices move with bulk async copies (TMA, sm_90) through
+                                //    shared memory; 0: 16-byte vector loads/stores
+  int32_t pad_;
 } KosmosParams;
 
 #ifdef __cplusplus

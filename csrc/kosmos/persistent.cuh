@@ -30,6 +30,7 @@ using BuilderCfg = MmaBuilderConfig;
 constexpr int kThreads = BuilderCfg::kThreads;
 constexpr int kSmemBytes = BuilderCfg::kSmemBytes;
 static_assert(kSmemBytes + 64 <= 227 * 1024, "dynamic + static shared memory must fit one SM");
+static_assert(kBulkStages * kBulkBytes + 8 * kBulkStages <= kSmemBytes, "bulk mover staging fits the builder smem");
 
 // Flag layout constants shared with schedule.FlagLayout.
 __device__ __forceinline__ int entry_flag(int s) { return s; }
@@ -79,7 +80,7 @@ __device__ __forceinline__ bool wait_deps(const Wg& w, int q, int id) {
 
 // Thread 0: choose the next item. Returns false when this WG is done (or the call aborted).
 template <int kOp>
-__device__ bool decide(const Wg& w, int* q_out, int* id_out) {
+__device__ bool decide(const Wg& w, int* q_out, int* id_out, bool* counted) {
   const KosmosRankArgs& ra = w.ra;
   const int k = ra.num_mover_wgs;
   int id;
@@ -101,58 +102,82 @@ __device__ bool decide(const Wg& w, int* q_out, int* id_out) {
     }
     return false;
   }
-  for (;;) {  // self-scheduling
+  // self-scheduling. A mover claim counts against the rank's in-flight cap (ctr[4]); at
+  // the cap the WG re-polls the heads instead of blocking (watchdog on the builder head).
+  const uint32_t cap = static_cast<uint32_t>(ra.max_inflight_movers);
+  const uint64_t t_idle = w.tr.now();
+  uint64_t t_spin = 0;
+  bool idled = false;
+  auto under_cap = [&]() { return cap == 0 || ld_relaxed(ra.ctr + 4) < cap; };
+  auto take = [&](int q, int item, bool wait) -> bool {
+    *q_out = q;
+    *id_out = item;
+    if (q == kQMove && cap != 0) {
+      atomicAdd(ra.ctr + 4, 1u);
+      *counted = true;
+    }
+    if (idled) w.tr.add(kRoleWait, -1, t_idle, w.tr.now());
+    return wait ? wait_deps(w, q, item) : true;
+  };
+  for (;;) {
     if (aborted(w.sc)) return false;
     uint32_t h;
     if (kOp == KOSMOS_OP_AG_GEMM) {
-      // builder head if ready > next mover > builder head (wait)
+      // builder head if ready > next mover (under the cap) > builder head (wait; movers exhausted)
       id = peek(ra, kQBuild, &h);
       if (id >= 0 && deps_ready(w, kQBuild, id)) {
-        if (claim_head(ra, kQBuild, h)) {
-          *q_out = kQBuild;
-          *id_out = id;
-          return true;
-        }
+        if (claim_head(ra, kQBuild, h)) return take(kQBuild, id, false);
         continue;
       }
-      const int order[2] = {kQMove, kQBuild};
-      for (int i = 0; i < 2; ++i) {
-        id = claim_next(ra, order[i]);
-        if (id >= 0) {
-          *q_out = order[i];
-          *id_out = id;
-          return wait_deps(w, order[i], id);
+      const bool movers_left = ld_relaxed(ra.ctr + kQMove) < static_cast<uint32_t>(ra.count[kQMove]);
+      if (movers_left) {
+        if (under_cap()) {
+          id = claim_next(ra, kQMove);
+          if (id >= 0) return take(kQMove, id, true);
         }
+      } else {
+        id = claim_next(ra, kQBuild);
+        if (id >= 0) return take(kQBuild, id, true);
+        return false;
       }
-      return false;
     } else {
-      // reduce head if ready > mover head if ready > next builder > next mover (wait) > next reduce (wait)
-      bool retry = false;
-      const int ready_order[2] = {kQReduce, kQMove};
-      for (int i = 0; i < 2 && !retry; ++i) {
-        const int q = ready_order[i];
-        id = peek(ra, q, &h);
-        if (id >= 0 && deps_ready(w, q, id)) {
-          if (claim_head(ra, q, h)) {
-            *q_out = q;
-            *id_out = id;
-            return true;
-          }
-          retry = true;
+      // reduce head if ready > mover head if ready (under the cap) > next builder >
+      // next mover (wait, under the cap) > next reduce (wait; movers exhausted)
+      id = peek(ra, kQReduce, &h);
+      if (id >= 0 && deps_ready(w, kQReduce, id)) {
+        if (claim_head(ra, kQReduce, h)) return take(kQReduce, id, false);
+        continue;
+      }
+      if (under_cap()) {
+        id = peek(ra, kQMove, &h);
+        if (id >= 0 && deps_ready(w, kQMove, id)) {
+          if (claim_head(ra, kQMove, h)) return take(kQMove, id, false);
+          continue;
         }
       }
-      if (retry) continue;
-      const int order[3] = {kQBuild, kQMove, kQReduce};
-      for (int i = 0; i < 3; ++i) {
-        id = claim_next(ra, order[i]);
-        if (id >= 0) {
-          *q_out = order[i];
-          *id_out = id;
-          return wait_deps(w, order[i], id);
+      id = claim_next(ra, kQBuild);
+      if (id >= 0) return take(kQBuild, id, false);
+      const bool movers_left = ld_relaxed(ra.ctr + kQMove) < static_cast<uint32_t>(ra.count[kQMove]);
+      if (movers_left) {
+        if (under_cap()) {
+          id = claim_next(ra, kQMove);
+          if (id >= 0) return take(kQMove, id, true);
         }
+      } else {
+        id = claim_next(ra, kQReduce);
+        if (id >= 0) return take(kQReduce, id, true);
+        return false;
       }
+    }
+    // Nothing claimable right now (at the mover cap): poll again, bounded by the watchdog.
+    if (!idled) {
+      idled = true;
+      t_spin = globaltimer_ns();
+    } else if (globaltimer_ns() - t_spin > w.sc.timeout_ns) {
+      raise_timeout(w.sc, kQMove, -1, ra.rank, -1, cap, ld_relaxed(ra.ctr + 4), globaltimer_ns() - t_spin);
       return false;
     }
+    backoff_ns(64);
   }
 }
 
@@ -185,6 +210,7 @@ __global__ void __launch_bounds__(kThreads, 1) kosmos_persistent_kernel(const Ko
   const int W = p.world;
   const int me = ra.rank;
 
+  bool counted = false;  // thread 0: the current item holds an in-flight mover slot
   if (!ra.skip) {
     if (tid == 0 && w.wg == 0) {
       for (int s = 0; s < W; ++s) st_release(ra.flags[s] + entry_flag(me), epoch, w.sc.sys && s != me);
@@ -194,7 +220,8 @@ __global__ void __launch_bounds__(kThreads, 1) kosmos_persistent_kernel(const Ko
     for (;;) {
       if (tid == 0) {
         int q = -1, id = -1;
-        if (!decide<kOp>(w, &q, &id)) q = -1;
+        counted = false;
+        if (!decide<kOp>(w, &q, &id, &counted)) q = -1;
         s_cmd[0] = q;
         s_cmd[1] = id;
       }
@@ -204,7 +231,7 @@ __global__ void __launch_bounds__(kThreads, 1) kosmos_persistent_kernel(const Ko
       if (q < 0) break;
       const Item it = load_item(ra.items[q], id);
       const uint64_t t0 = (tid == 0) ? w.tr.now() : 0;
-      OpTraits<kOp>::execute(p, ra, it, smem, tid);
+      OpTraits<kOp>::execute(p, ra, it, w.sc, smem, tid);
       __syncthreads();
       if (tid == 0) {
         if (it.rel_flag >= 0) {
@@ -218,6 +245,7 @@ __global__ void __launch_bounds__(kThreads, 1) kosmos_persistent_kernel(const Ko
           else
             atomicAdd(f, 1u);  // ordered after the fence above
         }
+        if (counted) atomicSub(ra.ctr + 4, 1u);
         w.tr.add(role_of(it.kind), id, t0, w.tr.now());
       }
     }
@@ -238,7 +266,7 @@ __global__ void __launch_bounds__(kThreads, 1) kosmos_persistent_kernel(const Ko
     const uint32_t g = atomicAdd(p.state + 2, 1u);
     if (g == static_cast<uint32_t>(p.grid - 1)) {
       for (int i = 0; i < p.num_ranks; ++i)
-        for (int c = 0; c < 4; ++c) p.ranks[i].ctr[c] = 0;
+        for (int c = 0; c < KOSMOS_NUM_CTR; ++c) p.ranks[i].ctr[c] = 0;
       p.state[2] = 0;
       __threadfence();
       st_release(p.state, epoch, false);

@@ -15,7 +15,9 @@ One implementation object, ``kosmos``, for ops ag-gemm and gemm-rs on three fabr
 Point knobs: ``policy`` (self | fixed:k | predicted), ``queue_order``, ``local_first``,
 ``chunk``; bf16 only. Extra ``prepare`` keywords: ``num_wgs`` (default: all co-resident),
 ``timeout_s`` (watchdog, default ``$KOSMOS_TIMEOUT_S`` or 5 s), ``debug_skip_rank`` (local
-fabric: that emulated rank never signals; the watchdog test), ``trace_cap`` (records/WG).
+fabric: that emulated rank never signals; the watchdog test), ``trace_cap`` (records/WG),
+``max_inflight`` (policy self: override the schedule's in-flight mover cap; 0 = none),
+``mover_bulk`` (ag-gemm movers use TMA bulk copies; default ``$KOSMOS_MOVER_BULK`` or off).
 
 Runner: ``run()`` launches without synchronizing (and first raises :class:`WatchdogError`
 if an earlier call timed out); ``check()`` synchronizes and raises for this call;
@@ -120,7 +122,8 @@ class KosmosRunner:
     """Buffers, schedules and launch parameters of one point (see the module docstring)."""
 
     def __init__(self, point: Point, ctx, inputs, *, num_wgs: int | None = None, timeout_s: float | None = None,
-                 debug_skip_rank: int | None = None, trace_cap: int = DEFAULT_TRACE_CAP):
+                 debug_skip_rank: int | None = None, trace_cap: int = DEFAULT_TRACE_CAP,
+                 max_inflight: int | None = None, mover_bulk: bool | None = None):
         import torch
 
         from .. import kernels
@@ -159,7 +162,7 @@ class KosmosRunner:
 
         # ---- state, error record, trace ----
         n_exec = len(ranks)
-        self.state = torch.zeros(4 + 4 * n_exec, dtype=torch.int32, device=self.dev)
+        self.state = torch.zeros(4 + abi.NUM_CTR * n_exec, dtype=torch.int32, device=self.dev)
         host, devp = ctypes.c_void_p(), ctypes.c_void_p()
         self._call(self.lib.kosmos_alloc_mapped(ctypes.sizeof(abi.ErrorRecord), ctypes.byref(host), ctypes.byref(devp)),
                    "kosmos_alloc_mapped")
@@ -270,7 +273,7 @@ class KosmosRunner:
                 t = _i32(self.dev, arrs[name])
                 self._keep.append(t)
                 setattr(a, name, t.data_ptr())
-            a.ctr = state_ptr + 4 * (4 + 4 * i)
+            a.ctr = state_ptr + 4 * (4 + abi.NUM_CTR * i)
             d = per_rank[r]
             a.A, a.B, a.C, a.work = d["A"], d["B"], d["C"], d["work"]
             for p in range(W):
@@ -284,16 +287,19 @@ class KosmosRunner:
             a.rank = r
             a.wg_begin, a.wg_end = int(starts[i]), int(starts[i + 1])
             a.num_mover_wgs = int(sch.num_movers or 0)
+            a.max_inflight_movers = int(sch.max_inflight if max_inflight is None or sch.num_movers else max_inflight)
             a.num_peer_flags = len(sch.peer_flags)
             a.skip = 1 if (debug_skip_rank is not None and r == debug_skip_rank) else 0
         self._ra_arr = ra_arr
         raw = np.frombuffer(bytes(ra_arr), dtype=np.uint8)
         self.rank_args = torch.from_numpy(raw.copy()).to(self.dev)
 
+        self.mover_bulk = bool(int(os.environ.get("KOSMOS_MOVER_BULK", "0"))) if mover_bulk is None else bool(mover_bulk)
         self.timeout_ns = int((timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S) * 1e9)
         self.params = self._params(trace=False)
         k = self.scheds[0].num_movers
         self.info = {"num_movers": k, "num_wgs": int(G), "wgs_per_rank": int(sizes.min()),
+                     "max_inflight_movers": int(ra_arr[0].max_inflight_movers), "mover_bulk": self.mover_bulk,
                      "kosmos_policy": _policy(point), "trace_dropped": 0}
         torch.cuda.synchronize(self.dev)
 
@@ -358,6 +364,7 @@ class KosmosRunner:
         p.sys_scope = 1 if self.fabric == "nvlink" else 0
         p.static_peers = 1 if self.fabric == "host" else 0
         p.grid = self.grid
+        p.mover_bulk = 1 if self.mover_bulk else 0
         return p
 
     def _launch(self, params) -> None:

@@ -5,6 +5,7 @@ import ctypes as C
 
 ABI_VERSION = 1
 MAX_WORLD = 8
+NUM_CTR = 8  # per-rank counters in the state buffer (KOSMOS_NUM_CTR)
 OP_CODES = {"ag-gemm": 0, "gemm-rs": 1}
 QUEUE_NAMES = ("builder", "mover", "reduce", "handshake")
 
@@ -35,7 +36,7 @@ class RankArgs(C.Structure):
         ("num_mover_wgs", C.c_int32),
         ("num_peer_flags", C.c_int32),
         ("skip", C.c_int32),
-        ("pad_", C.c_int32),
+        ("max_inflight_movers", C.c_int32),
     ]
 
 
@@ -57,12 +58,13 @@ class Params(C.Structure):
         ("op", C.c_int32), ("num_ranks", C.c_int32), ("world", C.c_int32),
         ("M", C.c_int32), ("N", C.c_int32), ("K", C.c_int32),
         ("trace_cap", C.c_int32), ("sys_scope", C.c_int32), ("static_peers", C.c_int32), ("grid", C.c_int32),
+        ("mover_bulk", C.c_int32), ("pad_", C.c_int32),
     ]
 
 
 assert C.sizeof(RankArgs) == 8 * (3 + 3 + 8 + 5 * MAX_WORLD) + 4 * 10, C.sizeof(RankArgs)
 assert C.sizeof(ErrorRecord) == 48
-assert C.sizeof(Params) == 6 * 8 + 10 * 4
+assert C.sizeof(Params) == 6 * 8 + 12 * 4
 
 
 def declare(lib: C.CDLL) -> C.CDLL:
