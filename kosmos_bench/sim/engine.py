@@ -8,11 +8,17 @@ in per-rank queues (int arrays in priority order, exactly as the kernels get the
 * dependencies (item ids, any rank), each with a latency: an item is *ready* at the latest
   of (dependency completion + that edge's flag latency) and its `floor_ns` (e.g. the entry
   handshake);
-* the WGs' loop rules: for each WG an ordered list of (queue, only_if_ready). A free WG
-  walks its rules and claims the head of the first queue that is non-empty and, for an
-  only_if_ready rule, whose head is ready. Claims are in queue order (an atomic counter),
-  so a claimed item that is not ready yet makes the WG WAIT on it (spin) until it is.
+* the WGs' loop rules: for each WG an ordered list of (queue, mode). A free WG walks its
+  rules and acts on the first that applies (queue non-empty, and):
+    ANY          claim the head; if it is not ready the WG WAITs on it (claims are in queue
+                 order, an atomic counter, so a claimed item binds the WG)
+    READY        claim the head only if it is ready
+    ANY_CAPPED   as ANY, but while the rank's in-flight count of capped claims is at its
+                 cap (`inflight_cap`), the WG spins instead (a WAIT with item -1) and
+                 re-decides when something changes on its rank
+    READY_CAPPED as READY, and only under the cap
   When no rule applies the WG exits. This is exactly the kernels' loop (schedule.py).
+  (A rule's mode may also be given as a bool: True = READY, False = ANY.)
 
 Links are a fluid model: every active transfer has a rate, set by max-min fairness over the
 links on its path (each of capacity bytes/ns) and a per-transfer cap (what one WG can drive);
@@ -31,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 BUILD, MOVE, REDUCE = 0, 1, 2
+ANY, READY, ANY_CAPPED, READY_CAPPED = 0, 1, 2, 3
 ROLE_NAMES = {BUILD: "BUILD", MOVE: "MOVE", REDUCE: "REDUCE"}
 
 # event types; at equal times completions come first, then readiness, then free WGs pick
@@ -59,12 +66,13 @@ class Problem:
     floor_ns:   float (n,)    earliest readiness (entry handshake), 0 by default
     label:      int64 (n,)    item id written to the trace (the kernel's item number)
     queues:     per rank, the list of queues (the rules index into it)
-    rule_sets:  list of rules; a rule list is [(queue index, only_if_ready), ...]
+    rule_sets:  list of rules; a rule list is [(queue index, mode), ...] (modes above)
     wg_rules:   per rank, int array (G,): which rule set each WG follows
     link_bw:    float (L,)    link capacity, bytes/ns (= GB/s)
     flow_cap:   bytes/ns one transfer (one WG) can drive at most
     claim_ns:   cost of one claim (atomic), counted in the claimed item's interval
     sm:         per rank, int array (G,): SM of each WG (default: the WG index)
+    inflight_cap: per rank, cap on claimed-not-completed items of capped rules (0 = none)
     """
 
     kind: np.ndarray
@@ -84,6 +92,7 @@ class Problem:
     flow_cap: float = float("inf")
     claim_ns: float = 0.0
     sm: list | None = None
+    inflight_cap: list | None = None
 
     @property
     def n(self) -> int:
@@ -129,6 +138,7 @@ class SimResult:
     t_ready: np.ndarray     # (n,) readiness
     wg_exit: list           # per rank, (G,) exit time of each WG
     makespan_ns: float
+    spins: list = field(default_factory=list)  # (rank, wg, t0, t1): spinning at the mover cap
     events: int = 0
     max_movers: int = 0     # most MOVE items in flight at once on one rank
     stats: dict = field(default_factory=dict)
@@ -157,6 +167,13 @@ class SimResult:
             dw = pd.DataFrame({"rank": rk[w], "wg": wg[w], "sm": sm[w], "role": "WAIT", "item": lab[w],
                                "t0_ns": self.t_claim[w], "t1_ns": self.t_start[w]})
             df = pd.concat([df, dw], ignore_index=True)
+        if self.spins:
+            a = np.asarray(self.spins, dtype=float)
+            sr, sg = a[:, 0].astype(np.int64), a[:, 1].astype(np.int64)
+            ssm = np.array([np.asarray(sm_of[r])[g] for r, g in zip(sr, sg)], dtype=np.int64)
+            ds = pd.DataFrame({"rank": sr, "wg": sg, "sm": ssm, "role": "WAIT", "item": -1,
+                               "t0_ns": a[:, 2], "t1_ns": a[:, 3]})
+            df = pd.concat([df, ds], ignore_index=True)
         df["t0_ns"] = np.round(df["t0_ns"].to_numpy(float)).astype(np.int64)
         df["t1_ns"] = np.round(df["t1_ns"].to_numpy(float)).astype(np.int64)
         return df.sort_values(["rank", "wg", "t0_ns", "t1_ns"], kind="stable").reset_index(drop=True)
@@ -166,7 +183,12 @@ class SimResult:
         p = self.problem
         key = p.rank.astype(np.int64) * 1_000_000 + self.wg_of
         busy = pd.Series(self.t_end - self.t_start).groupby(key).sum()
-        wait = pd.Series(self.t_start - self.t_claim).groupby(key).sum()
+        wkey, wdur = key, self.t_start - self.t_claim
+        if self.spins:
+            a = np.asarray(self.spins, dtype=float)
+            wkey = np.concatenate([key, a[:, 0].astype(np.int64) * 1_000_000 + a[:, 1].astype(np.int64)])
+            wdur = np.concatenate([wdur, a[:, 3] - a[:, 2]])
+        wait = pd.Series(wdur).groupby(wkey).sum()
         rows = []
         for r, rules in enumerate(p.wg_rules):
             for g in range(len(rules)):
@@ -184,7 +206,8 @@ class SimResult:
             return {}
         d = self.t_end - self.t_start
         out = {f"sim_{ROLE_NAMES[k].lower()}_frac": float(d[p.kind == k].sum() / total) for k in (BUILD, MOVE, REDUCE)}
-        out["sim_wait_frac"] = float((self.t_start - self.t_claim).sum() / total)
+        spin = sum(t1 - t0 for _, _, t0, t1 in self.spins)
+        out["sim_wait_frac"] = float(((self.t_start - self.t_claim).sum() + spin) / total)
         out["sim_idle_frac"] = 1.0 - sum(out[f"sim_{ROLE_NAMES[k].lower()}_frac"] for k in (BUILD, MOVE, REDUCE))
         movers = np.unique(self.wg_of[p.kind == MOVE] + 1_000_000 * p.rank[p.kind == MOVE].astype(np.int64))
         out["sim_mover_wgs"] = int(len(movers))
@@ -366,7 +389,18 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
     waiting = [-1] * n  # WG bound to a claimed, not-yet-ready item
 
     queues = [[[np.asarray(q.items, dtype=np.int64).tolist(), 0] for q in qs] for qs in p.queues]
-    rules = [[p.rule_sets[k] for k in np.asarray(wr).tolist()] for wr in p.wg_rules]
+    q_of = [None] * n  # item -> (its queue, its position): only a ready *head* changes decisions
+    for qs in queues:
+        for q in qs:
+            for pos, it in enumerate(q[0]):
+                q_of[it] = (q, pos)
+    rule_sets = [[(int(qi), int(m)) for qi, m in rs] for rs in p.rule_sets]
+    rules = [[rule_sets[k] for k in np.asarray(wr).tolist()] for wr in p.wg_rules]
+    cap = [int(c) for c in (p.inflight_cap or [0] * R)]
+    inflight = [0] * R
+    capped_item = [False] * n
+    parked: list[dict] = [dict() for _ in range(R)]  # spinning WGs: wg -> since
+    spins: list = []
     wg_exit = [np.full(len(wr), np.nan) for wr in p.wg_rules]
     movers_now = [0] * R
     max_movers = 0
@@ -403,29 +437,50 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
         push(t + work[it], _EV_DONE, it)
 
     def pick(r, g, t):
-        for qi, need_ready in rules[r][g]:
+        """Walk g's rules: the queue it claimed from, None if it must spin, True if it exited."""
+        for qi, mode in rules[r][g]:
             q = queues[r][qi]
             items, h = q
             if h >= len(items):
                 continue
             it = items[h]
             rdy = ready_t[it] <= t
-            if need_ready and not rdy:
-                continue
+            is_capped = mode >= ANY_CAPPED and cap[r] > 0
+            full = is_capped and inflight[r] >= cap[r]
+            if mode == READY or mode == READY_CAPPED:
+                if not rdy or full:
+                    continue
+            elif full:  # ANY_CAPPED at the cap: spin and re-decide later
+                return None
             q[1] = h + 1
             wg_of[it] = g
             t_claim[it] = t
+            if is_capped:
+                inflight[r] += 1
+                capped_item[it] = True
             if rdy:
                 start(it, t + claim_ns, t)
             else:
                 waiting[it] = g
-            return
+            return q
         wg_exit[r][g] = t
+        return True
+
+    def dispatch(r, t):
+        """Spinning WGs of rank r re-decide (something changed on r)."""
+        for g in list(parked[r]):
+            if pick(r, g, t) is not None:
+                t0 = parked[r].pop(g)
+                if t > t0:
+                    spins.append((r, g, t0, t))
 
     def complete(it, t):
         t_end[it] = t
+        r = rank_of[it]
         if is_move[it]:
-            movers_now[rank_of[it]] -= 1
+            movers_now[r] -= 1
+        if capped_item[it]:
+            inflight[r] -= 1
         for k in range(cons_ptr[it], cons_ptr[it + 1]):
             c = cons_idx[k]
             x = t + cons_lat[k]
@@ -434,7 +489,9 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
             pending[c] -= 1
             if pending[c] == 0:
                 push(ready_at[c], _EV_READY, c)
-        push(t, _EV_FREE, rank_of[it], wg_of[it])
+        push(t, _EV_FREE, r, wg_of[it])
+        if capped_item[it] and parked[r]:
+            dispatch(r, t)
 
     nev = 0
     flow_version = 0
@@ -442,7 +499,13 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
         t, typ, _, a, b = heapq.heappop(ev)
         nev += 1
         if typ == _EV_FREE:
-            pick(a, b, t)
+            q = pick(a, b, t)
+            if q is None:
+                parked[a][b] = t
+            elif q is not True and parked[a]:
+                h = q[1]
+                if h >= len(q[0]) or ready_t[q[0][h]] <= t:  # the claim exposed a ready head
+                    dispatch(a, t)
         elif typ == _EV_DONE:
             complete(a, t)
         elif typ == _EV_READY:
@@ -450,6 +513,8 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
             if waiting[a] >= 0:
                 ts = max(t, t_claim[a] + claim_ns)
                 start(a, ts, ts)
+            elif parked[rank_of[a]] and q_of[a][0][1] == q_of[a][1]:
+                dispatch(rank_of[a], t)
         elif typ == _EV_JOIN:
             links.advance(t)
             links.add(a, tuple(p.path[a]), nbytes[a])
@@ -473,8 +538,12 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
         raise RuntimeError(f"simulation deadlocked: items never completed, e.g. {stuck} "
                            "(a queue order inconsistent with the dependencies, or no WG may claim them)")
     makespan = float(max([t_end_a.max() if n else 0.0] + [float(np.nanmax(e)) for e in wg_exit if len(e)]))
+    for r in range(R):  # spinning until the end (cannot happen: a spin ends when a capped item completes)
+        for g, t0 in parked[r].items():
+            spins.append((r, g, t0, makespan))
+            wg_exit[r][g] = makespan
     return SimResult(p, np.asarray(wg_of, dtype=np.int64), np.asarray(t_claim), np.asarray(t_start), t_end_a,
-                     np.asarray(ready_t), wg_exit, makespan, events=nev, max_movers=max_movers)
+                     np.asarray(ready_t), wg_exit, makespan, events=nev, max_movers=max_movers, spins=spins)
 
 
 # ----------------------------------------------------------------------------- helpers

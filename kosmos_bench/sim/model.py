@@ -30,14 +30,18 @@ from . import engine as E
 
 SYMMETRIC_ORDERS = ("demand", "reverse")
 
-# The kernels' WG loops (schedule.py docstring, "Queues and the WG loop"), as engine rules:
-# [(queue, only_if_ready), ...] tried in order; the first applicable rule claims.
+# The kernels' WG loops (schedule.py docstring "Queues and the WG loop", csrc/kosmos/
+# persistent.cuh decide()), as engine rules [(queue, mode), ...] tried in order. Capped
+# modes obey the schedule's `max_inflight` (policy self: soft cap on concurrent movers).
 _B, _M, _R = S.Q_BUILD, S.Q_MOVE, S.Q_REDUCE
 LOOP_RULES = {
-    ("ag-gemm", "self"): [(_B, True), (_M, False), (_B, False)],
-    ("gemm-rs", "self"): [(_R, True), (_M, True), (_B, False), (_M, False), (_R, False)],
-    "mover": [(_M, False)],
-    "builder": [(_B, False), (_R, False)],
+    # builder head if ready > next mover (spin at the cap) > builder head (wait)
+    ("ag-gemm", "self"): [(_B, E.READY), (_M, E.ANY_CAPPED), (_B, E.ANY)],
+    # reduce head if ready > mover head if ready (under the cap) > next builder >
+    # next mover (wait; spin at the cap) > next reduce (wait)
+    ("gemm-rs", "self"): [(_R, E.READY), (_M, E.READY_CAPPED), (_B, E.ANY), (_M, E.ANY_CAPPED), (_R, E.ANY)],
+    "mover": [(_M, E.ANY)],
+    "builder": [(_B, E.ANY), (_R, E.ANY)],
 }
 
 _ROLE_OF_KIND = {S.AG_PULL: E.MOVE, S.AG_BUILD: E.BUILD, S.RS_BUILD: E.BUILD, S.RS_PUSH: E.MOVE,
@@ -260,10 +264,11 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
             wr[num_movers:] = 1
         wg_rules.append(wr)
         sm.append(np.arange(g) + starts[r])
+    caps = [int(getattr(scheds[r], "max_inflight", 0) or 0) if num_movers is None else 0 for r in ranks]
     prob = E.Problem(kind=kind, rank=rank, work_ns=work, nbytes=nbytes, path=path, dep_ptr=dep_ptr,
                      dep_idx=dep_idx, dep_lat_ns=dep_lat, label=label, queues=queues, rule_sets=rule_sets,
                      wg_rules=wg_rules, link_bw=links.bw, floor_ns=floor, flow_cap=cap,
-                     claim_ns=float(prof.get("claim_ns", 0.0)), sm=sm)
+                     claim_ns=float(prof.get("claim_ns", 0.0)), sm=sm, inflight_cap=caps)
     overhead = prof["launch_overhead_us"] * 1e3 + (remote_lat if p.fabric != "host" and W > 1 else 0.0)
     return Built(prob, ranks, sizes[0], num_movers, symmetric, overhead, [scheds[r] for r in ranks])
 
