@@ -36,6 +36,7 @@ def test_render_all_figures(synth_run, tmp_path):
     assert "SYNTHETIC" in md and "SIMULATED" in md
     assert "geomean speedup over nccl-seq" in md and "kosmos[self]" in md
     assert "busy " in md and "idle windows" in md  # key numbers of the timeline and the CDF
+    assert "## Role-timeline summary of the traced points" in md and "| kosmos[self] 4096×8192×8192 W=8 |" in md
     obj = json.loads((out / "timeline.perfetto.json").read_text())
     assert validate_perfetto(obj) == [] and obj["metadata"]["key"]
 

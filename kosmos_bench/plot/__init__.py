@@ -100,10 +100,49 @@ def render(run_dir: Path, out_dir: Path | None = None, trace_key: str | None = N
         md += [f"| {k} | {s:.2f}× | {n} |" for k, (s, n) in gm.items()]
         md.append("")
     md += sections
+    md += _trace_table(df)
     index = out_dir / "index.md"
     index.write_text("\n".join(md))
     written.append(index)
     return written
+
+
+def _trace_table(df) -> list[str]:
+    """Markdown table of the role-timeline columns (trace.summarize) of the traced points."""
+    import pandas as pd
+
+    from .figures import natural_key
+
+    cols = ["kernel_us", "busy_frac", "busy_frac_move", "busy_frac_build", "idle_windows", "idle_longest_us",
+            "idle_p90_us", "first_build_us", "tail_after_move_us", "role_switches"]
+    if "busy_frac" not in df.columns:
+        return []
+    d = df[pd.to_numeric(df["busy_frac"], errors="coerce").notna()]
+    if d.empty:
+        return []
+    d = d.assign(_v=d["variant"].map(natural_key)).sort_values(["op", "M", "N", "K", "world", "_v"])
+
+    def f(v, pct=False, count=False):
+        v = pd.to_numeric(pd.Series([v]), errors="coerce").iloc[0]
+        if pd.isna(v):
+            return "-"
+        if count:
+            return str(int(v))
+        return f"{v * 100:.1f}%" if pct else (f"{v:.1f}" if abs(v) < 1e5 else f"{v:.3g}")
+
+    out = ["## Role-timeline summary of the traced points", "",
+           "Fractions are of WG-time (every WG over its rank's kernel window); idle = no MOVE/BUILD/REDUCE "
+           "(WAIT records and gaps). Times in us.", "",
+           "| point | key | kernel | busy | MOVE | BUILD | idle windows | longest idle | p90 idle | first BUILD | "
+           "tail after MOVE | role switches |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in d.to_dict(orient="records"):
+        name = f"{r['variant']} {int(r['M'])}×{int(r['N'])}×{int(r['K'])} W={int(r['world'])}"
+        out.append(f"| {name} | `{str(r['key'])[:8]}` | {f(r.get('kernel_us'))} | {f(r.get('busy_frac'), True)} | "
+                   f"{f(r.get('busy_frac_move'), True)} | {f(r.get('busy_frac_build'), True)} | "
+                   f"{f(r.get('idle_windows'), count=True)} | {f(r.get('idle_longest_us'))} | {f(r.get('idle_p90_us'))} | "
+                   f"{f(r.get('first_build_us'))} | {f(r.get('tail_after_move_us'))} | {f(r.get('role_switches'), count=True)} |")
+    return out + [""]
 
 
 __all__ = ["render", "FIGURES"]
