@@ -10,9 +10,11 @@ What is measured (all with CUDA events, after warm-up, medians of several repeti
 * Kernel launch overhead: a tiny kernel timed back to back.
 * HBM: a large device-to-device copy -> ``hbm_GBps``.
 * Optional, when the `kosmos` implementation is available on this machine: its builder's
-  per-SM tile rate (a world=1 point: pure GEMM) -> ``builder_efficiency``, and what one mover
-  WG drives over the host link (``fixed:1`` on a communication-bound host point) ->
-  ``link.wg_GBps``. Without it those two keep the base profile's estimates (and say so).
+  per-SM tile rate (a world=1 point: pure GEMM) -> ``builder_efficiency``; what one mover
+  WG drives over the host link (``fixed:1`` on communication-bound host points) ->
+  ``link.wg_GBps`` (ag-gemm bands) and ``link.wg_tile_GBps`` (gemm-rs tiles); what 16
+  movers reach together -> ``link.h2d_GBps`` when they saturate it. Without the kernel these
+  keep the base profile's values (and the notes say so).
 
 Everything not measured is copied from the base profile (default ``h200-host-pcie``); the
 raw measurements are stored under ``calibration``.
@@ -154,6 +156,15 @@ def measure_kosmos(prof: dict) -> dict:
         nbytes = (W - 1) * (M // W) * K * 2
         movers.append({"k": k, "us": row["t_median_us"], "GBps": nbytes / row["t_median_us"] / 1e3})
     out["movers"] = movers
+    # gemm-rs tile movers: one WG pushes (D2H) and proxies (H2D) 128-col partial tiles
+    M, N, K = 16384, 8192, 1024
+    row, _ = run_point(_kosmos_point(op="gemm-rs", M=M, N=N, K=K, world=W, policy="fixed:1", local_first=None),
+                       rank=0, procs=1)
+    if row.get("status") == "ok":
+        nbytes = 2 * (W - 1) * (M // W) * N * 2  # pushes + proxies
+        out["tile_mover"] = {"k": 1, "us": row["t_median_us"], "GBps": nbytes / row["t_median_us"] / 1e3}
+    else:
+        out["tile_mover"] = {"error": row.get("error")}
     return out
 
 
@@ -212,6 +223,10 @@ def build_profile(raw: dict, base: str = "h200-host-pcie", name: str = "calibrat
             prof["link"]["h2d_GBps"] = round(max(m["GBps"] for m in ok), 2)
             notes.append(f"link.h2d_GBps = what {top['k']} kosmos movers reached together (SM reads of "
                          "mapped host memory); copy_engine_GBps keeps the copy-engine rate for the baselines.")
+    tm = kz.get("tile_mover", {})
+    if "GBps" in tm:
+        prof["link"]["wg_tile_GBps"] = round(tm["GBps"], 2)
+        notes.append("link.wg_tile_GBps measured: kosmos fixed:1 on a communication-bound host gemm-rs.")
     if "per_sm_tflops" not in b or not ok:
         why = kz.get("skipped") or "kosmos probes failed (see calibration.kosmos)"
         notes.append(f"builder_efficiency / link.wg_GBps partly NOT measured ({why}): base estimates kept.")

@@ -321,7 +321,8 @@ def _links(p: Point, prof: dict, ranks: list[int], symmetric: bool):
     if p.fabric == "local":  # every copy is an HBM read + write on the one GPU
         bw = [prof["hbm_GBps"] / 2.0]
         return _LinkMap(bw, lambda r, kind, peer: (0,)), float(prof["wg_hbm_GBps"])
-    cap = float(link.get("wg_GBps") or math.inf)
+    # what one mover WG drives: contiguous bands (ag-gemm) or strided 128-col tiles (gemm-rs)
+    cap = float((link.get("wg_tile_GBps") if p.op == "gemm-rs" else None) or link.get("wg_GBps") or math.inf)
     if p.fabric == "host":
         h2d = link.get("h2d_GBps") or link.get("bw_GBps")
         d2h = link.get("d2h_GBps") or h2d
