@@ -44,11 +44,11 @@ def test_render_all_figures(synth_run, tmp_path):
 def test_render_default_out_dir_and_trace_key(synth_run):
     rows = load_rows(synth_run)
     key = rows.loc[rows["variant"] == "kosmos[fixed:2]", "key"].iloc[0]
-    paths = render(synth_run, trace_key=key[:8], formats=("png",))
+    paths = render(synth_run, trace_key=key[:8], formats=("png",), only=("timeline",))
     assert all(p.parent == synth_run / "plots" for p in paths)
     md = (synth_run / "plots" / "index.md").read_text()
     assert f"point `{key}`: kosmos[fixed:2]" in md
-    render(synth_run, synth_run / "p2", trace_key="nosuchkey", formats=("png",))
+    render(synth_run, synth_run / "p2", trace_key="nosuchkey", formats=("png",), only=("speedup", "timeline"))
     md = (synth_run / "p2" / "index.md").read_text()
     assert "*skipped: no trace for key 'nosuchkey'" in md and "(speedup.png)" in md
 
@@ -80,7 +80,7 @@ def test_render_survives_a_broken_figure(synth_run, tmp_path, monkeypatch):
         raise RuntimeError("kaputt")
 
     monkeypatch.setattr(F, "fig_overlap", boom)
-    render(synth_run, tmp_path / "p", formats=("png",))
+    render(synth_run, tmp_path / "p", formats=("png",), only=("speedup", "overlap"))
     md = (tmp_path / "p" / "index.md").read_text()
     assert "drawing failed: RuntimeError: kaputt" in md and "(speedup.png)" in md
 
@@ -98,7 +98,9 @@ def test_render_timeline_from_write_trace(tmp_path):
     assert "(timeline.png)" in md and p.key() in md
 
 
-def test_render_empty_run_raises(tmp_path):
+def test_render_empty_run_raises(tmp_path, synth_run):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no result rows"):
         render(tmp_path / "empty")
+    with pytest.raises(ValueError, match="unknown figure"):
+        render(synth_run, tmp_path / "x", only=("pie",))

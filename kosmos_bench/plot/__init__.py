@@ -39,12 +39,12 @@ def _save(fig, out_dir: Path, name: str, formats) -> list[Path]:
 
 
 def render(run_dir: Path, out_dir: Path | None = None, trace_key: str | None = None, *,
-           formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
+           formats: tuple[str, ...] = ("png", "svg"), only: tuple[str, ...] | None = None) -> list[Path]:
     """Write the figures of `run_dir` (PNG + SVG) and index.md into `out_dir`.
 
     out_dir defaults to <run_dir>/plots. trace_key (a key or a prefix of one) picks the
     point of the role timeline; default: the first traced kosmos point, policy self first.
-    formats: image formats, the first is the one index.md shows. Returns the written paths
+    formats: image formats, the first is the one index.md shows; only: a subset of FIGURES. Returns the written paths
     (index.md last). A figure that cannot be drawn is skipped and
     index.md says why; only a run directory with no rows at all raises (FileNotFoundError).
     """
@@ -64,7 +64,10 @@ def render(run_dir: Path, out_dir: Path | None = None, trace_key: str | None = N
 
     written: list[Path] = []
     sections: list[str] = []
-    for name in FIGURES:
+    unknown = set(only or ()) - set(FIGURES)
+    if unknown:
+        raise ValueError(f"unknown figure(s) {sorted(unknown)}; known: {', '.join(FIGURES)}")
+    for name in (f for f in FIGURES if only is None or f in only):
         try:
             if name == "timeline":
                 fig, lines, key, tr, row = F.fig_timeline(df, run_dir, trace_key)
