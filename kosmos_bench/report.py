@@ -41,15 +41,16 @@ BACKEND_NOTES = {
 
 # ----------------------------------------------------------------------------- metrics
 def overlap_efficiency(t_gemm_us, t_comm_us, t_fused_us):
-    """max(t_gemm, t_comm) / t_fused; NaN where any input is missing or t_fused <= 0.
+    """max(t_gemm, t_comm) / t_fused; NaN where t_gemm or t_fused is missing or t_fused <= 0.
 
-    Works on scalars and on array-likes (returns a float or a numpy array)."""
+    A missing t_comm counts as 0 (no collective, e.g. world 1). Works on scalars and on
+    array-likes (returns a float or a numpy array)."""
     g = np.asarray(pd.to_numeric(pd.Series(np.atleast_1d(t_gemm_us)), errors="coerce"), dtype=float)
     c = np.asarray(pd.to_numeric(pd.Series(np.atleast_1d(t_comm_us)), errors="coerce"), dtype=float)
     f = np.asarray(pd.to_numeric(pd.Series(np.atleast_1d(t_fused_us)), errors="coerce"), dtype=float)
     with np.errstate(invalid="ignore", divide="ignore"):
-        out = np.where(f > 0, np.maximum(g, c) / f, np.nan)
-    out = np.where(np.isnan(g) | np.isnan(c), np.nan, out)
+        out = np.where(f > 0, np.maximum(g, np.nan_to_num(c, nan=0.0)) / f, np.nan)
+    out = np.where(np.isnan(g), np.nan, out)
     return float(out[0]) if np.ndim(t_fused_us) == 0 else out
 
 

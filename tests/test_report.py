@@ -41,6 +41,7 @@ def test_overlap_efficiency_formula():
     assert overlap_efficiency(60.0, 50.0, 80.0) == pytest.approx(0.75)
     assert overlap_efficiency(10.0, 90.0, 100.0) == pytest.approx(0.9)
     assert math.isnan(overlap_efficiency(None, 50.0, 80.0)) and math.isnan(overlap_efficiency(60.0, 50.0, 0.0))
+    assert overlap_efficiency(60.0, None, 80.0) == pytest.approx(0.75)  # no collective (world 1)
     arr = overlap_efficiency([60.0, 1.0], [50.0, 3.0], [80.0, 4.0])
     assert list(arr) == pytest.approx([0.75, 0.75])
 
