@@ -96,15 +96,20 @@ def _variant_order(vs, self_first: bool = False) -> list[str]:
     return sorted(set(vs), key=rank)
 
 
+def _df_palette(df: pd.DataFrame) -> dict[str, str]:
+    """One colour per variant of the whole run, so every figure colours a variant alike."""
+    return _palette(sorted(df["variant"].dropna().astype(str).unique(), key=natural_key))
+
+
 def _palette(variants: list[str]) -> dict[str, str]:
     cmap = plt.get_cmap("tab10")
-    fixed = {"nccl-overlap": "#7f7f7f", "kosmos[self]": "#2ca02c", "kosmos[predicted]": "#9467bd"}
+    fixed = {"nccl-seq": "#000000", "nccl-overlap": "#7f7f7f", "kosmos[self]": "#2ca02c", "kosmos[predicted]": "#9467bd"}
     out, i = {}, 0
     for v in variants:
         if v in fixed:
             out[v] = fixed[v]
         else:
-            while cmap(i % 10)[:3] in [matplotlib.colors.to_rgb(c) for c in fixed.values()]:
+            while i < 40 and cmap(i % 10)[:3] in [matplotlib.colors.to_rgb(c) for c in fixed.values()]:
                 i += 1
             out[v] = matplotlib.colors.to_hex(cmap(i % 10))
             i += 1
@@ -121,7 +126,7 @@ def fig_speedup(df: pd.DataFrame, run_dir: Path):
     d = d.assign(shape=[shape_label(r, multi) for r in d.to_dict(orient="records")])
     shapes = list(dict.fromkeys(d.sort_values(_shape_cols(d))["shape"]))
     variants = _variant_order(d["variant"])
-    pal = _palette(variants)
+    pal = _df_palette(df)
     piv = d.groupby(["shape", "variant"])["speedup_vs_seq"].median().unstack("variant").reindex(index=shapes, columns=variants)
     width = min(20.0, max(7.0, 0.7 * len(shapes) + 0.3 * len(shapes) * len(variants) + 2.5))
     fig, ax = plt.subplots(figsize=(width, 5.2), layout="constrained")
@@ -158,8 +163,7 @@ def fig_overlap(df: pd.DataFrame, run_dir: Path):
     if d.empty:
         raise Skip("no ok point has t_gemm_us, t_comm_us and a time (the GEMM-alone and collective-alone runs)")
     variants = _variant_order(list(d["variant"].unique()))
-    pal = _palette(variants)
-    pal.setdefault(SEQ_IMPL, "black")
+    pal = _df_palette(df)
     fig, ax = plt.subplots(figsize=(7.5, 4.8), layout="constrained")
     markers = "os^Dv<>Ph*"
     for i, v in enumerate([SEQ_IMPL] + [v for v in variants if v != SEQ_IMPL] if SEQ_IMPL in variants else variants):
@@ -346,7 +350,7 @@ def fig_timeline_policies(df: pd.DataFrame, run_dir: Path, max_variants: int = 4
 def fig_idle_cdf(df: pd.DataFrame, run_dir: Path):
     best = _policy_group(df, run_dir)
     variants = _variant_order(best["variant"])
-    pal = _palette(variants)
+    pal = _df_palette(df)
     fig, ax = plt.subplots(figsize=(7.5, 4.8), layout="constrained")
     lines = []
     for v in variants:
