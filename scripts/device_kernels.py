@@ -78,6 +78,9 @@ def baselines(op, M, N, K, inputs, A, B):
     return {"t_gemm_us": t_gemm, "t_comm_us": t_both, "t_h2d_us": t_h2d, "comm_gbs": host_in.numel() * 2 / t_h2d / 1e3}
 
 
+TRACES = []
+
+
 def main(argv):
     quick = "--quick" in argv
     shapes = SHAPES[::2] if quick else SHAPES
@@ -116,6 +119,7 @@ def main(argv):
                        "overlap_eff": max(base["t_gemm_us"], base["t_comm_us"]) / t}
                 if label in ("self", "predicted", "fixed:8", "self+bulk"):
                     df = r.run_traced()
+                    TRACES.append(df.assign(op=op, M=M, N=N, K=K, policy=label))
                     nw = df[df.role != "WAIT"].groupby("wg")["role"].nunique()
                     row["roles"] = {k: int(v) for k, v in df.role.value_counts().items()}
                     row["wgs_changing_role"] = int((nw > 1).sum())
@@ -131,6 +135,10 @@ def main(argv):
         del inputs, A, B, ref
         torch.cuda.empty_cache()
     out = os.environ.get("OUT", ".")
+    if TRACES:
+        import pandas as pd
+
+        pd.concat(TRACES, ignore_index=True).to_parquet(os.path.join(out, "traces.parquet"), index=False)
     with open(os.path.join(out, "device_kernels.json"), "w") as f:
         json.dump(rows, f, indent=1, default=str)
     print("\n# kosmos host fabric, W=8 (rank-0 view), 1x " + torch.cuda.get_device_name(0))

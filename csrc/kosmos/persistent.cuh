@@ -80,7 +80,7 @@ __device__ __forceinline__ bool wait_deps(const Wg& w, int q, int id) {
 
 // Thread 0: choose the next item. Returns false when this WG is done (or the call aborted).
 template <int kOp>
-__device__ bool decide(const Wg& w, int* q_out, int* id_out, bool* counted) {
+__device__ bool decide(const Wg& w, int* q_out, int* id_out, bool* counted, int* pend) {
   const KosmosRankArgs& ra = w.ra;
   const int k = ra.num_mover_wgs;
   int id;
@@ -102,13 +102,19 @@ __device__ bool decide(const Wg& w, int* q_out, int* id_out, bool* counted) {
     }
     return false;
   }
-  // self-scheduling. A mover claim counts against the rank's in-flight cap (ctr[4]); at
-  // the cap the WG re-polls the heads instead of blocking (watchdog on the builder head).
+  // Self-scheduling. Claims never serialise on a readiness check: a WG that sees a ready
+  // head claims with an atomicAdd (it may get a later item). If what it got is not ready it
+  // keeps it as `pending` (thread-0 state across decisions) and does other work first — a
+  // builder (gemm-rs) or a mover (under the cap) — and blocks on it only once nothing else
+  // can be claimed; so every block happens after all items it can depend on were claimed.
+  // Mover items count against the rank's in-flight cap (ctr[4]); at the cap a WG re-polls
+  // (watchdog on) instead of blocking.
   const uint32_t cap = static_cast<uint32_t>(ra.max_inflight_movers);
   const uint64_t t_idle = w.tr.now();
   uint64_t t_spin = 0;
   bool idled = false;
   auto under_cap = [&]() { return cap == 0 || ld_relaxed(ra.ctr + 4) < cap; };
+  auto left = [&](int q) { return ld_relaxed(ra.ctr + q) < static_cast<uint32_t>(ra.count[q]); };
   auto take = [&](int q, int item, bool wait) -> bool {
     *q_out = q;
     *id_out = item;
@@ -119,51 +125,83 @@ __device__ bool decide(const Wg& w, int* q_out, int* id_out, bool* counted) {
     if (idled) w.tr.add(kRoleWait, -1, t_idle, w.tr.now());
     return wait ? wait_deps(w, q, item) : true;
   };
+  auto take_pending = [&](bool wait) -> bool {
+    const int q = pend[0], item = pend[1];
+    pend[0] = -1;
+    return take(q, item, wait);
+  };
   for (;;) {
     if (aborted(w.sc)) return false;
     uint32_t h;
     if (kOp == KOSMOS_OP_AG_GEMM) {
-      // builder head if ready > next mover (under the cap) > builder head (wait; movers exhausted)
-      id = peek(ra, kQBuild, &h);
-      if (id >= 0 && deps_ready(w, kQBuild, id)) {
-        if (claim_head(ra, kQBuild, h)) return take(kQBuild, id, false);
-        continue;
-      }
-      const bool movers_left = ld_relaxed(ra.ctr + kQMove) < static_cast<uint32_t>(ra.count[kQMove]);
-      if (movers_left) {
+      // pending builder ready > builder head ready (claim) > mover (under the cap) >
+      // block on a builder (movers exhausted)
+      if (pend[0] >= 0) {
+        if (deps_ready(w, pend[0], pend[1])) return take_pending(false);
+        if (!left(kQMove)) return take_pending(true);
         if (under_cap()) {
           id = claim_next(ra, kQMove);
           if (id >= 0) return take(kQMove, id, true);
-        }
-      } else {
-        id = claim_next(ra, kQBuild);
-        if (id >= 0) return take(kQBuild, id, true);
-        return false;
-      }
-    } else {
-      // reduce head if ready > mover head if ready (under the cap) > next builder >
-      // next mover (wait, under the cap) > next reduce (wait; movers exhausted)
-      id = peek(ra, kQReduce, &h);
-      if (id >= 0 && deps_ready(w, kQReduce, id)) {
-        if (claim_head(ra, kQReduce, h)) return take(kQReduce, id, false);
-        continue;
-      }
-      if (under_cap()) {
-        id = peek(ra, kQMove, &h);
-        if (id >= 0 && deps_ready(w, kQMove, id)) {
-          if (claim_head(ra, kQMove, h)) return take(kQMove, id, false);
           continue;
         }
+      } else {
+        id = peek(ra, kQBuild, &h);
+        if (id >= 0 && deps_ready(w, kQBuild, id)) {
+          id = claim_next(ra, kQBuild);
+          if (id < 0) continue;
+          if (deps_ready(w, kQBuild, id)) return take(kQBuild, id, false);
+          pend[0] = kQBuild;
+          pend[1] = id;
+          continue;
+        }
+        if (left(kQMove)) {
+          if (under_cap()) {
+            id = claim_next(ra, kQMove);
+            if (id >= 0) return take(kQMove, id, true);
+            continue;
+          }
+        } else {
+          id = claim_next(ra, kQBuild);
+          if (id >= 0) return take(kQBuild, id, true);
+          return false;
+        }
+      }
+    } else {
+      // pending ready > reduce head ready > mover head ready (under the cap) > builder >
+      // mover (wait; builders exhausted) > block on pending / next reduce (movers exhausted)
+      if (pend[0] >= 0 && deps_ready(w, pend[0], pend[1])) return take_pending(false);
+      if (pend[0] < 0) {
+        bool again = false;
+        const int ready_order[2] = {kQReduce, kQMove};
+        for (int i = 0; i < 2 && !again; ++i) {
+          const int q = ready_order[i];
+          if (q == kQMove && !under_cap()) continue;
+          id = peek(ra, q, &h);
+          if (id >= 0 && deps_ready(w, q, id)) {
+            id = claim_next(ra, q);
+            if (id < 0) {
+              again = true;
+              break;
+            }
+            if (deps_ready(w, q, id)) return take(q, id, false);
+            pend[0] = q;
+            pend[1] = id;
+            again = true;
+          }
+        }
+        if (again) continue;
       }
       id = claim_next(ra, kQBuild);
       if (id >= 0) return take(kQBuild, id, false);
-      const bool movers_left = ld_relaxed(ra.ctr + kQMove) < static_cast<uint32_t>(ra.count[kQMove]);
-      if (movers_left) {
+      if (pend[0] == kQMove) return take_pending(true);  // its builder is claimed
+      if (left(kQMove)) {
         if (under_cap()) {
           id = claim_next(ra, kQMove);
           if (id >= 0) return take(kQMove, id, true);
+          continue;
         }
       } else {
+        if (pend[0] >= 0) return take_pending(true);
         id = claim_next(ra, kQReduce);
         if (id >= 0) return take(kQReduce, id, true);
         return false;
@@ -211,6 +249,7 @@ __global__ void __launch_bounds__(kThreads, 1) kosmos_persistent_kernel(const Ko
   const int me = ra.rank;
 
   bool counted = false;  // thread 0: the current item holds an in-flight mover slot
+  int pend[2] = {-1, -1};  // thread 0: (queue, item) claimed but not yet ready (policy self)
   if (!ra.skip) {
     if (tid == 0 && w.wg == 0) {
       for (int s = 0; s < W; ++s) st_release(ra.flags[s] + entry_flag(me), epoch, w.sc.sys && s != me);
@@ -221,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, 1) kosmos_persistent_kernel(const Ko
       if (tid == 0) {
         int q = -1, id = -1;
         counted = false;
-        if (!decide<kOp>(w, &q, &id, &counted)) q = -1;
+        if (!decide<kOp>(w, &q, &id, &counted, pend)) q = -1;
         s_cmd[0] = q;
         s_cmd[1] = id;
       }
