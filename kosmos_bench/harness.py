@@ -75,9 +75,10 @@ def derive(row: dict, p: Point) -> dict:
     if p.world > 1:
         row["algbw_gbs"] = op.comm_bytes(p) / (t * 1e-6) / 1e9
         row["busbw_gbs"] = row["algbw_gbs"] * op.bus_factor(p)
-    tg, tc = row.get("t_gemm_us"), row.get("t_comm_us")
-    if tg is not None and not (isinstance(tg, float) and math.isnan(tg)):
-        row["overlap_efficiency"] = max(tg, tc or 0.0) / t
+    from .report import overlap_efficiency
+
+    if row.get("t_gemm_us") is not None:
+        row["overlap_efficiency"] = overlap_efficiency(row["t_gemm_us"], row.get("t_comm_us"), t)
     return row
 
 
@@ -157,7 +158,6 @@ def run_point(p: Point, *, rank: int, procs: int) -> tuple[dict, object]:
         row.update(timing.stats(samples["op"]))
         row["t_gemm_us"] = float(np.median(samples["gemm"]))
         row["t_comm_us"] = float(np.median(samples["comm"])) if comm is not None else None
-        row.update(getattr(runner, "info", {}) or {})
         if p.trace and hasattr(runner, "run_traced"):
             trace = runner.run_traced()
             if trace is not None:
@@ -165,6 +165,7 @@ def run_point(p: Point, *, rank: int, procs: int) -> tuple[dict, object]:
 
                 trace = trace.assign(key=p.key())
                 row.update(summarize(trace))
+        row.update(getattr(runner, "info", {}) or {})  # after the traced call: it adds trace_dropped
         row["status"] = "ok" if wrong == 0 else "wrong"
         if wrong:
             row["error"] = f"{wrong} elements outside tolerance (max_rel_err {err:.3g})"
