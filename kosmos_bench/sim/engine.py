@@ -216,18 +216,20 @@ class SimResult:
 
 
 class _Links:
-    """Fluid transfers with max-min fair rates over shared links and a per-transfer cap."""
+    """Fluid transfers with max-min fair rates over shared links and a per-transfer cap
+    (progressive filling). Paths are kept as a padded (F, m) int array; the pad is a
+    virtual link of infinite capacity, so a recomputation is a few numpy passes."""
 
-    def __init__(self, bw: np.ndarray, cap: float):
-        self.bw = np.asarray(bw, dtype=float)
+    def __init__(self, bw: np.ndarray, cap: float, width: int = 2):
+        self.bw = np.append(np.asarray(bw, dtype=float), np.inf)  # last: the pad
+        self.pad = len(self.bw) - 1
         self.cap = float(cap)
+        self.width = max(1, int(width))
         self.items: list[int] = []
-        self.paths: list[tuple] = []
+        self.pl = np.zeros((0, self.width), dtype=np.int64)
         self.remaining = np.zeros(0)
         self.rate = np.zeros(0)
-        self.link = np.zeros(0, dtype=np.int64)  # first link of each path (-1: none)
         self.t = 0.0
-        self.single = True  # every path has at most one link
 
     def advance(self, t: float) -> None:
         dt = t - self.t
@@ -236,12 +238,11 @@ class _Links:
         self.t = t
 
     def add(self, item: int, path: tuple, nbytes: float) -> None:
+        row = np.full((1, self.width), self.pad, dtype=np.int64)
+        row[0, :len(path)] = path
         self.items.append(item)
-        self.paths.append(path)
+        self.pl = np.concatenate([self.pl, row])
         self.remaining = np.append(self.remaining, float(nbytes))
-        self.link = np.append(self.link, path[0] if path else -1)
-        if len(path) > 1:
-            self.single = False
 
     def pop_done(self, tol_ns: float = 1e-6) -> list[int]:
         """Transfers that are done (within `tol_ns` of their end at the current rates)."""
@@ -253,26 +254,17 @@ class _Links:
         out = [self.items[k] for k in np.flatnonzero(done)]
         keep = np.flatnonzero(~done)
         self.items = [self.items[k] for k in keep]
-        self.paths = [self.paths[k] for k in keep]
+        self.pl = self.pl[keep]
         self.remaining = self.remaining[keep]
         self.rate = self.rate[keep]
-        self.link = self.link[keep]
         return out
 
     def recompute(self) -> float:
         """New rates; returns the time of the next completion (inf if none)."""
-        f = len(self.items)
-        if f == 0:
+        if not self.items:
             self.rate = np.zeros(0)
             return float("inf")
-        if self.single:
-            link = self.link
-            on = link >= 0
-            counts = np.bincount(link[on], minlength=len(self.bw))
-            rate = np.full(f, self.cap)
-            rate[on] = np.minimum(self.cap, self.bw[link[on]] / counts[link[on]])
-        else:
-            rate = self._waterfill()
+        rate = self._waterfill()
         self.rate = rate
         with np.errstate(divide="ignore"):
             ttf = np.where(rate > 0, self.remaining / rate, np.inf)
@@ -280,26 +272,28 @@ class _Links:
 
     def _waterfill(self) -> np.ndarray:
         f, nl = len(self.items), len(self.bw)
-        inc = np.zeros((f, nl), dtype=bool)
-        for k, p in enumerate(self.paths):
-            for l in p:
-                inc[k, l] = True
+        P = self.pl
         rate = np.zeros(f)
         active = np.ones(f, dtype=bool)
         left = self.bw.copy()
+        tol = 1e-9 * np.maximum(self.bw, 1.0)
+        tol[self.pad] = -1.0
+        cap_hi = self.cap * (1 - 1e-12)
         for _ in range(nl + 2):
             if not active.any():
                 break
-            users = inc[active].sum(axis=0)
-            share = np.where(users > 0, left / np.maximum(users, 1), np.inf)
-            delta = min(float(share.min()), float((self.cap - rate[active]).min()))
-            if not np.isfinite(delta):  # no link and no cap
+            users = np.bincount(P[active].ravel(), minlength=nl).astype(float)
+            users[self.pad] = 0.0
+            share = left / np.maximum(users, 1.0)
+            share[users == 0] = np.inf
+            delta = min(share.min(), self.cap - rate[active].max())
+            if delta == np.inf:  # no link and no cap
                 rate[active] = 1e30
                 break
             rate[active] += delta
-            left -= delta * users
-            sat = left <= 1e-9 * np.maximum(self.bw, 1.0)
-            frozen = inc[:, sat].any(axis=1) | (rate >= self.cap * (1 - 1e-12))
+            left = left - delta * users  # the pad stays inf (no users)
+            sat = left <= tol
+            frozen = sat[P].any(axis=1) | (rate >= cap_hi)
             active &= ~frozen
         return rate
 
@@ -414,7 +408,10 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
         seq += 1
 
     single = all(len(p.path[i]) <= 1 for i in range(n) if is_move[i])
-    links = (_PSLinks if single else _Links)(p.link_bw, p.flow_cap)
+    if single:
+        links = _PSLinks(p.link_bw, p.flow_cap)
+    else:
+        links = _Links(p.link_bw, p.flow_cap, width=max(len(p.path[i]) for i in range(n) if is_move[i]))
     for i in range(n):
         if pending[i] == 0:
             push(floor[i], _EV_READY, i)
