@@ -202,3 +202,13 @@ def test_ablation_variants_run_and_conserve(op, fabric, knobs):
     acc = res.wg_accounting()
     assert np.allclose(acc.total_ns, res.makespan_ns, rtol=1e-9, atol=1e-3)
     assert np.isfinite(res.t_end).all() and fields["t_median_us"] > 0
+
+
+@pytest.mark.parametrize("op", ["ag-gemm", "gemm-rs"])
+def test_mesh_profile_symmetric_equals_full(op):
+    """mi355x (one xGMI link per GPU pair): rank-0 view == all ranks, and per-peer links matter."""
+    p = pt(op=op, M=2048, N=1024, K=1024, world=4, policy="fixed:4")
+    prof = profiles.load("mi355x-xgmi-x8")
+    sym, _ = simulate_point(p, prof, full=False)
+    full, _ = simulate_point(p, prof, full=True)
+    assert sym["t_median_us"] == pytest.approx(full["t_median_us"], rel=1e-6)
