@@ -65,20 +65,21 @@ Queue orders (``queue_order``): ``demand`` (below), ``fifo`` (natural id order),
 
 WG loop (``policy='self'``): one thread per WG decides, the WG executes. Claims are atomic
 increments of per-queue counters (never a compare-and-swap on a readiness check, which
-serialises all WGs on one head: measured 2.1x slower). A WG that claimed an item that is
-not ready yet keeps it *pending* (at most one) and does other work first; it blocks on it
-only once nothing else can be claimed. Movers count against a soft per-rank in-flight cap
-(:func:`max_inflight_movers`; 0 = none); at the cap a WG re-polls instead of blocking.
+serialises all WGs on one head: measured 2.6x slower). A WG that claimed a builder/reduce
+that is not ready yet keeps it *pending* (at most one) and does other work first; it
+blocks on it only once nothing else can be claimed. Movers take one of ``max_inflight``
+*slots* (hard cap per rank, :func:`max_inflight_movers`; 0 = unlimited); with a cap the
+rule is *link-first*: a WG takes a mover whenever a slot is free (keeping the link
+saturated, the other WGs build), without a cap (device-memory fabrics) builder-first.
 
-* ag-gemm: pending builder if ready > builder head ready ? claim next builder (ready:
-  run it, else it becomes pending) > next mover (under the cap) > [at the cap: poll] >
+* ag-gemm: pending ready > [cap: mover if a slot is free] > builder head ready ? claim the
+  next builder (ready: run, else pending) > mover if a slot is free > [no slot: poll] >
   block on the pending / next builder (movers exhausted) > done.
-* gemm-rs: pending ready > reduce head ready ? claim next reduce > mover head ready (under
-  the cap) ? claim next mover (not ready: pending) > next builder (builders never wait) >
-  block on a pending mover (builders exhausted) > next mover and wait (under the cap) >
-  block on a pending reduce / next reduce (movers exhausted) > done. (Builders are always
-  ready, so a builder-first rule would run the whole GEMM before any push; ready movers go
-  first instead.)
+* gemm-rs: pending ready > reduce head ready ? claim the next reduce (else pending) > mover
+  head ready and a slot free ? claim the next mover (wait) > next builder (builders never
+  wait) > mover if a slot is free (wait; builders exhausted) > [no slot: poll] > block on
+  the pending / next reduce (movers exhausted) > done. (Builders are always ready, so a
+  builder-first rule would run the whole GEMM before any push; ready movers go first.)
 
 ``policy='fixed:k'``: on each rank, WGs 0..k-1 only claim movers (and wait on them), the
 others only builders then reduces. ``'predicted'`` is fixed with k = :func:`predicted_movers`.
@@ -321,18 +322,19 @@ def predicted_movers(op: str, M: int, N: int, K: int, world: int, num_wgs: int,
 
 
 def max_inflight_movers(op: str, fabric: str, num_wgs: int, model: dict | None = None) -> int:
-    """Soft cap on concurrent mover items of policy 'self' (0 = none).
+    """Hard cap on concurrent mover items ("slots") of policy 'self' (0 = none).
 
-    A link property, not a split: 1.5x the WGs that saturate the link
-    (``ceil(1.5 * ceil(link_bw / wg_copy_bw))``). The host PCIe link needs it (unbounded, ag-gemm
-    with 132 concurrent movers ran 2.1x slower than with 8); device-memory and NVLink
-    fabrics run uncapped.
+    A link property, not a role split: the WGs that saturate the link
+    (``ceil(link_bw / wg_copy_bw)``, at most num_wgs - 1 so that builders always progress).
+    The host PCIe link needs it (measured on one H200: ag-gemm with 48 mover WGs ran 1.5x
+    slower than with 8; gemm-rs tile pushes took 3-5x longer each with ~80 concurrent
+    movers); device-memory and NVLink fabrics run uncapped.
     """
     if fabric != "host":
         return 0
     p = _model(fabric, model)
     link, wg_bw = _link_and_wg_rate(op, p)
-    return int(min(num_wgs, math.ceil(1.5 * math.ceil(link / wg_bw))))
+    return int(max(1, min(num_wgs - 1, math.ceil(link / wg_bw))))
 
 
 def resolve_movers(policy: str, op: str, M: int, N: int, K: int, world: int, num_wgs: int,
@@ -649,48 +651,57 @@ def simulate_steps(scheds: list[RankSchedule], durations=None, max_steps: int = 
                     return q, i
             return None
         pend = wg["pend"]
+        cap = s.max_inflight
 
         def take_pending():
             wg["pend"] = None
             return pend
 
+        def mover_with_slot():
+            if head(s, Q_MOVE)[1] is None or not under_cap(s):
+                return None
+            return Q_MOVE, claim(s, Q_MOVE)
+
+        if pend is not None and ready(s, *pend):
+            return take_pending()
         if s.op == "ag-gemm":
-            if pend is not None:
-                if ready(s, *pend) or head(s, Q_MOVE)[1] is None:
-                    return take_pending()
-                return (Q_MOVE, claim(s, Q_MOVE)) if under_cap(s) else IDLE
-            _, i = head(s, Q_BUILD)
-            if i is not None and ready(s, Q_BUILD, i):
-                i = claim(s, Q_BUILD)
-                if ready(s, Q_BUILD, i):
-                    return Q_BUILD, i
-                wg["pend"] = (Q_BUILD, i)
-                return decide(wg, s)
+            if cap:
+                m = mover_with_slot()
+                if m:
+                    return m
+            if pend is None:
+                _, i = head(s, Q_BUILD)
+                if i is not None and ready(s, Q_BUILD, i):
+                    i = claim(s, Q_BUILD)
+                    if ready(s, Q_BUILD, i):
+                        return Q_BUILD, i
+                    wg["pend"] = (Q_BUILD, i)
+                    return decide(wg, s)
             if head(s, Q_MOVE)[1] is not None:
-                return (Q_MOVE, claim(s, Q_MOVE)) if under_cap(s) else IDLE
+                return mover_with_slot() or IDLE
+            if pend is not None:
+                return take_pending()
             i = claim(s, Q_BUILD)
             return (Q_BUILD, i) if i is not None else None
         # gemm-rs
-        if pend is not None and ready(s, *pend):
-            return take_pending()
         if pend is None:
-            for q in (Q_REDUCE, Q_MOVE):
-                if q == Q_MOVE and not under_cap(s):
-                    continue
-                _, i = head(s, q)
-                if i is not None and ready(s, q, i):
-                    i = claim(s, q)
-                    if ready(s, q, i):
-                        return q, i
-                    wg["pend"] = (q, i)
-                    return decide(wg, s)
+            _, i = head(s, Q_REDUCE)
+            if i is not None and ready(s, Q_REDUCE, i):
+                i = claim(s, Q_REDUCE)
+                if ready(s, Q_REDUCE, i):
+                    return Q_REDUCE, i
+                wg["pend"] = (Q_REDUCE, i)
+                return decide(wg, s)
+        _, i = head(s, Q_MOVE)
+        if i is not None and ready(s, Q_MOVE, i):
+            m = mover_with_slot()
+            if m:
+                return m
         i = claim(s, Q_BUILD)
         if i is not None:
             return Q_BUILD, i
-        if pend is not None and pend[0] == Q_MOVE:
-            return take_pending()
         if head(s, Q_MOVE)[1] is not None:
-            return (Q_MOVE, claim(s, Q_MOVE)) if under_cap(s) else IDLE
+            return mover_with_slot() or IDLE
         if pend is not None:
             return take_pending()
         i = claim(s, Q_REDUCE)

@@ -103,27 +103,40 @@ __device__ bool decide(const Wg& w, int* q_out, int* id_out, bool* counted, int*
     return false;
   }
   // Self-scheduling. Claims never serialise on a readiness check: a WG that sees a ready
-  // head claims with an atomicAdd (it may get a later item). If what it got is not ready it
-  // keeps it as `pending` (thread-0 state across decisions) and does other work first — a
-  // builder (gemm-rs) or a mover (under the cap) — and blocks on it only once nothing else
-  // can be claimed; so every block happens after all items it can depend on were claimed.
-  // Mover items count against the rank's in-flight cap (ctr[4]); at the cap a WG re-polls
-  // (watchdog on) instead of blocking.
+  // head claims with an atomicAdd (it may get a later item); a builder/reduce it got that
+  // is not ready yet becomes `pending` (thread-0 state across decisions) and the WG does
+  // other work first, blocking on it only once nothing else can be claimed.
+  // Mover slots: with a cap (ctr[4] = movers in flight, hard cap via atomicAdd/atomicSub)
+  // the link is kept saturated first ("link-first": a WG takes a mover whenever a slot is
+  // free), the other WGs build; cap 0 (device-memory fabrics) = builder-first, no limit.
   const uint32_t cap = static_cast<uint32_t>(ra.max_inflight_movers);
   const uint64_t t_idle = w.tr.now();
   uint64_t t_spin = 0;
   bool idled = false;
-  auto under_cap = [&]() { return cap == 0 || ld_relaxed(ra.ctr + 4) < cap; };
   auto left = [&](int q) { return ld_relaxed(ra.ctr + q) < static_cast<uint32_t>(ra.count[q]); };
+  auto acquire_slot = [&]() -> bool {
+    if (cap == 0) return true;
+    if (ld_relaxed(ra.ctr + 4) >= cap) return false;
+    if (atomicAdd(ra.ctr + 4, 1u) < cap) return true;
+    atomicSub(ra.ctr + 4, 1u);
+    return false;
+  };
+  auto release_slot = [&]() {
+    if (cap != 0) atomicSub(ra.ctr + 4, 1u);
+  };
   auto take = [&](int q, int item, bool wait) -> bool {
     *q_out = q;
     *id_out = item;
-    if (q == kQMove && cap != 0) {
-      atomicAdd(ra.ctr + 4, 1u);
-      *counted = true;
-    }
+    if (q == kQMove && cap != 0) *counted = true;  // slot released after the item
     if (idled) w.tr.add(kRoleWait, -1, t_idle, w.tr.now());
     return wait ? wait_deps(w, q, item) : true;
+  };
+  // Claim the next mover if a slot is free; -1 otherwise.
+  auto mover_with_slot = [&]() -> int {
+    if (!left(kQMove) || !acquire_slot()) return -1;
+    const int m = claim_next(ra, kQMove);
+    if (m < 0) release_slot();
+    return m;
   };
   auto take_pending = [&](bool wait) -> bool {
     const int q = pend[0], item = pend[1];
@@ -133,18 +146,15 @@ __device__ bool decide(const Wg& w, int* q_out, int* id_out, bool* counted, int*
   for (;;) {
     if (aborted(w.sc)) return false;
     uint32_t h;
+    if (pend[0] >= 0 && deps_ready(w, pend[0], pend[1])) return take_pending(false);
     if (kOp == KOSMOS_OP_AG_GEMM) {
-      // pending builder ready > builder head ready (claim) > mover (under the cap) >
-      // block on a builder (movers exhausted)
-      if (pend[0] >= 0) {
-        if (deps_ready(w, pend[0], pend[1])) return take_pending(false);
-        if (!left(kQMove)) return take_pending(true);
-        if (under_cap()) {
-          id = claim_next(ra, kQMove);
-          if (id >= 0) return take(kQMove, id, true);
-          continue;
-        }
-      } else {
+      // [link-first: mover if a slot is free] > builder head ready (claim; not ready ->
+      // pending) > mover (slot) > block on pending / next builder (movers exhausted)
+      if (cap != 0) {
+        id = mover_with_slot();
+        if (id >= 0) return take(kQMove, id, true);
+      }
+      if (pend[0] < 0) {
         id = peek(ra, kQBuild, &h);
         if (id >= 0 && deps_ready(w, kQBuild, id)) {
           id = claim_next(ra, kQBuild);
@@ -154,52 +164,40 @@ __device__ bool decide(const Wg& w, int* q_out, int* id_out, bool* counted, int*
           pend[1] = id;
           continue;
         }
-        if (left(kQMove)) {
-          if (under_cap()) {
-            id = claim_next(ra, kQMove);
-            if (id >= 0) return take(kQMove, id, true);
-            continue;
-          }
-        } else {
-          id = claim_next(ra, kQBuild);
-          if (id >= 0) return take(kQBuild, id, true);
-          return false;
-        }
+      }
+      if (left(kQMove)) {
+        id = mover_with_slot();
+        if (id >= 0) return take(kQMove, id, true);
+      } else {
+        if (pend[0] >= 0) return take_pending(true);
+        id = claim_next(ra, kQBuild);
+        if (id >= 0) return take(kQBuild, id, true);
+        return false;
       }
     } else {
-      // pending ready > reduce head ready > mover head ready (under the cap) > builder >
-      // mover (wait; builders exhausted) > block on pending / next reduce (movers exhausted)
-      if (pend[0] >= 0 && deps_ready(w, pend[0], pend[1])) return take_pending(false);
+      // reduce head ready (claim; not ready -> pending) > mover head ready (slot) > builder >
+      // mover (slot, wait: builders exhausted) > block on pending / next reduce
       if (pend[0] < 0) {
-        bool again = false;
-        const int ready_order[2] = {kQReduce, kQMove};
-        for (int i = 0; i < 2 && !again; ++i) {
-          const int q = ready_order[i];
-          if (q == kQMove && !under_cap()) continue;
-          id = peek(ra, q, &h);
-          if (id >= 0 && deps_ready(w, q, id)) {
-            id = claim_next(ra, q);
-            if (id < 0) {
-              again = true;
-              break;
-            }
-            if (deps_ready(w, q, id)) return take(q, id, false);
-            pend[0] = q;
-            pend[1] = id;
-            again = true;
-          }
+        id = peek(ra, kQReduce, &h);
+        if (id >= 0 && deps_ready(w, kQReduce, id)) {
+          id = claim_next(ra, kQReduce);
+          if (id < 0) continue;
+          if (deps_ready(w, kQReduce, id)) return take(kQReduce, id, false);
+          pend[0] = kQReduce;
+          pend[1] = id;
+          continue;
         }
-        if (again) continue;
+      }
+      id = peek(ra, kQMove, &h);
+      if (id >= 0 && deps_ready(w, kQMove, id)) {
+        id = mover_with_slot();
+        if (id >= 0) return take(kQMove, id, true);
       }
       id = claim_next(ra, kQBuild);
       if (id >= 0) return take(kQBuild, id, false);
-      if (pend[0] == kQMove) return take_pending(true);  // its builder is claimed
       if (left(kQMove)) {
-        if (under_cap()) {
-          id = claim_next(ra, kQMove);
-          if (id >= 0) return take(kQMove, id, true);
-          continue;
-        }
+        id = mover_with_slot();
+        if (id >= 0) return take(kQMove, id, true);
       } else {
         if (pend[0] >= 0) return take_pending(true);
         id = claim_next(ra, kQReduce);
@@ -207,7 +205,7 @@ __device__ bool decide(const Wg& w, int* q_out, int* id_out, bool* counted, int*
         return false;
       }
     }
-    // Nothing claimable right now (at the mover cap): poll again, bounded by the watchdog.
+    // Nothing claimable right now (all mover slots taken): poll again, watchdog on.
     if (!idled) {
       idled = true;
       t_spin = globaltimer_ns();

@@ -287,7 +287,8 @@ class KosmosRunner:
             a.rank = r
             a.wg_begin, a.wg_end = int(starts[i]), int(starts[i + 1])
             a.num_mover_wgs = int(sch.num_movers or 0)
-            a.max_inflight_movers = int(sch.max_inflight if max_inflight is None or sch.num_movers else max_inflight)
+            a.max_inflight_movers = int(sch.max_inflight if max_inflight is None or sch.num_movers
+                                        else min(max(0, max_inflight), int(sizes[i]) - 1))
             a.num_peer_flags = len(sch.peer_flags)
             a.skip = 1 if (debug_skip_rank is not None and r == debug_skip_rank) else 0
         self._ra_arr = ra_arr
