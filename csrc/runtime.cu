@@ -110,6 +110,26 @@ int kosmos_alloc_mapped(uint64_t bytes, void** host, void** dev) {
   return KOSMOS_OK;
 }
 
+// Stream memory operation (no SM needed, so it runs while the persistent kernel holds every
+// SM): *dev_ptr = value once the stream reaches it. Used by copy-engine movers to release a
+// band flag after its cudaMemcpyAsync. Driver entry point looked up through the runtime,
+// so the library does not link libcuda.
+typedef int (*StreamWriteValue32Fn)(void* stream, unsigned long long addr, unsigned int value, unsigned int flags);
+
+int kosmos_stream_write_u32(void* stream, void* dev_ptr, uint32_t value) {
+  static StreamWriteValue32Fn fn = nullptr;
+  if (!fn) {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    KOSMOS_CUDA(cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &p, 12000, cudaEnableDefault, &q));
+    if (!p || q != cudaDriverEntryPointSuccess) return fail(KOSMOS_ERR_CUDA, "cuStreamWriteValue32 not available");
+    fn = reinterpret_cast<StreamWriteValue32Fn>(p);
+  }
+  const int rc = fn(stream, reinterpret_cast<unsigned long long>(dev_ptr), value, 0);
+  if (rc != 0) return fail(KOSMOS_ERR_CUDA, "cuStreamWriteValue32 failed: CUresult %d", rc);
+  return KOSMOS_OK;
+}
+
 int kosmos_free_mapped(void* host) {
   KOSMOS_CUDA(cudaFreeHost(host));
   return KOSMOS_OK;

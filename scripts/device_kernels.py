@@ -30,7 +30,7 @@ POLICIES = [("self", "self", {}), ("self@8", "self", {"max_inflight": 8}), ("sel
             ("fixed:4", "fixed:4", {}), ("fixed:8", "fixed:8", {}), ("fixed:16", "fixed:16", {}),
             ("fixed:32", "fixed:32", {}), ("fixed:48", "fixed:48", {}), ("predicted", "predicted", {}),
             ("self+bulk", "self", {"mover_bulk": True}), ("fixed:8+bulk", "fixed:8", {"mover_bulk": True}),
-            ("fixed:16+bulk", "fixed:16", {"mover_bulk": True})]
+            ("fixed:16+bulk", "fixed:16", {"mover_bulk": True}), ("self+ce", "self", {"mover": "ce"})]
 
 
 def bench(fn, warmup=3, reps=10):
@@ -94,8 +94,8 @@ def main(argv):
         ref = o.reference(A, B, 0, W)
         t_seq = base["t_gemm_us"] + base["t_comm_us"]
         for label, pol, kw in POLICIES:
-            if op == "gemm-rs" and kw.get("mover_bulk"):
-                continue  # bulk copies are used by ag-gemm band movers only
+            if op == "gemm-rs" and (kw.get("mover_bulk") or kw.get("mover")):
+                continue  # bulk copies / copy-engine movers are ag-gemm band movers only
             p = p0.replace(policy=pol)
             why = impl.unsupported(p)
             if why:
@@ -117,7 +117,7 @@ def main(argv):
                        "t_us": t, "wrong": wrong, "max_rel_err": err, "prep_s": t_prep, **base,
                        "t_seq_us": t_seq, "speedup_vs_seq": t_seq / t,
                        "overlap_eff": max(base["t_gemm_us"], base["t_comm_us"]) / t}
-                if label in ("self", "predicted", "fixed:8", "self+bulk"):
+                if label in ("self", "predicted", "fixed:8", "self+ce"):
                     df = r.run_traced()
                     TRACES.append(df.assign(op=op, M=M, N=N, K=K, policy=label))
                     nw = df[df.role != "WAIT"].groupby("wg")["role"].nunique()

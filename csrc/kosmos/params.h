@@ -106,6 +106,7 @@ int kosmos_host_device_ptr(void* host, void** dev);
 int kosmos_alloc_mapped(uint64_t bytes, void** host, void** dev);
 int kosmos_free_mapped(void* host);
 int kosmos_smem_bytes(int op);
+int kosmos_stream_write_u32(void* stream, void* dev_ptr, uint32_t value);
 #ifdef __cplusplus
 }
 #endif

@@ -17,7 +17,9 @@ Point knobs: ``policy`` (self | fixed:k | predicted), ``queue_order``, ``local_f
 ``timeout_s`` (watchdog, default ``$KOSMOS_TIMEOUT_S`` or 5 s), ``debug_skip_rank`` (local
 fabric: that emulated rank never signals; the watchdog test), ``trace_cap`` (records/WG),
 ``max_inflight`` (policy self: override the schedule's in-flight mover cap; 0 = none),
-``mover_bulk`` (ag-gemm movers use TMA bulk copies; default ``$KOSMOS_MOVER_BULK`` or off).
+``mover_bulk`` (ag-gemm movers use TMA bulk copies; default ``$KOSMOS_MOVER_BULK`` or off),
+``mover`` ('sm' default; 'ce': host-fabric ag-gemm bands move by the copy engine, flags
+released by stream memory operations, every WG builds; default ``$KOSMOS_MOVER``).
 
 Runner: ``run()`` launches without synchronizing (and first raises :class:`WatchdogError`
 if an earlier call timed out); ``check()`` synchronizes and raises for this call;
@@ -123,7 +125,7 @@ class KosmosRunner:
 
     def __init__(self, point: Point, ctx, inputs, *, num_wgs: int | None = None, timeout_s: float | None = None,
                  debug_skip_rank: int | None = None, trace_cap: int = DEFAULT_TRACE_CAP,
-                 max_inflight: int | None = None, mover_bulk: bool | None = None):
+                 max_inflight: int | None = None, mover_bulk: bool | None = None, mover: str | None = None):
         import torch
 
         from .. import kernels
@@ -140,6 +142,16 @@ class KosmosRunner:
         fabric = point.fabric
         self.fabric = fabric
         self.op_code = abi.OP_CODES[op]
+        # 'sm': WGs move (the KOSMOS design); 'ce' (host fabric, ag-gemm): the copy engine moves
+        # each band (cudaMemcpyAsync on a side stream) and releases its flag with a stream
+        # memory operation; every WG builds.
+        self.mover = mover or os.environ.get("KOSMOS_MOVER", "sm")
+        if self.mover not in ("sm", "ce"):
+            raise ValueError(f"mover={self.mover!r}: expected 'sm' or 'ce'")
+        if self.mover == "ce" and (fabric != "host" or op != "ag-gemm"):
+            raise ValueError("mover='ce' is implemented for ag-gemm on the host fabric only")
+        self.calls = 0  # completed launches since the last reset (epoch of the next = calls + 1)
+        self.ce_plan: list = []
         dev_index = self.dev.index if self.dev.index is not None else torch.cuda.current_device()
         with torch.cuda.device(dev_index):
             mx = ctypes.c_int(0)
@@ -206,6 +218,8 @@ class KosmosRunner:
                 peer_A[0] = A[0].data_ptr()
                 for p in range(1, W):
                     peer_A[p] = self._pinned(A[p])
+                    self._host_A = getattr(self, '_host_A', {})
+                    self._host_A[p] = self._keep[-1]
             else:
                 for p in range(W):
                     peer_A[p] = sym_ptrs[p] + off_data
@@ -218,6 +232,8 @@ class KosmosRunner:
                 work = torch.empty(M, K, dtype=dt, device=self.dev)
                 self._keep += [C, work]
                 self.outputs[r] = C
+                if self.mover == "ce":
+                    self._ce_plan(self.scheds[0], work, flags[r], m_loc, K)
                 per_rank[r] = dict(A=A[r].data_ptr(), B=B[r].data_ptr(), C=C.data_ptr(), work=work.data_ptr(),
                                    peer_A=[peer_A.get(p, 0) for p in range(W)])
         else:
@@ -269,6 +285,8 @@ class KosmosRunner:
                 self._keep += [ti, tq]
                 a.items[q], a.queue[q] = ti.data_ptr(), tq.data_ptr()
                 a.count[q] = len(sch.queues[q])
+                if q == S.Q_MOVE and self.mover == "ce":
+                    a.count[q] = 0  # the copy engine moves; WGs only build
             for name in ("deps", "peer_flags", "flag_mult"):
                 t = _i32(self.dev, arrs[name])
                 self._keep.append(t)
@@ -301,6 +319,7 @@ class KosmosRunner:
         k = self.scheds[0].num_movers
         self.info = {"num_movers": k, "num_wgs": int(G), "wgs_per_rank": int(sizes.min()),
                      "max_inflight_movers": int(ra_arr[0].max_inflight_movers), "mover_bulk": self.mover_bulk,
+                     "mover": self.mover,
                      "kosmos_policy": _policy(point), "trace_dropped": 0}
         torch.cuda.synchronize(self.dev)
 
@@ -368,12 +387,44 @@ class KosmosRunner:
         p.mover_bulk = 1 if self.mover_bulk else 0
         return p
 
+    def _ce_plan(self, sch, work, flag_base: int, m_loc: int, K: int) -> None:
+        """One (dst view, src view, flag address, multiplicity) per band, in mover order."""
+        seen = []
+        tab = sch.movers.table
+        for i in sch.movers.queue:
+            row = tab[i]
+            key = (int(row[S.F["peer"]]), int(row[S.F["m0"]]))
+            if key in seen:
+                continue
+            seen.append(key)
+            p, m0, rows, f = key[0], key[1], int(row[S.F["rows"]]), int(row[S.F["rel_flag"]])
+            dst = work[p * m_loc + m0:p * m_loc + m0 + rows]
+            src = self._host_A[p][m0:m0 + rows]
+            self.ce_plan.append((dst, src, flag_base + 4 * f, int(sch.flag_mult[f])))
+        import torch
+
+        self.ce_stream = torch.cuda.Stream(self.dev)
+
     def _launch(self, params) -> None:
         import torch
 
-        stream = torch.cuda.current_stream(self.dev).cuda_stream
+        main = torch.cuda.current_stream(self.dev)
+        stream = main.cuda_stream
         with torch.cuda.device(self.dev):
+            if self.ce_plan:
+                epoch = self.calls + 1
+                cs = self.ce_stream
+                cs.wait_stream(main)  # previous call's readers of the gathered buffer are done
+                with torch.cuda.stream(cs):
+                    for dst, src, fptr, mult in self.ce_plan:
+                        dst.copy_(src, non_blocking=True)
+                        self._call(self.lib.kosmos_stream_write_u32(ctypes.c_void_p(cs.cuda_stream),
+                                                                    ctypes.c_void_p(fptr), (epoch * mult) & 0xFFFFFFFF),
+                                   "kosmos_stream_write_u32")
             self._call(self.lib.kosmos_launch(ctypes.byref(params), ctypes.c_void_p(stream)), "kosmos_launch")
+            if self.ce_plan:
+                main.wait_stream(self.ce_stream)
+        self.calls += 1
 
     def _raise_if_timed_out(self) -> None:
         import torch
@@ -392,6 +443,7 @@ class KosmosRunner:
                 if t.dtype == torch.int32:
                     t.zero_()
             self.state.zero_()
+            self.calls = 0
             torch.cuda.synchronize(self.dev)
         raise WatchdogError(msg)
 

@@ -77,7 +77,8 @@ def declare(lib: C.CDLL) -> C.CDLL:
     lib.kosmos_alloc_mapped.argtypes = [C.c_uint64, C.POINTER(P), C.POINTER(P)]
     lib.kosmos_free_mapped.argtypes = [P]
     lib.kosmos_smem_bytes.argtypes = [C.c_int]
+    lib.kosmos_stream_write_u32.argtypes = [P, P, C.c_uint32]
     for f in ("kosmos_max_wgs", "kosmos_launch", "kosmos_host_device_ptr", "kosmos_alloc_mapped",
-              "kosmos_free_mapped", "kosmos_smem_bytes"):
+              "kosmos_free_mapped", "kosmos_smem_bytes", "kosmos_stream_write_u32"):
         getattr(lib, f).restype = C.c_int
     return lib
