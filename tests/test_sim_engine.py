@@ -184,3 +184,16 @@ def test_inflight_cap(seed, cap):
     tl = res.timeline()
     for _, g in tl.groupby(["rank", "wg"]):
         assert np.all(g["t0_ns"].to_numpy()[1:] >= g["t1_ns"].to_numpy()[:-1])
+
+
+def test_link_collapse():
+    """n equal transfers on one link: beyond n0 the link delivers (n0/n)**gamma of its rate."""
+    b, B, n0, gamma = 100.0, 10.0, 4, 1.0
+    for n in (2, 4, 8, 16):
+        p = make([], [(b, (0,))] * n, [[]] * n, wgs=n, bw=[B])
+        p.collapse = (n0, gamma)
+        eff = min(1.0, (n0 / n) ** gamma)
+        assert E.simulate(p).makespan_ns == pytest.approx(n * b / (B * eff))
+        p2 = make([], [(b, (0, 1))] * n, [[]] * n, wgs=n, bw=[B, 1e9])  # same through the waterfill
+        p2.collapse = (n0, gamma)
+        assert E.simulate(p2).makespan_ns == pytest.approx(n * b / (B * eff))

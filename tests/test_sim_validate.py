@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -80,12 +81,14 @@ def test_build_profile_from_measurements(tmp_path):
            "copies": {"h2d_GBps": 52.0, "d2h_GBps": 49.0, "duplex_GBps": 90.0, "small_copy_us": 9.0, "hbm_GBps": 3900.0},
            "launch_us": 4.0,
            "kosmos": {"builder": {"M": 8192, "N": 8192, "K": 8192, "per_sm_tflops": 650.0 / 132 * 0.5},
-                      "movers": [{"k": 1, "GBps": 9.0}, {"k": 2, "GBps": 18.0}, {"k": 8, "GBps": 44.0}],
+                      "movers": [{"k": 1, "GBps": 9.0}, {"k": 2, "GBps": 18.0}, {"k": 8, "GBps": 44.0},
+                                 {"k": 16, "GBps": 45.0}, {"k": 64, "GBps": 22.0}],
                       "tile_mover": {"k": 1, "GBps": 4.5}}}
     prof = build_profile(raw, name="fake")
     assert prof["builder_efficiency"] == pytest.approx(0.5)
-    assert prof["link"]["wg_GBps"] == 9.0 and prof["link"]["h2d_GBps"] == 44.0
+    assert prof["link"]["wg_GBps"] == 9.0 and prof["link"]["h2d_GBps"] == 45.0
     assert prof["link"]["wg_tile_GBps"] == 4.5
+    assert prof["link"]["collapse"]["flows"] == 8 and prof["link"]["collapse"]["exponent"] == pytest.approx(math.log(45 / 22) / math.log(8), abs=1e-3)
     assert prof["copy_engine_GBps"] == {"h2d": 52.0, "d2h": 49.0}
     assert prof["link"]["latency_ns"] == 5000.0
     path = tmp_path / "fake.json"

@@ -22,7 +22,8 @@ in per-rank queues (int arrays in priority order, exactly as the kernels get the
 
 Links are a fluid model: every active transfer has a rate, set by max-min fairness over the
 links on its path (each of capacity bytes/ns) and a per-transfer cap (what one WG can drive);
-rates are recomputed whenever a transfer starts or ends.
+rates are recomputed whenever a transfer starts or ends. Optionally a link loses capacity
+beyond n0 concurrent transfers (`collapse`).
 
 Output (`SimResult`): per-item claim/start/end times and WG, WAIT intervals, the makespan,
 and `timeline()`: the role records (rank, wg, sm, role, item, t0_ns, t1_ns) with the same
@@ -70,6 +71,9 @@ class Problem:
     wg_rules:   per rank, int array (G,): which rule set each WG follows
     link_bw:    float (L,)    link capacity, bytes/ns (= GB/s)
     flow_cap:   bytes/ns one transfer (one WG) can drive at most
+    collapse:   (n0, gamma) or None: a link carrying n > n0 transfers delivers only
+                (n0 / n) ** gamma of its capacity (contention collapse, e.g. many SMs
+                reading host memory over PCIe)
     claim_ns:   cost of one claim (atomic), counted in the claimed item's interval
     sm:         per rank, int array (G,): SM of each WG (default: the WG index)
     inflight_cap: per rank, cap on claimed-not-completed items of capped rules (0 = none)
@@ -90,6 +94,7 @@ class Problem:
     link_bw: np.ndarray
     floor_ns: np.ndarray | None = None
     flow_cap: float = float("inf")
+    collapse: tuple | None = None
     claim_ns: float = 0.0
     sm: list | None = None
     inflight_cap: list | None = None
@@ -220,8 +225,9 @@ class _Links:
     (progressive filling). Paths are kept as a padded (F, m) int array; the pad is a
     virtual link of infinite capacity, so a recomputation is a few numpy passes."""
 
-    def __init__(self, bw: np.ndarray, cap: float, width: int = 2):
+    def __init__(self, bw: np.ndarray, cap: float, width: int = 2, collapse: tuple | None = None):
         self.bw = np.append(np.asarray(bw, dtype=float), np.inf)  # last: the pad
+        self.collapse = collapse
         self.pad = len(self.bw) - 1
         self.cap = float(cap)
         self.width = max(1, int(width))
@@ -276,6 +282,11 @@ class _Links:
         rate = np.zeros(f)
         active = np.ones(f, dtype=bool)
         left = self.bw.copy()
+        if self.collapse is not None:
+            n0, gamma = self.collapse
+            n = np.bincount(P.ravel(), minlength=nl).astype(float)
+            over = n > n0
+            left[over] *= (n0 / n[over]) ** gamma
         tol = 1e-9 * np.maximum(self.bw, 1.0)
         tol[self.pad] = -1.0
         cap_hi = self.cap * (1 - 1e-12)
@@ -304,8 +315,9 @@ class _PSLinks:
     per-transfer service S; a transfer joining at S0 with b bytes ends when S = S0 + b.
     O(log n) per event instead of a rate recomputation over all transfers."""
 
-    def __init__(self, bw: np.ndarray, cap: float):
+    def __init__(self, bw: np.ndarray, cap: float, collapse: tuple | None = None):
         self.bw = [float(x) for x in bw] + [float("inf")]  # last: transfers with no link
+        self.collapse = collapse
         L = len(self.bw)
         self.cap = float(cap)
         self.S = [0.0] * L
@@ -314,7 +326,13 @@ class _PSLinks:
         self.t = 0.0
 
     def _rate(self, l: int) -> float:
-        return min(self.cap, self.bw[l] / self.n[l]) if self.n[l] else 0.0
+        n = self.n[l]
+        if not n:
+            return 0.0
+        bw = self.bw[l]
+        if self.collapse is not None and n > self.collapse[0]:
+            bw *= (self.collapse[0] / n) ** self.collapse[1]
+        return min(self.cap, bw / n)
 
     def advance(self, t: float) -> None:
         dt = t - self.t
@@ -409,9 +427,10 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
 
     single = all(len(p.path[i]) <= 1 for i in range(n) if is_move[i])
     if single:
-        links = _PSLinks(p.link_bw, p.flow_cap)
+        links = _PSLinks(p.link_bw, p.flow_cap, p.collapse)
     else:
-        links = _Links(p.link_bw, p.flow_cap, width=max(len(p.path[i]) for i in range(n) if is_move[i]))
+        links = _Links(p.link_bw, p.flow_cap, width=max(len(p.path[i]) for i in range(n) if is_move[i]),
+                       collapse=p.collapse)
     for i in range(n):
         if pending[i] == 0:
             push(floor[i], _EV_READY, i)

@@ -268,7 +268,8 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     prob = E.Problem(kind=kind, rank=rank, work_ns=work, nbytes=nbytes, path=path, dep_ptr=dep_ptr,
                      dep_idx=dep_idx, dep_lat_ns=dep_lat, label=label, queues=queues, rule_sets=rule_sets,
                      wg_rules=wg_rules, link_bw=links.bw, floor_ns=floor, flow_cap=cap,
-                     claim_ns=float(prof.get("claim_ns", 0.0)), sm=sm, inflight_cap=caps)
+                     claim_ns=float(prof.get("claim_ns", 0.0)), sm=sm, inflight_cap=caps,
+                     collapse=_collapse(prof, p.fabric))
     overhead = prof["launch_overhead_us"] * 1e3 + (remote_lat if p.fabric != "host" and W > 1 else 0.0)
     return Built(prob, ranks, sizes[0], num_movers, symmetric, overhead, [scheds[r] for r in ranks])
 
@@ -301,6 +302,14 @@ def _peer_releases(r, sched, offset, W):
                 items.append(item)
                 peers.append(src)
     return flags, items, peers
+
+
+def _collapse(prof: dict, fabric: str):
+    """(n0, gamma) of the profile's link collapse (link.collapse = {flows, exponent}), or None."""
+    c = prof["link"].get("collapse") if fabric != "local" else None
+    if not c or not c.get("flows") or not c.get("exponent"):
+        return None
+    return float(c["flows"]), float(c["exponent"])
 
 
 class _LinkMap:
