@@ -212,3 +212,18 @@ def test_mesh_profile_symmetric_equals_full(op):
     sym, _ = simulate_point(p, prof, full=False)
     full, _ = simulate_point(p, prof, full=True)
     assert sym["t_median_us"] == pytest.approx(full["t_median_us"], rel=1e-6)
+
+
+def test_gemm_op_builder_and_torch():
+    prof = profiles.load("h200-nvlink-x8")
+    p = Point(op="gemm", impl="torch", M=8192, N=8192, K=8192, world=1, fabric="nvlink", backend="sim")
+    f_t, tr = run_point(p)
+    assert tr is None and f_t["t_median_us"] == pytest.approx(f_t["t_gemm_us"])
+    f_k, tr = run_point(p.replace(impl="kosmos", policy="self"))
+    b = prof["builder_sm90"]
+    tiles = math.ceil(p.M / b["tile_m"]) * math.ceil(p.N / b["tile_n"])
+    assert len(tr) == tiles and set(tr.role) == {"BUILD"}
+    # about cuBLAS's time (efficiency ~1, whole waves: 2048 tiles / 132 SMs)
+    assert 0.8 < f_t["t_median_us"] / f_k["t_median_us"] < 1.2
+    with pytest.raises(Unsupported):
+        run_point(p.replace(world=2))

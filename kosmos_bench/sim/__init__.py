@@ -17,7 +17,8 @@ from ..point import Point
 from . import baselines, profiles
 from .model import Unsupported
 
-IMPLS = ("kosmos", "nccl-seq", "nccl-overlap")
+IMPLS = ("kosmos", "nccl-seq", "nccl-overlap", "torch")
+OPS = ("ag-gemm", "gemm-rs", "gemm")
 
 __all__ = ["run_point", "simulate_point", "profile_for", "Unsupported", "profiles", "IMPLS"]
 
@@ -46,10 +47,14 @@ def simulate_point(point: Point, prof: dict | None = None, num_movers: int | Non
     if point.impl not in IMPLS:
         raise Unsupported(f"the simulator models {', '.join(IMPLS)}, not {point.impl}")
     _check_fabric(point, prof)
-    if point.op not in ("ag-gemm", "gemm-rs"):
+    if point.op not in OPS:
         raise Unsupported(f"the simulator does not model {point.op}")
     if point.dtype not in prof["gemm_tflops"]:
         raise Unsupported(f"profile {prof['name']} has no {point.dtype} GEMM rate")
+    if point.op == "gemm":
+        return _gemm_point(point, prof)
+    if point.impl == "torch":
+        raise Unsupported("impl torch runs only the gemm op")
     fields = {"profile": prof["name"], "t_gemm_us": baselines.gemm_alone_us(point, prof), "cv": 0.0}
     if point.impl != "kosmos" and point.fabric == "local":
         raise Unsupported(f"{point.impl} does not run on the local fabric")
@@ -70,6 +75,35 @@ def simulate_point(point: Point, prof: dict | None = None, num_movers: int | Non
         fields.update(res.summary())
         fields.update(num_movers=built.num_movers, num_wgs=built.num_wgs, sim_ranks=len(built.ranks),
                       sim_symmetric=built.symmetric, sim_items=built.problem.n, sim_events=res.events)
+    fields.update(t_median_us=t, t_min_us=t, t_p99_us=t, sim_wall_s=time.perf_counter() - t0)
+    return fields, res
+
+
+def _gemm_point(point: Point, prof: dict):
+    """Op gemm (world 1): `torch` = cuBLAS model; `kosmos` = the standalone sm90 builder
+    (profile `builder_sm90`: its tile and rate), replayed as a world-1 ag-gemm schedule."""
+    from . import engine, model
+
+    if point.world != 1:
+        raise Unsupported(f"op gemm has no communication: world must be 1, got {point.world}")
+    t_gemm = baselines.cublas_us(prof, point.dtype, point.M, point.N, point.K)
+    fields = {"profile": prof["name"], "t_gemm_us": t_gemm, "t_comm_us": None, "cv": 0.0}
+    res = None
+    t0 = time.perf_counter()
+    if point.impl == "torch":
+        t = t_gemm
+    elif point.impl == "kosmos":
+        b = prof.get("builder_sm90")
+        if not b:
+            raise Unsupported(f"profile {prof['name']} has no sm90 builder figures (builder_sm90)")
+        p2 = {**prof, "tile_m": b["tile_m"], "tile_n": b["tile_n"], "builder_efficiency": b["efficiency"]}
+        built = model.build(point.replace(op="ag-gemm", policy="self"), p2)
+        res = engine.simulate(built.problem, check=False)
+        t = (res.makespan_ns + built.overhead_ns) / 1e3
+        fields.update(res.summary())
+        fields.update(num_wgs=built.num_wgs, sim_ranks=1, sim_items=built.problem.n, sim_events=res.events)
+    else:
+        raise Unsupported(f"the simulator models op gemm for kosmos and torch, not {point.impl}")
     fields.update(t_median_us=t, t_min_us=t, t_p99_us=t, sim_wall_s=time.perf_counter() - t0)
     return fields, res
 
