@@ -75,10 +75,12 @@ saturated, the other WGs build), without a cap (device-memory fabrics) builder-f
 * ag-gemm: pending ready > [cap: mover if a slot is free] > builder head ready ? claim the
   next builder (ready: run, else pending) > mover if a slot is free > [no slot: poll] >
   block on the pending / next builder (movers exhausted) > done.
-* gemm-rs: pending ready > reduce head ready ? claim the next reduce (else pending) > mover
-  head ready and a slot free ? claim the next mover (wait) > next builder (builders never
-  wait) > mover if a slot is free (wait; builders exhausted) > [no slot: poll] > block on
-  the pending / next reduce (movers exhausted) > done. (Builders are always ready, so a
+* gemm-rs: pending ready (a mover also needs a free slot) > reduce head ready ? claim the
+  next reduce (else pending) > claim the next mover (ready and a slot free: run it, else it
+  becomes pending, so an unready push never holds back the ready items behind it) > next
+  builder (builders never wait) > pending mover (slot; wait: builders exhausted) > mover if
+  a slot is free (wait) > [no slot: poll] > block on the pending / next reduce (movers
+  exhausted) > done. (Builders are always ready, so a
   builder-first rule would run the whole GEMM before any push; ready movers go first.)
 
 ``policy='fixed:k'``: on each rank, WGs 0..k-1 only claim movers (and wait on them), the
@@ -662,7 +664,7 @@ def simulate_steps(scheds: list[RankSchedule], durations=None, max_steps: int = 
                 return None
             return Q_MOVE, claim(s, Q_MOVE)
 
-        if pend is not None and ready(s, *pend):
+        if pend is not None and pend[0] != Q_MOVE and ready(s, *pend):
             return take_pending()
         if s.op == "ag-gemm":
             if cap:
@@ -684,6 +686,8 @@ def simulate_steps(scheds: list[RankSchedule], durations=None, max_steps: int = 
             i = claim(s, Q_BUILD)
             return (Q_BUILD, i) if i is not None else None
         # gemm-rs
+        if pend is not None and pend[0] == Q_MOVE and ready(s, *pend) and under_cap(s):
+            return take_pending()
         if pend is None:
             _, i = head(s, Q_REDUCE)
             if i is not None and ready(s, Q_REDUCE, i):
@@ -692,14 +696,17 @@ def simulate_steps(scheds: list[RankSchedule], durations=None, max_steps: int = 
                     return Q_REDUCE, i
                 wg["pend"] = (Q_REDUCE, i)
                 return decide(wg, s)
-        _, i = head(s, Q_MOVE)
-        if i is not None and ready(s, Q_MOVE, i):
-            m = mover_with_slot()
-            if m:
-                return m
+            i = claim(s, Q_MOVE)
+            if i is not None:
+                if ready(s, Q_MOVE, i) and under_cap(s):
+                    return Q_MOVE, i
+                wg["pend"] = (Q_MOVE, i)
+                return decide(wg, s)
         i = claim(s, Q_BUILD)
         if i is not None:
             return Q_BUILD, i
+        if pend is not None and pend[0] == Q_MOVE:
+            return take_pending() if under_cap(s) else IDLE
         if head(s, Q_MOVE)[1] is not None:
             return mover_with_slot() or IDLE
         if pend is not None:

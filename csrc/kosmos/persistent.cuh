@@ -146,7 +146,7 @@ __device__ bool decide(const Wg& w, int* q_out, int* id_out, bool* counted, int*
   for (;;) {
     if (aborted(w.sc)) return false;
     uint32_t h;
-    if (pend[0] >= 0 && deps_ready(w, pend[0], pend[1])) return take_pending(false);
+    if (pend[0] >= 0 && pend[0] != kQMove && deps_ready(w, pend[0], pend[1])) return take_pending(false);
     if (kOp == KOSMOS_OP_AG_GEMM) {
       // [link-first: mover if a slot is free] > builder head ready (claim; not ready ->
       // pending) > mover (slot) > block on pending / next builder (movers exhausted)
@@ -175,8 +175,11 @@ __device__ bool decide(const Wg& w, int* q_out, int* id_out, bool* counted, int*
         return false;
       }
     } else {
-      // reduce head ready (claim; not ready -> pending) > mover head ready (slot) > builder >
-      // mover (slot, wait: builders exhausted) > block on pending / next reduce
+      // pending ready (a mover also needs a slot) > reduce head ready (claim; not ready ->
+      // pending) > next mover (claim; ready and a slot -> run, else pending: unready pushes
+      // never block the ready items behind them) > builder > pending mover (slot, wait:
+      // builders exhausted) > mover (slot, wait) > block on pending / next reduce
+      if (pend[0] == kQMove && deps_ready(w, kQMove, pend[1]) && acquire_slot()) return take_pending(false);
       if (pend[0] < 0) {
         id = peek(ra, kQReduce, &h);
         if (id >= 0 && deps_ready(w, kQReduce, id)) {
@@ -188,14 +191,20 @@ __device__ bool decide(const Wg& w, int* q_out, int* id_out, bool* counted, int*
           continue;
         }
       }
-      id = peek(ra, kQMove, &h);
-      if (id >= 0 && deps_ready(w, kQMove, id)) {
-        id = mover_with_slot();
-        if (id >= 0) return take(kQMove, id, true);
+      if (pend[0] < 0 && left(kQMove)) {
+        id = claim_next(ra, kQMove);
+        if (id >= 0) {
+          if (deps_ready(w, kQMove, id) && acquire_slot()) return take(kQMove, id, false);
+          pend[0] = kQMove;
+          pend[1] = id;
+          continue;
+        }
       }
       id = claim_next(ra, kQBuild);
       if (id >= 0) return take(kQBuild, id, false);
-      if (left(kQMove)) {
+      if (pend[0] == kQMove) {
+        if (acquire_slot()) return take_pending(true);  // its builder is claimed
+      } else if (left(kQMove)) {
         id = mover_with_slot();
         if (id >= 0) return take(kQMove, id, true);
       } else {

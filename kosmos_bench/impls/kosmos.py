@@ -457,6 +457,28 @@ class KosmosRunner:
         self.rank_args.copy_(torch.from_numpy(raw.copy()))
         torch.cuda.synchronize(self.dev)
 
+    def rebind(self, A, B, C) -> None:
+        """Point the (single executed) rank at new operands/output (torch custom ops).
+
+        A, B: this rank's shards (layouts of Point); C: output tensor (out_shape), bf16,
+        contiguous. ag-gemm on nvlink copies A into the symmetric buffer (stream-ordered).
+        """
+        import torch
+
+        if len(self.ranks) != 1:
+            raise RuntimeError("rebind is for fabrics with one executed rank (nvlink, host)")
+        a = self._ra_arr[0]
+        if self.point.op == "ag-gemm" and self.fabric == "nvlink":
+            m_loc, K = self.point.M // self.point.world, self.point.K
+            off = int(a.peer_A[self.ranks[0]]) - int(self.symm_buf.data_ptr())
+            self.symm_buf[off:off + m_loc * K * 2].view(torch.bfloat16).view(m_loc, K).copy_(A)
+        else:
+            a.A = A.data_ptr()
+        a.B, a.C = B.data_ptr(), C.data_ptr()
+        raw = torch.from_numpy(np.frombuffer(bytes(self._ra_arr), dtype=np.uint8).copy())
+        self.rank_args.copy_(raw.pin_memory(), non_blocking=True)
+        self.outputs = {self.ranks[0]: C}
+
     # ---- Runner interface ----
     def run(self) -> None:
         """One call (asynchronous). Raises WatchdogError if an earlier call timed out."""
