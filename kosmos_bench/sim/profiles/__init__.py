@@ -22,7 +22,6 @@ A profile describes one GPU and how it reaches its peers (fields documented in e
 from __future__ import annotations
 
 import json
-from functools import lru_cache
 from pathlib import Path
 
 _DIR = Path(__file__).resolve().parent
@@ -37,11 +36,6 @@ def names() -> list[str]:
     return sorted(p.stem for p in _DIR.glob("*.json"))
 
 
-@lru_cache(maxsize=None)
-def _load_file(path: str) -> str:
-    return Path(path).read_text()
-
-
 def load(name: str) -> dict:
     """The profile `name` (shipped) or the JSON file at path `name`, validated, with defaults."""
     path = _DIR / f"{name}.json"
@@ -52,7 +46,7 @@ def load(name: str) -> dict:
         else:
             raise KeyError(f"unknown simulator profile {name!r}; shipped: {', '.join(names())} "
                            "(or give a path to a profile .json)")
-    prof = json.loads(_load_file(str(path)))
+    prof = json.loads(path.read_text())
     missing = [k for k in REQUIRED if k not in prof]
     if missing:
         raise ValueError(f"profile {path}: missing keys {missing}")
