@@ -223,3 +223,29 @@ def test_inflight_cap_defaults():
     assert S.max_inflight_movers("gemm-rs", "host", 132) >= S.max_inflight_movers("ag-gemm", "host", 132)
     # predicted on the host link: a handful of movers, not most of the GPU
     assert S.predicted_movers("ag-gemm", 8192, 8192, 8192, 8, 132, fabric="host") <= 16
+
+
+def test_c_abi_constants_match_python():
+    """csrc/kosmos/params.h and kernels/abi.py + schedule.py agree (no nvcc needed)."""
+    import re
+    from pathlib import Path
+
+    from kosmos_bench.kernels import abi
+
+    h = (Path(__file__).resolve().parents[1] / "csrc" / "kosmos" / "params.h").read_text()
+    h = re.sub(r"//[^\n]*", "", h)  # drop comments
+
+    def define(name):
+        return int(re.search(rf"#define {name} (\d+)", h).group(1))
+
+    assert define("KOSMOS_ITEM_STRIDE") == S.ITEM_STRIDE == len(S.ITEM_FIELDS)
+    assert define("KOSMOS_ABI_VERSION") == abi.ABI_VERSION
+    assert define("KOSMOS_MAX_WORLD") == abi.MAX_WORLD
+    assert define("KOSMOS_NUM_CTR") == abi.NUM_CTR
+    # RankArgs field order of the C struct == ctypes mirror
+    body = h[h.index("typedef struct KosmosRankArgs"):h.index("} KosmosRankArgs;")]
+    c_fields = re.findall(r"\b([A-Za-z_]\w*)(?:\[[^\]]*\])?;", body)
+    assert c_fields == [f for f, _ in abi.RankArgs._fields_]
+    body = h[h.index("typedef struct KosmosParams"):h.index("} KosmosParams;")]
+    assert re.findall(r"\b([A-Za-z_]\w*)(?:\[[^\]]*\])?;", body) == [f for f, _ in abi.Params._fields_]
+    assert S.ROLE_NAMES == ("MOVE", "BUILD", "REDUCE", "WAIT")  # trace.cuh Role enum order
