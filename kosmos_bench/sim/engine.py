@@ -17,8 +17,10 @@ in per-rank queues (int arrays in priority order, exactly as the kernels get the
                  cap (`inflight_cap`), the WG spins instead (a WAIT with item -1) and
                  re-decides when something changes on its rank
     READY_CAPPED as READY, and only under the cap
-  When no rule applies the WG exits. This is exactly the kernels' loop (schedule.py).
-  (A rule's mode may also be given as a bool: True = READY, False = ANY.)
+  When no rule applies the WG exits. (A mode may also be a bool: True = READY, False = ANY.)
+  A rule set may instead be one of the named loops SELF_AG / SELF_RS: the kernels' policy
+  'self' with its per-WG *pending* slot (see `_self_decide`, a transcription of
+  schedule.simulate_steps' decide(); queues 0/1/2 = builder/mover/reduce).
 
 Links are a fluid model: every active transfer has a rate, set by max-min fairness over the
 links on its path (each of capacity bytes/ns) and a per-transfer cap (what one WG can drive);
@@ -39,6 +41,8 @@ import pandas as pd
 
 BUILD, MOVE, REDUCE = 0, 1, 2
 ANY, READY, ANY_CAPPED, READY_CAPPED = 0, 1, 2, 3
+SELF_AG, SELF_RS = "self:ag-gemm", "self:gemm-rs"  # named loops (policy self of the kernels)
+_QB, _QM, _QR = 0, 1, 2
 ROLE_NAMES = {BUILD: "BUILD", MOVE: "MOVE", REDUCE: "REDUCE"}
 
 # event types; at equal times completions come first, then readiness, then free WGs pick
@@ -128,7 +132,12 @@ class Problem:
             raise ValueError("dependency out of range")
         for r, wr in enumerate(self.wg_rules):
             for k in np.unique(np.asarray(wr)):
-                for qi, _ in self.rule_sets[k]:
+                rs = self.rule_sets[k]
+                if isinstance(rs, str):
+                    if rs not in (SELF_AG, SELF_RS) or len(self.queues[r]) != 3:
+                        raise ValueError(f"rank {r}: named loop {rs!r} needs builder/mover/reduce queues")
+                    continue
+                for qi, _ in rs:
                     if not 0 <= qi < len(self.queues[r]):
                         raise ValueError(f"rank {r}: rule set {k} names queue {qi}")
 
@@ -406,7 +415,8 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
         for q in qs:
             for pos, it in enumerate(q[0]):
                 q_of[it] = (q, pos)
-    rule_sets = [[(int(qi), int(m)) for qi, m in rs] for rs in p.rule_sets]
+    rule_sets = [rs if isinstance(rs, str) else [(int(qi), int(m)) for qi, m in rs] for rs in p.rule_sets]
+    pend = [[None] * len(wr) for wr in p.wg_rules]  # per WG: claimed-not-ready item it holds
     rules = [[rule_sets[k] for k in np.asarray(wr).tolist()] for wr in p.wg_rules]
     cap = [int(c) for c in (p.inflight_cap or [0] * R)]
     inflight = [0] * R
@@ -452,8 +462,96 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
                 return
         push(t + work[it], _EV_DONE, it)
 
+    def head(r, qi):
+        items, h = queues[r][qi]
+        return items[h] if h < len(items) else None
+
+    def claim(r, qi):
+        q = queues[r][qi]
+        items, h = q
+        if h >= len(items):
+            return None
+        q[1] = h + 1
+        return items[h]
+
+    def under_cap(r):
+        return cap[r] == 0 or inflight[r] < cap[r]
+
+    def take(r, g, it, t, is_mover):
+        """Make `it` the WG's current item (run it, or wait on it if it is not ready)."""
+        wg_of[it] = g
+        t_claim[it] = t
+        if is_mover and rules[r][g] in (SELF_AG, SELF_RS):
+            inflight[r] += 1
+            capped_item[it] = True
+        if ready_t[it] <= t:
+            start(it, t + claim_ns, t)
+        else:
+            waiting[it] = g
+        return queues[r][_QM if is_mover else _QB]
+
+    def self_decide(r, g, t):
+        """The kernels' policy 'self' (schedule.simulate_steps decide()): returns the queue
+        the WG took from, None to poll (spin), True when done."""
+        loop = rules[r][g]
+        rdy = lambda i: ready_t[i] <= t  # noqa: E731
+        for _ in range(4):  # at most one re-decision after parking a claim as pending
+            pd = pend[r][g]
+            if pd is not None and not is_move[pd] and rdy(pd):
+                pend[r][g] = None
+                return take(r, g, pd, t, False)
+            if loop == SELF_AG:
+                if cap[r] and head(r, _QM) is not None and under_cap(r):
+                    return take(r, g, claim(r, _QM), t, True)
+                if pd is None:
+                    i = head(r, _QB)
+                    if i is not None and rdy(i):
+                        return take(r, g, claim(r, _QB), t, False)
+                if head(r, _QM) is not None:
+                    return take(r, g, claim(r, _QM), t, True) if under_cap(r) else None
+                if pd is not None:
+                    pend[r][g] = None
+                    return take(r, g, pd, t, False)
+                i = claim(r, _QB)
+                return take(r, g, i, t, False) if i is not None else True
+            # gemm-rs
+            if pd is not None and is_move[pd] and rdy(pd) and under_cap(r):
+                pend[r][g] = None
+                return take(r, g, pd, t, True)
+            if pd is None:
+                i = head(r, _QR)
+                if i is not None and rdy(i):
+                    return take(r, g, claim(r, _QR), t, False)
+                i = claim(r, _QM)
+                if i is not None:
+                    if rdy(i) and under_cap(r):
+                        return take(r, g, i, t, True)
+                    pend[r][g] = i
+                    continue  # decide again, holding the pending mover
+            i = claim(r, _QB)
+            if i is not None:
+                return take(r, g, i, t, False)
+            if pd is not None and is_move[pd]:
+                if not under_cap(r):
+                    return None
+                pend[r][g] = None
+                return take(r, g, pd, t, True)
+            if head(r, _QM) is not None:
+                return take(r, g, claim(r, _QM), t, True) if under_cap(r) else None
+            if pd is not None:
+                pend[r][g] = None
+                return take(r, g, pd, t, False)
+            i = claim(r, _QR)
+            return take(r, g, i, t, False) if i is not None else True
+        raise RuntimeError("self_decide: no decision")  # unreachable
+
     def pick(r, g, t):
         """Walk g's rules: the queue it claimed from, None if it must spin, True if it exited."""
+        if isinstance(rules[r][g], str):
+            res = self_decide(r, g, t)
+            if res is True:
+                wg_exit[r][g] = t
+            return res
         for qi, mode in rules[r][g]:
             q = queues[r][qi]
             items, h = q
@@ -481,6 +579,9 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
             return q
         wg_exit[r][g] = t
         return True
+
+    def pending_parked(r):
+        return {pend[r][g] for g in parked[r]}
 
     def dispatch(r, t):
         """Spinning WGs of rank r re-decide (something changed on r)."""
@@ -529,7 +630,7 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
             if waiting[a] >= 0:
                 ts = max(t, t_claim[a] + claim_ns)
                 start(a, ts, ts)
-            elif parked[rank_of[a]] and q_of[a][0][1] == q_of[a][1]:
+            elif parked[rank_of[a]] and (q_of[a][0][1] == q_of[a][1] or a in pending_parked(rank_of[a])):
                 dispatch(rank_of[a], t)
         elif typ == _EV_JOIN:
             links.advance(t)

@@ -31,15 +31,13 @@ from . import engine as E
 SYMMETRIC_ORDERS = ("demand", "reverse")
 
 # The kernels' WG loops (schedule.py docstring "Queues and the WG loop", csrc/kosmos/
-# persistent.cuh decide()), as engine rules [(queue, mode), ...] tried in order. Capped
-# modes obey the schedule's `max_inflight` (policy self: soft cap on concurrent movers).
+# persistent.cuh decide()). Policy self is the engine's named loop (pending slot, mover
+# slots = schedule.max_inflight); fixed / predicted are plain rules [(queue, mode), ...].
 _B, _M, _R = S.Q_BUILD, S.Q_MOVE, S.Q_REDUCE
+assert (_B, _M, _R) == (0, 1, 2), "engine named loops assume builder/mover/reduce = 0/1/2"
 LOOP_RULES = {
-    # builder head if ready > next mover (spin at the cap) > builder head (wait)
-    ("ag-gemm", "self"): [(_B, E.READY), (_M, E.ANY_CAPPED), (_B, E.ANY)],
-    # reduce head if ready > mover head if ready (under the cap) > next builder >
-    # next mover (wait; spin at the cap) > next reduce (wait)
-    ("gemm-rs", "self"): [(_R, E.READY), (_M, E.READY_CAPPED), (_B, E.ANY), (_M, E.ANY_CAPPED), (_R, E.ANY)],
+    ("ag-gemm", "self"): E.SELF_AG,
+    ("gemm-rs", "self"): E.SELF_RS,
     "mover": [(_M, E.ANY)],
     "builder": [(_B, E.ANY), (_R, E.ANY)],
 }
