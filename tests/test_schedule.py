@@ -243,9 +243,17 @@ def test_c_abi_constants_match_python():
     assert define("KOSMOS_MAX_WORLD") == abi.MAX_WORLD
     assert define("KOSMOS_NUM_CTR") == abi.NUM_CTR
     # RankArgs field order of the C struct == ctypes mirror
-    body = h[h.index("typedef struct KosmosRankArgs"):h.index("} KosmosRankArgs;")]
-    c_fields = re.findall(r"\b([A-Za-z_]\w*)(?:\[[^\]]*\])?;", body)
-    assert c_fields == [f for f, _ in abi.RankArgs._fields_]
-    body = h[h.index("typedef struct KosmosParams"):h.index("} KosmosParams;")]
-    assert re.findall(r"\b([A-Za-z_]\w*)(?:\[[^\]]*\])?;", body) == [f for f, _ in abi.Params._fields_]
+
+    def fields(struct):
+        body = h[h.index(f"typedef struct {struct}") + len(f"typedef struct {struct}"):h.index(f"}} {struct};")]
+        out = []
+        for decl in re.findall(r"([^;{}]+);", body):
+            parts = [re.sub(r"\[[^\]]*\]", "", x).strip() for x in decl.split(",")]
+            out.append(re.split(r"[\s*]+", parts[0])[-1])
+            out += parts[1:]
+        return out
+
+    assert fields("KosmosRankArgs") == [f for f, _ in abi.RankArgs._fields_]
+    assert fields("KosmosParams") == [f for f, _ in abi.Params._fields_]
+    assert fields("KosmosErrorRecord") == [f for f, _ in abi.ErrorRecord._fields_]
     assert S.ROLE_NAMES == ("MOVE", "BUILD", "REDUCE", "WAIT")  # trace.cuh Role enum order
