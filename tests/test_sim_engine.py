@@ -197,3 +197,44 @@ def test_link_collapse():
         p2 = make([], [(b, (0, 1))] * n, [[]] * n, wgs=n, bw=[B, 1e9])  # same through the waterfill
         p2.collapse = (n0, gamma)
         assert E.simulate(p2).makespan_ns == pytest.approx(n * b / (B * eff))
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("loop", [E.SELF_AG, E.SELF_RS])
+@pytest.mark.parametrize("cap", [0, 1, 2])
+def test_named_self_loops(seed, loop, cap):
+    """The kernels' self loop (pending slot, mover slots): conservation, cap, no deadlock.
+    RS-like: movers depend on builders, reduces on movers; AG-like: builders on movers."""
+    rng = np.random.default_rng(seed)
+    nb, nm, nr = int(rng.integers(4, 16)), int(rng.integers(1, 6)), int(rng.integers(1, 5))
+    n = nb + nm + nr
+    kind = np.array([E.BUILD] * nb + [E.MOVE] * nm + [E.REDUCE] * nr, dtype=np.int8)
+    deps = []
+    for i in range(n):
+        if loop == E.SELF_AG:
+            deps.append([nb + int(rng.integers(0, nm))] if i < nb and rng.random() < 0.7 else [])
+        elif nb <= i < nb + nm:
+            deps.append([int(rng.integers(0, nb))])
+        elif i >= nb + nm:
+            deps.append([nb + int(rng.integers(0, nm))])
+        else:
+            deps.append([])
+    ptr, idx = E.csr(deps)
+    q = [E.Queue("builder", np.arange(nb)), E.Queue("mover", nb + np.arange(nm)),
+         E.Queue("reduce", nb + nm + np.arange(nr) if loop == E.SELF_RS else np.zeros(0, np.int64))]
+    if loop == E.SELF_AG:  # reduces go to the builder queue's end (AG has no reduce queue)
+        q[0] = E.Queue("builder", np.concatenate([np.arange(nb), nb + nm + np.arange(nr)]))
+    p = E.Problem(kind=kind, rank=np.zeros(n, dtype=np.int32), work_ns=rng.integers(1, 30, n).astype(float),
+                  nbytes=np.where(kind == E.MOVE, rng.integers(10, 100, n), 0).astype(float),
+                  path=[(0,) if k == E.MOVE else () for k in kind], dep_ptr=ptr, dep_idx=idx,
+                  dep_lat_ns=np.ones(len(idx)), label=np.arange(n), queues=[q], rule_sets=[loop],
+                  wg_rules=[np.zeros(4, dtype=np.int64)], link_bw=np.array([5.0]), flow_cap=2.0,
+                  inflight_cap=[cap])
+    res = E.simulate(p)
+    assert np.isfinite(res.t_end).all()
+    acc = res.wg_accounting()
+    assert np.allclose(acc["total_ns"], res.makespan_ns, atol=1e-6 * res.makespan_ns)
+    if cap:
+        mv = np.flatnonzero(kind == E.MOVE)
+        for t in res.t_claim[mv]:
+            assert ((res.t_claim[mv] <= t) & (res.t_end[mv] > t)).sum() <= cap
