@@ -429,6 +429,8 @@ class KosmosRunner:
     def _raise_if_timed_out(self) -> None:
         import torch
 
+        if self.closed:
+            raise RuntimeError("kosmos runner used after close()")
         e = self.err
         if int(e.count) == self.err_seen:
             return
