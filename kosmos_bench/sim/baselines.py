@@ -24,17 +24,28 @@ from ..ops.base import ELEM_BYTES
 from ..point import Point
 
 
+def _tile(prof: dict, builder: bool) -> tuple[int, int]:
+    """The KOSMOS builder's tile (profile tile_m x tile_n) or cuBLAS's (profile cublas_tile,
+    default 128 x 256, its usual Hopper tile), which only matters below one wave."""
+    if builder:
+        return int(prof["tile_m"]), int(prof["tile_n"])
+    bm, bn = prof.get("cublas_tile") or (128, 256)
+    return int(bm), int(bn)
+
+
 def tile_us(prof: dict, dtype: str, k: int, builder: bool = False) -> float:
-    """One BM x BN x k tile on one SM (us)."""
+    """One tile (builder's or cuBLAS's) with depth k on one SM (us)."""
     tflops = float(prof["gemm_tflops"][dtype])
     if builder:
         tflops *= float(prof.get("builder_efficiency", 1.0))
     per_sm = tflops * 1e12 / prof["num_sms"]  # FLOP/s of one SM in a full wave
-    return 2.0 * prof["tile_m"] * prof["tile_n"] * k / per_sm * 1e6 + prof.get("tile_overhead_ns", 0.0) / 1e3
+    bm, bn = _tile(prof, builder)
+    return 2.0 * bm * bn * k / per_sm * 1e6 + prof.get("tile_overhead_ns", 0.0) / 1e3
 
 
-def tiles(prof: dict, m: int, n: int) -> int:
-    return math.ceil(m / prof["tile_m"]) * math.ceil(n / prof["tile_n"])
+def tiles(prof: dict, m: int, n: int, builder: bool = False) -> int:
+    bm, bn = _tile(prof, builder)
+    return math.ceil(m / bm) * math.ceil(n / bn)
 
 
 def cublas_us(prof: dict, dtype: str, m: int, n: int, k: int, sms: int | None = None, launch: bool = True) -> float:
