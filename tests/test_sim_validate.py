@@ -98,3 +98,32 @@ def test_build_profile_from_measurements(tmp_path):
     assert simulate_point(p, profiles.load(str(path)))[0]["t_median_us"] > 0
     raw.pop("kosmos")
     assert any("NOT measured" in n for n in build_profile(raw)["notes"])
+
+
+# Measured on 1x H200, host fabric, W=8 rank-0 view (csrc/README.md "Measured", 2026-12-02):
+# op, M, N, K, policy, k (movers, or self's mover-slot cap), fused time (us).
+MEASURED_HOST = [
+    ("ag-gemm", 8192, 8192, 8192, "self", 7, 2492.7), ("ag-gemm", 8192, 8192, 8192, "fixed:8", 8, 2498.4),
+    ("ag-gemm", 8192, 8192, 8192, "fixed:32", 32, 2468.3), ("ag-gemm", 8192, 8192, 8192, "predicted", 7, 2500.8),
+    ("ag-gemm", 16384, 28672, 8192, "self", 7, 4838.3), ("ag-gemm", 16384, 28672, 8192, "fixed:8", 8, 4782.2),
+    ("ag-gemm", 16384, 28672, 8192, "predicted", 7, 4794.9),
+    ("gemm-rs", 8192, 8192, 8192, "self", 31, 3351.2), ("gemm-rs", 8192, 8192, 8192, "fixed:48", 48, 3114.7),
+    ("gemm-rs", 8192, 8192, 8192, "predicted", 31, 3222.1),
+    ("gemm-rs", 16384, 8192, 28672, "self", 31, 7484.0), ("gemm-rs", 16384, 8192, 28672, "fixed:32", 32, 6722.7),
+    ("gemm-rs", 16384, 8192, 28672, "predicted", 22, 6343.8),
+]
+
+
+def test_host_profile_against_measured_kernels():
+    """The shipped h200-host-pcie profile against the measured host-fabric kosmos table
+    (in-sample: the profile's link and builder figures come from the same device session)."""
+    from kosmos_bench.sim import simulate_point
+
+    prof = profiles.load("h200-host-pcie")
+    errs = []
+    for op, M, N, K, pol, k, t in MEASURED_HOST:
+        p = Point(op=op, impl="kosmos", M=M, N=N, K=K, world=8, fabric="host", backend="sim", policy=pol)
+        f, _ = simulate_point(p, prof, num_movers=None if pol == "self" else k)
+        errs.append(abs(f["t_median_us"] / t - 1))
+    median, worst = float(sorted(errs)[len(errs) // 2]), max(errs)
+    assert median <= 0.15 and worst <= 0.30, (median, worst)

@@ -91,7 +91,8 @@ def _ce(prof: dict, direction: str) -> float:
 
 def _copy_us(prof: dict, nbytes: float, direction: str) -> float:
     """One copy-engine transfer (cudaMemcpyAsync) over PCIe."""
-    return prof["link"].get("latency_ns", 0.0) / 1e3 + nbytes / (_ce(prof, direction) * 1e3)
+    lat = prof["link"].get("copy_latency_ns", prof["link"].get("latency_ns", 0.0))
+    return lat / 1e3 + nbytes / (_ce(prof, direction) * 1e3)
 
 
 def _nccl_busbw(prof: dict, p: Point) -> float:

@@ -77,7 +77,7 @@ class Problem:
     flow_cap:   bytes/ns one transfer (one WG) can drive at most
     collapse:   (n0, gamma) or None: a link carrying n > n0 transfers delivers only
                 (n0 / n) ** gamma of its capacity (contention collapse, e.g. many SMs
-                reading host memory over PCIe)
+                reading host memory over PCIe); n0 may be a per-link array (inf: never)
     claim_ns:   cost of one claim (atomic), counted in the claimed item's interval
     sm:         per rank, int array (G,): SM of each WG (default: the WG index)
     inflight_cap: per rank, cap on claimed-not-completed items of capped rules (0 = none)
@@ -293,9 +293,10 @@ class _Links:
         left = self.bw.copy()
         if self.collapse is not None:
             n0, gamma = self.collapse
+            n0 = np.append(np.broadcast_to(np.asarray(n0, dtype=float), (nl - 1,)), np.inf)
             n = np.bincount(P.ravel(), minlength=nl).astype(float)
             over = n > n0
-            left[over] *= (n0 / n[over]) ** gamma
+            left[over] *= (n0[over] / n[over]) ** gamma
         tol = 1e-9 * np.maximum(self.bw, 1.0)
         tol[self.pad] = -1.0
         cap_hi = self.cap * (1 - 1e-12)
@@ -326,7 +327,10 @@ class _PSLinks:
 
     def __init__(self, bw: np.ndarray, cap: float, collapse: tuple | None = None):
         self.bw = [float(x) for x in bw] + [float("inf")]  # last: transfers with no link
-        self.collapse = collapse
+        self.n0 = None
+        if collapse is not None:
+            self.n0 = np.broadcast_to(np.asarray(collapse[0], dtype=float), (len(self.bw) - 1,)).tolist() + [np.inf]
+            self.gamma = float(collapse[1])
         L = len(self.bw)
         self.cap = float(cap)
         self.S = [0.0] * L
@@ -339,8 +343,8 @@ class _PSLinks:
         if not n:
             return 0.0
         bw = self.bw[l]
-        if self.collapse is not None and n > self.collapse[0]:
-            bw *= (self.collapse[0] / n) ** self.collapse[1]
+        if self.n0 is not None and n > self.n0[l]:
+            bw *= (self.n0[l] / n) ** self.gamma
         return min(self.cap, bw / n)
 
     def advance(self, t: float) -> None:

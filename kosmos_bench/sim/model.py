@@ -267,7 +267,7 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
                      dep_idx=dep_idx, dep_lat_ns=dep_lat, label=label, queues=queues, rule_sets=rule_sets,
                      wg_rules=wg_rules, link_bw=links.bw, floor_ns=floor, flow_cap=cap,
                      claim_ns=float(prof.get("claim_ns", 0.0)), sm=sm, inflight_cap=caps,
-                     collapse=_collapse(prof, p.fabric))
+                     collapse=_collapse(prof, p.fabric, len(links.bw)))
     overhead = prof["launch_overhead_us"] * 1e3 + (remote_lat if p.fabric != "host" and W > 1 else 0.0)
     return Built(prob, ranks, sizes[0], num_movers, symmetric, overhead, [scheds[r] for r in ranks])
 
@@ -302,12 +302,16 @@ def _peer_releases(r, sched, offset, W):
     return flags, items, peers
 
 
-def _collapse(prof: dict, fabric: str):
-    """(n0, gamma) of the profile's link collapse (link.collapse = {flows, exponent}), or None."""
+def _collapse(prof: dict, fabric: str, num_links: int):
+    """(n0 per link, gamma) of the profile's link collapse (link.collapse = {flows,
+    exponent}), or None. On the host fabric it applies per direction, not to the duplex total."""
     c = prof["link"].get("collapse") if fabric != "local" else None
     if not c or not c.get("flows") or not c.get("exponent"):
         return None
-    return float(c["flows"]), float(c["exponent"])
+    n0 = np.full(num_links, float(c["flows"]))
+    if fabric == "host" and num_links == 3:
+        n0[2] = np.inf  # the duplex total
+    return n0, float(c["exponent"])
 
 
 class _LinkMap:
@@ -333,6 +337,9 @@ def _links(p: Point, prof: dict, ranks: list[int], symmetric: bool):
     if p.fabric == "host":
         h2d = link.get("h2d_GBps") or link.get("bw_GBps")
         d2h = link.get("d2h_GBps") or h2d
+        duplex = link.get("duplex_GBps")
+        if duplex:  # both directions at once share a total (SM-driven PCIe traffic)
+            return _LinkMap([h2d, d2h, duplex], lambda r, kind, peer: (1, 2) if kind == S.RS_PUSH else (0, 2)), cap
         return _LinkMap([h2d, d2h], lambda r, kind, peer: (1,) if kind == S.RS_PUSH else (0,)), cap
     if topo == "host":
         raise Unsupported(f"profile {prof['name']} describes the host fabric, not {p.fabric}")
