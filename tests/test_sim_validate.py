@@ -90,7 +90,7 @@ def test_build_profile_from_measurements(tmp_path):
     assert prof["link"]["wg_tile_GBps"] == 4.5
     assert prof["link"]["collapse"]["flows"] == 8 and prof["link"]["collapse"]["exponent"] == pytest.approx(math.log(45 / 22) / math.log(8), abs=1e-3)
     assert prof["copy_engine_GBps"] == {"h2d": 52.0, "d2h": 49.0}
-    assert prof["link"]["latency_ns"] == 5000.0
+    assert prof["link"]["copy_latency_ns"] == 5000.0
     path = tmp_path / "fake.json"
     path.write_text(json.dumps(prof))
     p = Point(op="ag-gemm", impl="kosmos", M=4096, N=4096, K=4096, world=8, fabric="host", backend="sim",

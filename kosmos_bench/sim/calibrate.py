@@ -161,11 +161,18 @@ def measure_kosmos(prof: dict) -> dict:
     M, N, K = 16384, 8192, 1024
     row, _ = run_point(_kosmos_point(op="gemm-rs", M=M, N=N, K=K, world=W, policy="fixed:1", local_first=None),
                        rank=0, procs=1)
+    nbytes = 2 * (W - 1) * (M // W) * N * 2  # pushes (D2H) + proxies (H2D)
     if row.get("status") == "ok":
-        nbytes = 2 * (W - 1) * (M // W) * N * 2  # pushes + proxies
         out["tile_mover"] = {"k": 1, "us": row["t_median_us"], "GBps": nbytes / row["t_median_us"] / 1e3}
     else:
         out["tile_mover"] = {"error": row.get("error")}
+    # both directions at once: many tile movers, communication-bound
+    row, _ = run_point(_kosmos_point(op="gemm-rs", M=M, N=N, K=K, world=W, policy="fixed:48", local_first=None),
+                       rank=0, procs=1)
+    if row.get("status") == "ok":
+        out["duplex"] = {"k": 48, "us": row["t_median_us"], "GBps": nbytes / row["t_median_us"] / 1e3}
+    else:
+        out["duplex"] = {"error": row.get("error")}
     return out
 
 
@@ -204,7 +211,7 @@ def build_profile(raw: dict, base: str = "h200-host-pcie", name: str = "calibrat
     )
     link = dict(prof["link"])
     link.update(h2d_GBps=round(c["h2d_GBps"], 2), d2h_GBps=round(c["d2h_GBps"], 2),
-                latency_ns=round(max(c["small_copy_us"] - launch, 0.5) * 1e3, 0))
+                copy_latency_ns=round(max(c["small_copy_us"] - launch, 0.5) * 1e3, 0))
     prof["link"] = link
     notes = [f"Calibrated on {raw['device']} at {raw['time']} by kosmos-bench calibrate (base profile {base})."]
     kz = raw.get("kosmos") or {"skipped": "not measured (kosmos=False)"}
@@ -235,6 +242,10 @@ def build_profile(raw: dict, base: str = "h200-host-pcie", name: str = "calibrat
         elif prof["link"].get("collapse"):
             prof["link"]["collapse"] = None
             notes.append("link.collapse: none measured up to the largest mover count probed.")
+    dx = kz.get("duplex", {})
+    if "GBps" in dx:
+        prof["link"]["duplex_GBps"] = round(dx["GBps"], 2)
+        notes.append("link.duplex_GBps measured: kosmos gemm-rs fixed:48, communication-bound (both directions).")
     tm = kz.get("tile_mover", {})
     if "GBps" in tm:
         prof["link"]["wg_tile_GBps"] = round(tm["GBps"], 2)
