@@ -97,7 +97,11 @@ def test_build_profile_from_measurements(tmp_path):
               policy="self")
     assert simulate_point(p, profiles.load(str(path)))[0]["t_median_us"] > 0
     raw.pop("kosmos")
-    assert any("NOT measured" in n for n in build_profile(raw)["notes"])
+    bare = build_profile(raw)
+    assert any("NOT measured" in n for n in bare["notes"])
+    base = profiles.load("h200-host-pcie")  # movers' link scaled by the copy-engine ratio
+    want = base["link"]["h2d_GBps"] * 52.0 / base["copy_engine_GBps"]["h2d"]
+    assert bare["link"]["h2d_GBps"] == pytest.approx(want, abs=0.01)
 
 
 # Measured on 1x H200, host fabric, W=8 rank-0 view (csrc/README.md "Measured", 2026-12-02):

@@ -209,9 +209,19 @@ def build_profile(raw: dict, base: str = "h200-host-pcie", name: str = "calibrat
         hbm_GBps=round(c["hbm_GBps"], 1), launch_overhead_us=launch, measured=True,
         copy_engine_GBps={"h2d": round(c["h2d_GBps"], 2), "d2h": round(c["d2h_GBps"], 2)},
     )
+    # The movers' (SM-driven) link rates: the base profile's, scaled by how this machine's
+    # copy engine compares with the base's; the kosmos probes below replace them when run.
+    base_ce = profiles.load(base).get("copy_engine_GBps") or {}
     link = dict(prof["link"])
-    link.update(h2d_GBps=round(c["h2d_GBps"], 2), d2h_GBps=round(c["d2h_GBps"], 2),
-                copy_latency_ns=round(max(c["small_copy_us"] - launch, 0.5) * 1e3, 0))
+    scale = {d: c[f"{d}_GBps"] / base_ce[d] if base_ce.get(d) else None for d in ("h2d", "d2h")}
+    for d in ("h2d", "d2h"):
+        if link.get(f"{d}_GBps") and scale[d]:
+            link[f"{d}_GBps"] = round(link[f"{d}_GBps"] * scale[d], 2)
+        elif scale[d] is None:
+            link[f"{d}_GBps"] = round(c[f"{d}_GBps"], 2)
+    if link.get("duplex_GBps") and scale["h2d"] and scale["d2h"]:
+        link["duplex_GBps"] = round(link["duplex_GBps"] * (scale["h2d"] + scale["d2h"]) / 2, 2)
+    link["copy_latency_ns"] = round(max(c["small_copy_us"] - launch, 0.5) * 1e3, 0)
     prof["link"] = link
     notes = [f"Calibrated on {raw['device']} at {raw['time']} by kosmos-bench calibrate (base profile {base})."]
     kz = raw.get("kosmos") or {"skipped": "not measured (kosmos=False)"}
