@@ -95,7 +95,7 @@ def test_local_policies_orders(op, order, policy):
         policy = f"fixed:{max(2, wgs // 2)}"
     p, ctx, inputs, A, B, runner = make(op, W, M, N, K, policy=policy, queue_order=order, seed=7)
     try:
-        wrong, err, same = run_checked(p, runner, A, B, calls=2)
+        wrong, err, same = run_checked(p, runner, A, B, calls=20)
         assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
         assert same
     finally:

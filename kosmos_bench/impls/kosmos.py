@@ -52,7 +52,9 @@ def _policy(p: Point) -> str:
 
 class KosmosImpl:
     name = "kosmos"
-    ops = ("ag-gemm", "gemm-rs")
+    # op gemm (world 1) is the builder role alone: the Hopper wgmma/TMA builder's standalone
+    # persistent kernel (kernels/sm90_gemm.py), measured against cuBLAS by sweeps/builder.yaml.
+    ops = ("ag-gemm", "gemm-rs", "gemm")
     fabrics = ("local", "host", "nvlink")
 
     def available(self, backend: str) -> tuple[bool, str]:
@@ -81,6 +83,11 @@ class KosmosImpl:
             return why
         if point.dtype != "bf16":
             return f"kosmos kernels are bf16 only (dtype={point.dtype})"
+        if point.op == "gemm":
+            from ..kernels import sm90_gemm
+
+            ok, why = sm90_gemm.available()
+            return sm90_gemm.validate_shape(point.M, point.N, point.K) if ok else why
         why = S.validate(point.op, point.M, point.N, point.K, point.world, chunk=point.chunk or 1)
         if why:
             return why
@@ -96,6 +103,16 @@ class KosmosImpl:
         return None
 
     def prepare(self, point: Point, ctx, inputs, **kw) -> "KosmosRunner":
+        if point.op == "gemm":
+            import torch
+
+            from ..kernels import sm90_gemm
+            from .base import FnRunner
+
+            A, B = inputs.A[ctx.rank], inputs.B[ctx.rank]
+            out = torch.empty((point.M, point.N), dtype=A.dtype, device=ctx.device)
+            return FnRunner(lambda: sm90_gemm.gemm(A, B, out=out), {ctx.rank: out},
+                            info={"builder": "sm90 wgmma+TMA (standalone persistent)"})
         return KosmosRunner(point, ctx, inputs, **kw)
 
 
