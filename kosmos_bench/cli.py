@@ -15,6 +15,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -27,7 +28,7 @@ BAD_STATUSES = ("wrong", "failed", "timeout")
 
 
 def usage_error(msg: str) -> typer.Exit:
-    err.print(f"[red]error:[/red] {msg}")
+    err.print(f"[red]error:[/red] {escape(msg)}")
     return typer.Exit(2)
 
 
@@ -355,7 +356,7 @@ def list_cmd(backend: str = typer.Option("auto", help="Report availability for t
     t = Table("implementation", "ops", "fabrics", f"available ({be})", "why not", title="implementations")
     for name, impl in IMPLS.items():
         ok, why = impl.available(be)
-        t.add_row(name, ",".join(impl.ops) or "-", ",".join(impl.fabrics), "yes" if ok else "no", why)
+        t.add_row(name, ",".join(impl.ops) or "-", ",".join(impl.fabrics), "yes" if ok else "no", escape(why))
     out.print(t)
     t = Table("sweep", "file", title="sweeps")
     for f in list_sweeps():
@@ -400,7 +401,7 @@ def doctor():
     be = "gpu" if torch.cuda.is_available() else "cpu"
     for name, impl in IMPLS.items():
         ok, why = impl.available(be)
-        t.add_row(f"impl {name}", "available" if ok else f"unavailable: {why}")
+        t.add_row(f"impl {name}", "available" if ok else f"unavailable: {escape(why)}")
     out.print(t)
 
 
@@ -413,7 +414,7 @@ def build(check: bool = typer.Option(False, "--check", help="Compile-check every
     try:
         res = kernels.build(check_only=check, arch=arch)
     except kernels.BuildError as e:
-        err.print(f"[red]build failed:[/red] {e}")
+        err.print(f"[red]build failed:[/red] {escape(str(e))}")
         raise typer.Exit(1)
     out.print(str(res), markup=False)
 
