@@ -248,6 +248,76 @@ struct BuilderSm90 {
     }
   }
 
+  // ------------------------------------------------ per-tile sources and destinations
+  // For kernels whose tiles come from several A matrices and go to arbitrary places in C
+  // (the fused AG+GEMM: A_r or a peer's band of the gathered buffer). The pipeline state is
+  // shared with produce()/consume(): mix them freely, in the same order on both sides.
+
+  // Loader: like produce(), with the TMA descriptors of `mp` (built by make_mainloop_params)
+  // instead of the constructor's: A viewed as (rows_a, K, batches_a), tile rows
+  // m_blk*kBM.. of batch l_a (TMA zero-fills rows >= rows_a of that batch: a batch is one
+  // rank's band, so partial tiles never read another rank's rows); B from batch 0, columns
+  // n_blk*kBN... K and N are the constructor's params_.K / params_.N.
+  CUTLASS_DEVICE void produce_at(typename Mainloop::Params const& mp, int rows_a, int batches_a, int m_blk,
+                                 int n_blk, int l_a) {
+    using namespace cute;
+    if (cute::elect_one_sync()) {
+      Tensor sA = make_tensor(make_smem_ptr(smem_.tensors.smem_A.data()), typename Mainloop::SmemLayoutA{});
+      Tensor sB = make_tensor(make_smem_ptr(smem_.tensors.smem_B.data()), typename Mainloop::SmemLayoutB{});
+      Tensor mA = mp.tma_load_a.get_tma_tensor(make_shape(rows_a, params_.K, batches_a));  // (m, k, l)
+      Tensor mB = mp.tma_load_b.get_tma_tensor(make_shape(params_.N, params_.K, 1));       // (n, k, l)
+      Tensor gA_mkl = local_tile(mA, TileShape{}, make_coord(_, _, _), Step<_1, Underscore, _1>{});
+      Tensor gB_nkl = local_tile(mB, TileShape{}, make_coord(_, _, _), Step<Underscore, _1, _1>{});
+      Tensor gA = gA_mkl(_, _, m_blk, _, l_a);  // (BLK_M, BLK_K, k)
+      Tensor gB = gB_nkl(_, _, n_blk, _, 0);    // (BLK_N, BLK_K, k)
+      auto block_tma_a = mp.tma_load_a.get_slice(0);
+      auto block_tma_b = mp.tma_load_b.get_slice(0);
+      Tensor tAgA = block_tma_a.partition_S(gA);
+      Tensor tAsA = block_tma_a.partition_D(sA);
+      Tensor tBgB = block_tma_b.partition_S(gB);
+      Tensor tBsB = block_tma_b.partition_D(sB);
+      PipelineState st = write_state_;
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int k = 0; k < params_.num_k_blk; ++k) {
+        pipeline_.producer_acquire(st);
+        auto* bar = pipeline_.producer_get_barrier(st);
+        int const stage = st.index();
+        copy(mp.tma_load_a.with(*bar, uint16_t(0)), tAgA(_, _, _, k), tAsA(_, _, _, stage));
+        copy(mp.tma_load_b.with(*bar, uint16_t(0)), tBgB(_, _, _, k), tBsB(_, _, _, stage));
+        ++st;
+      }
+    }
+    __syncwarp();
+    write_state_.advance(params_.num_k_blk);
+  }
+
+  // Math: like consume(), storing the tile to C_tile (row stride ldc elements, 16-byte
+  // aligned, ldc % 8 == 0), rows < rows and columns < cols only (cols % 8 == 0).
+  CUTLASS_DEVICE void consume_to(dtype_t* C_tile, int64_t ldc, int rows, int cols) {
+    static_assert(kStagedEpilogue, "consume_to needs the staged epilogue");
+    using namespace cute;
+    Mainloop mainloop;
+    TiledMma tiled_mma;
+    int const math_idx = int(threadIdx.x) - 128;
+    Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
+    mainloop.mma(pipeline_, read_state_, accum, params_.num_k_blk, math_idx, smem_.tensors, params_.mainloop);
+    mainloop.mma_tail(pipeline_, read_state_, params_.num_k_blk);
+    read_state_.advance(params_.num_k_blk);
+    store_staged_to(accum, math_idx, reinterpret_cast<__nv_bfloat16*>(C_tile), ldc, rows, cols);
+  }
+
+  // Host: the mainloop params (TMA descriptors) for A viewed as (rows_a, K, batches_a) with
+  // batch stride batch_stride elements (row stride K), and B (K x N row-major). For
+  // produce_at. Same requirements as validate(), plus batch_stride % 8 == 0.
+  static typename Mainloop::Params make_mainloop_params(const void* A, int rows_a, int batches_a,
+                                                        int64_t batch_stride, const void* B, int N, int K) {
+    auto problem = cute::make_shape(rows_a, N, K, batches_a);
+    StrideA dA = cute::make_stride(int64_t(K), cute::Int<1>{}, batch_stride);
+    StrideB dB = cute::make_stride(cute::Int<1>{}, int64_t(N), int64_t(K) * N);  // only batch 0 is read
+    typename Mainloop::Arguments args{static_cast<const dtype_t*>(A), dA, static_cast<const dtype_t*>(B), dB};
+    return Mainloop::to_underlying_arguments(problem, args, nullptr);
+  }
+
  private:
   static CUTLASS_DEVICE typename MainloopPipeline::Params pipeline_params(Role role) {
     typename MainloopPipeline::Params pp;
@@ -269,14 +339,21 @@ struct BuilderSm90 {
   // and math warpgroup g (= math_idx/128) holds rows 64*g .. 64*g+63 of the tile.
   template <class Accum>
   CUTLASS_DEVICE void store_tile_staged(Accum const& accum, int math_idx, int m_blk, int n_blk) {
+    int const m0 = m_blk * kBM, n0 = n_blk * kBN;
+    store_staged_to(accum, math_idx, reinterpret_cast<__nv_bfloat16*>(params_.C) + int64_t(m0) * params_.N + n0,
+                    params_.N, params_.M - m0, params_.N - n0);
+  }
+
+  // The staged epilogue proper: tile origin C (row stride ldc), valid rows < M, cols < N.
+  template <class Accum>
+  CUTLASS_DEVICE void store_staged_to(Accum const& accum, int math_idx, __nv_bfloat16* C, int64_t ldc, int M,
+                                      int N) {
     static_assert(kBM == 128 && kBN % 64 == 0, "staged epilogue assumes 2 x m64nN atoms");
     static_assert(decltype(cute::size(accum))::value == kBN / 2, "one m64nN atom per thread");
     int const lane = math_idx % 32;
     int const warp = math_idx / 32;  // 0..7: warpgroup = warp/4, 16-row slab = warp%4
     uint8_t* stage = smem_.epilogue + warp * kEpiWarpBytes;
-    int const row0 = m_blk * kBM + (warp / 4) * 64 + (warp % 4) * 16;
-    int const M = params_.M, N = params_.N;
-    __nv_bfloat16* C = reinterpret_cast<__nv_bfloat16*>(params_.C);
+    int const row0 = (warp / 4) * 64 + (warp % 4) * 16;
     CUTLASS_PRAGMA_UNROLL
     for (int j = 0; j < kBN / 64; ++j) {
       CUTLASS_PRAGMA_UNROLL
@@ -288,13 +365,13 @@ struct BuilderSm90 {
             __floats2bfloat162_rn(accum(v0 + 2), accum(v0 + 3));
       }
       __syncwarp();
-      int const col = n_blk * kBN + j * 64 + (lane % 8) * 8;
+      int const col = j * 64 + (lane % 8) * 8;
       CUTLASS_PRAGMA_UNROLL
       for (int it = 0; it < 4; ++it) {
         int const r = it * 4 + lane / 8;
         uint4 const val = *reinterpret_cast<uint4 const*>(stage + r * kEpiRowBytes + (lane % 8) * 16);
         int const row = row0 + r;
-        if (row < M && col < N) *reinterpret_cast<uint4*>(C + int64_t(row) * N + col) = val;
+        if (row < M && col < N) *reinterpret_cast<uint4*>(C + int64_t(row) * ldc + col) = val;
       }
       __syncwarp();
     }

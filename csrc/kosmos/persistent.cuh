@@ -239,6 +239,78 @@ __device__ __forceinline__ uint16_t role_of(int kind) {
   }
 }
 
+// ---- pieces of the kernel shared with other kernels of the same protocol (ag_gemm_sm90.cu) ----
+
+// Which executed rank block `block` belongs to.
+__device__ __forceinline__ int rank_index_of(const KosmosParams& p, int block) {
+  int ri = 0;
+  while (ri + 1 < p.num_ranks && block >= p.ranks[ri].wg_end) ++ri;
+  return ri;
+}
+
+__device__ __forceinline__ Wg make_wg(const KosmosParams& p, const KosmosRankArgs& ra, int block) {
+  const uint32_t epoch = ld_relaxed(p.state) + 1;
+  return Wg{p, ra, SyncCtx{epoch, p.state, p.err, p.timeout_ns, p.sys_scope != 0, ra.rank, block - ra.wg_begin},
+            make_tracer(p, block), block - ra.wg_begin, ra.wg_end - ra.wg_begin};
+}
+
+// Entry handshake, one thread of the block (WG 0 of each rank does the stores).
+__device__ __forceinline__ void entry_signal(const Wg& w) {
+  const KosmosRankArgs& ra = w.ra;
+  const int me = ra.rank;
+  if (w.wg != 0) return;
+  for (int s = 0; s < w.p.world; ++s) st_release(ra.flags[s] + entry_flag(me), w.sc.epoch, w.sc.sys && s != me);
+  if (w.p.static_peers)
+    for (int i = 0; i < ra.num_peer_flags; ++i) st_release(ra.flags[me] + ra.peer_flags[i], w.sc.epoch, false);
+}
+
+// After an item completed (its writes ordered before this thread by a barrier): release its
+// flag, give back its mover slot, record it. One thread.
+__device__ __forceinline__ void finish_item(const Wg& w, const Item& it, int id, bool counted, uint64_t t0) {
+  const KosmosRankArgs& ra = w.ra;
+  const int me = ra.rank;
+  if (it.rel_flag >= 0) {
+    const int tgt = it.rel_rank;
+    const bool sys = w.sc.sys && tgt != me;
+    fence(sys);
+    uint32_t* f = ra.flags[tgt] + it.rel_flag;
+    const int mult = (tgt == me) ? ra.flag_mult[it.rel_flag] : 1;
+    if (mult == 1)
+      st_release(f, w.sc.epoch, sys);
+    else
+      atomicAdd(f, 1u);  // ordered after the fence above
+  }
+  if (counted) atomicSub(ra.ctr + 4, 1u);
+  w.tr.add(role_of(it.kind), id, t0, w.tr.now());
+}
+
+// Exit protocol, one thread of the block, after all of the block's work is done.
+__device__ __forceinline__ void exit_protocol(const Wg& w) {
+  const KosmosParams& p = w.p;
+  const KosmosRankArgs& ra = w.ra;
+  const int W = p.world;
+  const int me = ra.rank;
+  const uint32_t epoch = w.sc.epoch;
+  __threadfence();
+  const uint32_t done = atomicAdd(ra.ctr + 3, 1u);
+  if (done == static_cast<uint32_t>(w.nwg - 1) && !ra.skip && !aborted(w.sc)) {
+    fence(w.sc.sys);
+    for (int s = 0; s < W; ++s) st_release(ra.flags[s] + exit_flag(W, me), epoch, w.sc.sys && s != me);
+    for (int s = 0; s < W; ++s) {
+      if (!wait_flag(w.sc, ra.flags[me] + exit_flag(W, s), epoch, kQueueHandshake, -1, me, exit_flag(W, s))) break;
+    }
+  }
+  __threadfence();
+  const uint32_t g = atomicAdd(p.state + 2, 1u);
+  if (g == static_cast<uint32_t>(p.grid - 1)) {
+    for (int i = 0; i < p.num_ranks; ++i)
+      for (int c = 0; c < KOSMOS_NUM_CTR; ++c) p.ranks[i].ctr[c] = 0;
+    p.state[2] = 0;
+    __threadfence();
+    st_release(p.state, epoch, false);
+  }
+}
+
 template <int kOp>
 __global__ void __launch_bounds__(kThreads, 1) kosmos_persistent_kernel(const KosmosParams p) {
   extern __shared__ __align__(128) char smem[];
@@ -246,23 +318,13 @@ __global__ void __launch_bounds__(kThreads, 1) kosmos_persistent_kernel(const Ko
   const int tid = threadIdx.x;
   const int block = blockIdx.x;
 
-  int ri = 0;
-  while (ri + 1 < p.num_ranks && block >= p.ranks[ri].wg_end) ++ri;
-  const KosmosRankArgs& ra = p.ranks[ri];
-  const uint32_t epoch = ld_relaxed(p.state) + 1;
-  Wg w{p, ra, SyncCtx{epoch, p.state, p.err, p.timeout_ns, p.sys_scope != 0, ra.rank, block - ra.wg_begin},
-       make_tracer(p, block), block - ra.wg_begin, ra.wg_end - ra.wg_begin};
-  const int W = p.world;
-  const int me = ra.rank;
+  const KosmosRankArgs& ra = p.ranks[rank_index_of(p, block)];
+  Wg w = make_wg(p, ra, block);
 
   bool counted = false;  // thread 0: the current item holds an in-flight mover slot
   int pend[2] = {-1, -1};  // thread 0: (queue, item) claimed but not yet ready (policy self)
   if (!ra.skip) {
-    if (tid == 0 && w.wg == 0) {
-      for (int s = 0; s < W; ++s) st_release(ra.flags[s] + entry_flag(me), epoch, w.sc.sys && s != me);
-      if (p.static_peers)
-        for (int i = 0; i < ra.num_peer_flags; ++i) st_release(ra.flags[me] + ra.peer_flags[i], epoch, false);
-    }
+    if (tid == 0) entry_signal(w);
     for (;;) {
       if (tid == 0) {
         int q = -1, id = -1;
@@ -279,45 +341,12 @@ __global__ void __launch_bounds__(kThreads, 1) kosmos_persistent_kernel(const Ko
       const uint64_t t0 = (tid == 0) ? w.tr.now() : 0;
       OpTraits<kOp>::execute(p, ra, it, w.sc, smem, tid);
       __syncthreads();
-      if (tid == 0) {
-        if (it.rel_flag >= 0) {
-          const int tgt = it.rel_rank;
-          const bool sys = w.sc.sys && tgt != me;
-          fence(sys);
-          uint32_t* f = ra.flags[tgt] + it.rel_flag;
-          const int mult = (tgt == me) ? ra.flag_mult[it.rel_flag] : 1;
-          if (mult == 1)
-            st_release(f, epoch, sys);
-          else
-            atomicAdd(f, 1u);  // ordered after the fence above
-        }
-        if (counted) atomicSub(ra.ctr + 4, 1u);
-        w.tr.add(role_of(it.kind), id, t0, w.tr.now());
-      }
+      if (tid == 0) finish_item(w, it, id, counted, t0);
     }
   }
 
   // ---- exit ----
-  if (tid == 0) {
-    __threadfence();
-    const uint32_t done = atomicAdd(ra.ctr + 3, 1u);
-    if (done == static_cast<uint32_t>(w.nwg - 1) && !ra.skip && !aborted(w.sc)) {
-      fence(w.sc.sys);
-      for (int s = 0; s < W; ++s) st_release(ra.flags[s] + exit_flag(W, me), epoch, w.sc.sys && s != me);
-      for (int s = 0; s < W; ++s) {
-        if (!wait_flag(w.sc, ra.flags[me] + exit_flag(W, s), epoch, kQueueHandshake, -1, me, exit_flag(W, s))) break;
-      }
-    }
-    __threadfence();
-    const uint32_t g = atomicAdd(p.state + 2, 1u);
-    if (g == static_cast<uint32_t>(p.grid - 1)) {
-      for (int i = 0; i < p.num_ranks; ++i)
-        for (int c = 0; c < KOSMOS_NUM_CTR; ++c) p.ranks[i].ctr[c] = 0;
-      p.state[2] = 0;
-      __threadfence();
-      st_release(p.state, epoch, false);
-    }
-  }
+  if (tid == 0) exit_protocol(w);
 }
 
 }  // namespace kosmos

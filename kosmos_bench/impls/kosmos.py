@@ -19,7 +19,10 @@ fabric: that emulated rank never signals; the watchdog test), ``trace_cap`` (rec
 ``max_inflight`` (policy self: override the schedule's in-flight mover cap; 0 = none),
 ``mover_bulk`` (ag-gemm movers use TMA bulk copies; default ``$KOSMOS_MOVER_BULK`` or off),
 ``mover`` ('sm' default; 'ce': host-fabric ag-gemm bands move by the copy engine, flags
-released by stream memory operations, every WG builds; default ``$KOSMOS_MOVER``).
+released by stream memory operations, every WG builds; default ``$KOSMOS_MOVER``),
+``builder`` ('mma' default: the portable mma.sync builder, 256-thread WGs, 128x128 tiles;
+'sm90': ag-gemm only, opt-in, the Hopper wgmma+TMA builder in 384-thread CTAs, one per SM,
+128x256 tiles, csrc/ag_gemm_sm90.cu; default ``$KOSMOS_BUILDER`` or 'mma').
 
 Runner: ``run()`` launches without synchronizing (and first raises :class:`WatchdogError`
 if an earlier call timed out); ``check()`` synchronizes and raises for this call;
@@ -88,6 +91,14 @@ class KosmosImpl:
 
             ok, why = sm90_gemm.available()
             return sm90_gemm.validate_shape(point.M, point.N, point.K) if ok else why
+        if os.environ.get("KOSMOS_BUILDER") == "sm90":
+            from ..kernels import ag_sm90
+
+            if point.op != "ag-gemm":
+                return f"KOSMOS_BUILDER=sm90: the Hopper-builder variant is ag-gemm only (op={point.op})"
+            why = ag_sm90.validate(point.M, point.N, point.K, point.world)
+            if why:
+                return why
         why = S.validate(point.op, point.M, point.N, point.K, point.world, chunk=point.chunk or 1)
         if why:
             return why
@@ -142,15 +153,31 @@ class KosmosRunner:
 
     def __init__(self, point: Point, ctx, inputs, *, num_wgs: int | None = None, timeout_s: float | None = None,
                  debug_skip_rank: int | None = None, trace_cap: int = DEFAULT_TRACE_CAP,
-                 max_inflight: int | None = None, mover_bulk: bool | None = None, mover: str | None = None):
+                 max_inflight: int | None = None, mover_bulk: bool | None = None, mover: str | None = None,
+                 builder: str | None = None):
         import torch
 
         from .. import kernels
-        from ..kernels import abi
+        from ..kernels import abi, ag_sm90
 
         self.point, self.ctx = point, ctx
         self.dev = ctx.device
         self.lib = kernels.load()
+        # 'mma' (default): the main library's kernels. 'sm90' (opt-in, ag-gemm): the Hopper
+        # builder kernel of kernels/ag_sm90.py; same buffers, schedule arrays and protocol.
+        self.builder = ag_sm90.builder_choice(builder)
+        self.sm90 = None
+        self.sm90_handle = None
+        if self.builder == "sm90":
+            if point.op != "ag-gemm":
+                raise ValueError(f"builder='sm90' is implemented for ag-gemm only (op={point.op})")
+            why = ag_sm90.validate(point.M, point.N, point.K, point.world)
+            if why:
+                raise ValueError(why)
+            if mover_bulk or (mover_bulk is None and bool(int(os.environ.get("KOSMOS_MOVER_BULK", "0")))):
+                raise ValueError("builder='sm90' has no mover_bulk path (no shared memory beside the builder)")
+            mover_bulk = False
+            self.sm90 = ag_sm90.load()
         self.abi = abi
         self._keep: list = []  # tensors whose pointers the kernel holds
         self._mapped: list[int] = []
@@ -172,7 +199,10 @@ class KosmosRunner:
         dev_index = self.dev.index if self.dev.index is not None else torch.cuda.current_device()
         with torch.cuda.device(dev_index):
             mx = ctypes.c_int(0)
-            self._call(self.lib.kosmos_max_wgs(self.op_code, dev_index, ctypes.byref(mx)), "kosmos_max_wgs")
+            if self.sm90 is not None:
+                self._call(self.sm90.kosmos_sm90_ag_max_wgs(dev_index, ctypes.byref(mx)), "kosmos_sm90_ag_max_wgs")
+            else:
+                self._call(self.lib.kosmos_max_wgs(self.op_code, dev_index, ctypes.byref(mx)), "kosmos_max_wgs")
         G = min(int(num_wgs or mx.value), mx.value)
         ranks = list(range(W)) if fabric == "local" else [ctx.rank if fabric == "nvlink" else 0]
         if fabric == "local":
@@ -181,7 +211,7 @@ class KosmosRunner:
             starts = np.array([0, G], dtype=np.int32)
         self.ranks, self.grid, self.starts = ranks, G, starts
         sizes = np.diff(starts)
-        kw = dict(BM=128, BN=128, chunk=point.chunk or 1, policy=_policy(point),
+        kw = dict(BM=128, BN=ag_sm90.BN if self.sm90 is not None else 128, chunk=point.chunk or 1, policy=_policy(point),
                   queue_order=point.queue_order or "demand", seed=point.seed, local_first=point.local_first,
                   fabric="host" if fabric == "host" else ("local" if fabric == "local" else "nvlink"))
         self.scheds = [S.build_schedule(op, M, N, K, W, r, num_wgs=int(sizes[i]), **kw) for i, r in enumerate(ranks)]
@@ -329,6 +359,13 @@ class KosmosRunner:
         self._ra_arr = ra_arr
         raw = np.frombuffer(bytes(ra_arr), dtype=np.uint8)
         self.rank_args = torch.from_numpy(raw.copy()).to(self.dev)
+        if self.sm90 is not None:  # TMA descriptors over A_r, the gathered buffer and B_r of every executed rank
+            self.sm90_handle = self.sm90.kosmos_sm90_ag_create()
+            if not self.sm90_handle:
+                raise MemoryError("kosmos_sm90_ag_create failed")
+            for i, r in enumerate(ranks):
+                d = per_rank[r]
+                self._sm90_set_rank(i, d["A"], d["work"], d["B"], d["C"])
 
         self.mover_bulk = bool(int(os.environ.get("KOSMOS_MOVER_BULK", "0"))) if mover_bulk is None else bool(mover_bulk)
         self.timeout_ns = int((timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S) * 1e9)
@@ -336,7 +373,7 @@ class KosmosRunner:
         k = self.scheds[0].num_movers
         self.info = {"num_movers": k, "num_wgs": int(G), "wgs_per_rank": int(sizes.min()),
                      "max_inflight_movers": int(ra_arr[0].max_inflight_movers), "mover_bulk": self.mover_bulk,
-                     "mover": self.mover,
+                     "mover": self.mover, "builder": self.builder,
                      "kosmos_policy": _policy(point), "trace_dropped": 0}
         torch.cuda.synchronize(self.dev)
 
@@ -345,7 +382,17 @@ class KosmosRunner:
         if rc != 0:
             from .. import kernels
 
+            if what.startswith("kosmos_sm90"):
+                from ..kernels import ag_sm90
+
+                raise RuntimeError(f"{what} failed ({rc}): {ag_sm90.last_error(self.sm90)}")
             raise RuntimeError(f"{what} failed ({rc}): {kernels.last_error(self.lib)}")
+
+    def _sm90_set_rank(self, i: int, A: int, work: int, B: int, C: int) -> None:
+        p = self.point
+        P = ctypes.c_void_p
+        self._call(self.sm90.kosmos_sm90_ag_set_rank(P(self.sm90_handle), i, P(A), P(work), P(B), P(C), p.M, p.N,
+                                                     p.K, p.world), "kosmos_sm90_ag_set_rank")
 
     def _dev_ptr(self, t) -> int:
         out = ctypes.c_void_p()
@@ -438,7 +485,11 @@ class KosmosRunner:
                         self._call(self.lib.kosmos_stream_write_u32(ctypes.c_void_p(cs.cuda_stream),
                                                                     ctypes.c_void_p(fptr), (epoch * mult) & 0xFFFFFFFF),
                                    "kosmos_stream_write_u32")
-            self._call(self.lib.kosmos_launch(ctypes.byref(params), ctypes.c_void_p(stream)), "kosmos_launch")
+            if self.sm90 is not None:
+                self._call(self.sm90.kosmos_sm90_ag_launch(ctypes.c_void_p(self.sm90_handle), ctypes.byref(params),
+                                                           ctypes.c_void_p(stream)), "kosmos_sm90_ag_launch")
+            else:
+                self._call(self.lib.kosmos_launch(ctypes.byref(params), ctypes.c_void_p(stream)), "kosmos_launch")
             if self.ce_plan:
                 main.wait_stream(self.ce_stream)
         self.calls += 1
@@ -494,6 +545,8 @@ class KosmosRunner:
         else:
             a.A = A.data_ptr()
         a.B, a.C = B.data_ptr(), C.data_ptr()
+        if self.sm90 is not None:  # the TMA descriptors hold the operand addresses
+            self._sm90_set_rank(0, int(a.A), int(a.work), int(a.B), int(a.C))
         raw = torch.from_numpy(np.frombuffer(bytes(self._ra_arr), dtype=np.uint8).copy())
         self.rank_args.copy_(raw.pin_memory(), non_blocking=True)
         self.outputs = {self.ranks[0]: C}
@@ -562,6 +615,9 @@ class KosmosRunner:
         for h in self._mapped:
             self.lib.kosmos_free_mapped(ctypes.c_void_p(h))
         self._mapped.clear()
+        if self.sm90_handle:
+            self.sm90.kosmos_sm90_ag_destroy(ctypes.c_void_p(self.sm90_handle))
+            self.sm90_handle = None
         self._keep.clear()
         self.outputs = {}
 

@@ -52,7 +52,10 @@ class BuildResult:
 
     def __str__(self) -> str:
         what = "compile-checked" if self.check_only else f"built {self.path}"
-        return f"kosmos kernels {what} for {self.arch} ({', '.join(SOURCES)})"
+        srcs = list(SOURCES)
+        if self.check_only and self.arch == "sm_90a":
+            srcs.append("ag_gemm_sm90.cu")
+        return f"kosmos kernels {what} for {self.arch} ({', '.join(srcs)})"
 
 
 def cache_dir() -> Path:
@@ -125,6 +128,11 @@ def build(check_only: bool = False, arch: str | None = None, force: bool = False
         with tempfile.TemporaryDirectory() as tmp:
             for src in SOURCES:
                 logs.append(_run(base + ["-c", str(CSRC / src), "-o", str(Path(tmp) / (src + ".o"))]))
+        # The opt-in Hopper-builder AG+GEMM (own library, needs the CUTLASS headers; sm_90a only).
+        if arch == "sm_90a":
+            from . import ag_sm90
+
+            logs.append(ag_sm90.check())
         return BuildResult(None, arch, True, "\n".join(logs))
     out = cache_dir() / lib_name(arch)
     if out.exists() and not force:

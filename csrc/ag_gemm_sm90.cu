@@ -1,0 +1,316 @@
+// ag_gemm_sm90.cu — AG+GEMM (pull) on the Hopper builder: the opt-in sm_90a variant of
+// ag_gemm.cu (Python: prepare(..., builder="sm90") or KOSMOS_BUILDER=sm90).
+//
+// Same op, buffers, schedule arrays, epoch flags, watchdog, claims (decide() of
+// persistent.cuh), trace and entry/exit protocol as the default kernel; what differs is the
+// block: 384 threads, one CTA per SM (the builder takes ~215 KB of shared memory), and who
+// does what inside it:
+//
+//   warp 0 (loader WG)  : thread 0 runs the scheduling loop (decide: claims, pending slot,
+//                         mover slots, watchdog-bounded flag waits). A builder tile is only
+//                         returned once its A band flag is acquired; then warp 0 issues a
+//                         proxy fence (generic-proxy writes of the movers -> async-proxy TMA
+//                         reads), pushes the item into the tile ring and issues the tile's TMA
+//                         loads (BuilderSm90::produce_at: own rows from A_r, a peer's rows
+//                         from the gathered buffer viewed as (m_loc, K, W), batch = peer, so
+//                         partial tiles read zeros, never another rank's rows).
+//   warps 0-3 (loader)  : a mover item (AG_PULL) is copied by all 128 threads of the loader
+//                         warpgroup (16-byte ld.global.cg, copy_contig), then thread 0
+//                         releases its band flag and its mover slot. The math warps keep
+//                         computing the tiles already in the ring meanwhile.
+//   warpgroups 1, 2     : pop item ids from the ring, wgmma over the tile
+//                         (BuilderSm90::consume_to), staged epilogue into C_r at the tile's
+//                         rows; thread 128 records the BUILD interval.
+//
+// Builder tiles are 128 x 256 (the schedule must be built with BN = 256); K any multiple of
+// 8, N/W a multiple of 8, TMA-aligned (16-byte) A_r, B_r, C_r and gathered buffer. The
+// mover_bulk path (TMA bulk copies through shared memory) is not available here (no smem
+// left beside the 4-stage builder).
+//
+// Built into its own shared library (libkosmos_ag_sm90-<hash>.so, needs the nvidia-cutlass
+// headers), so the default library and its build requirements are unchanged.
+#include <cuda_runtime.h>
+
+#include <cstdarg>
+#include <cstdio>
+#include <new>
+
+#include "kosmos/builder_sm90.cuh"
+#include "kosmos/persistent.cuh"
+
+namespace kosmos {
+namespace sm90 {
+
+using AgBuilder = BuilderSm90<128, 256, 64, 4, true>;
+constexpr int kAgRingDepth = 4;
+using AgRing = ItemRing<kAgRingDepth, int>;  // builder item id, -1 = no more work
+constexpr int kAgThreads = AgBuilder::kNumThreads;
+constexpr int kLoaderThreads = 128;
+constexpr int kBarLoader = 8;  // named barriers (0 is __syncthreads; CUTLASS's mainloop uses none)
+constexpr int kBarMath = 9;
+// setmaxnreg: the launch gives every thread 168 registers (64,512 per CTA); the loader
+// warpgroup keeps 88 (the scheduling loop and the 128-thread mover copy spill below that,
+// e.g. at the standalone kernel's 40), the math warpgroups get 208 (no spills already at 168).
+// 128 * 88 + 256 * 208 = 64,512: the CTA's registers, no more.
+constexpr int kLoaderRegs = 88;
+constexpr int kMathRegs = 208;
+static_assert(128 * kLoaderRegs + 256 * kMathRegs <= 384 * 168, "setmaxnreg beyond the CTA's registers");
+
+struct AgShared {
+  AgBuilder::SharedStorage builder;
+  AgRing::SharedStorage ring;
+  int cmd[2];
+};
+constexpr int kAgSmemBytes = int(sizeof(AgShared));
+static_assert(kAgSmemBytes <= 227 * 1024, "sm90 AG+GEMM shared memory exceeds 227 KB");
+
+// TMA descriptors of one executed rank: A_r as (m_loc, K, 1) and the gathered buffer as
+// (m_loc, K, W) (batch p = rank p's rows), each paired with B_r (K x N/W).
+struct AgRankMaps {
+  AgBuilder::Mainloop::Params own;
+  AgBuilder::Mainloop::Params work;
+};
+
+struct AgSm90Params {
+  KosmosParams base;
+  AgBuilder::Params bp;  // K, N/W, k-blocks (and rank 0's maps, unused by produce_at)
+  AgRankMaps maps[KOSMOS_MAX_WORLD];
+  int32_t m_loc;
+  int32_t n_loc;
+};
+static_assert(sizeof(AgSm90Params) <= 32000, "kernel parameters must fit the 32 KB parameter space");
+
+__device__ __forceinline__ void named_bar_sync(int id, int nthreads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(nthreads) : "memory");
+}
+
+__global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __grid_constant__ AgSm90Params P) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  AgShared& smem = *reinterpret_cast<AgShared*>(smem_raw);
+  const KosmosParams& p = P.base;
+  const int tid = int(threadIdx.x);
+  const int block = int(blockIdx.x);
+  const int ri = rank_index_of(p, block);
+  const KosmosRankArgs& ra = p.ranks[ri];
+  Wg w = make_wg(p, ra, block);
+  w.tr.shared = true;  // loader thread 0 and math thread 128 both record
+
+  const int warp_idx = cutlass::canonical_warp_idx_sync();
+  const int lane = tid % 32;
+  const auto role = AgBuilder::role_of(tid);
+  AgRing ring(smem.ring, warp_idx == 0, role == AgBuilder::Role::kMath, AgBuilder::kNumMathThreads);
+  AgBuilder builder(smem.builder, P.bp, role);
+  const AgRankMaps& maps = P.maps[ri];
+  if (tid == 0) {
+    AgBuilder::Mainloop::prefetch_tma_descriptors(maps.own);
+    AgBuilder::Mainloop::prefetch_tma_descriptors(maps.work);
+  }
+  __syncthreads();
+
+  const int64_t K = p.K;
+  const int m_loc = P.m_loc;
+  const int n_loc = P.n_loc;
+
+  if (role == AgBuilder::Role::kLoader) {
+    cutlass::arch::warpgroup_reg_dealloc<kLoaderRegs>();
+    if (!ra.skip) {
+      if (tid == 0) entry_signal(w);
+      bool counted = false;    // thread 0: the current mover holds an in-flight slot
+      int pend[2] = {-1, -1};  // thread 0: claimed, not yet ready (policy self)
+      for (;;) {
+        if (tid == 0) {
+          int q = -1, id = -1;
+          counted = false;
+          if (!decide<KOSMOS_OP_AG_GEMM>(w, &q, &id, &counted, pend)) q = -1;
+          smem.cmd[0] = q;
+          smem.cmd[1] = id;
+        }
+        named_bar_sync(kBarLoader, kLoaderThreads);
+        const int q = smem.cmd[0], id = smem.cmd[1];
+        named_bar_sync(kBarLoader, kLoaderThreads);
+        if (q < 0) break;
+        const Item it = load_item(ra.items[q], id);
+        if (it.kind == kAgBuild) {
+          // decide() returned it with its band flag acquired (watchdog-bounded wait).
+          if (warp_idx == 0) {
+            fence_proxy_async_global();  // movers' generic writes -> this warp's TMA reads
+            if (lane == 0) ring.push(id);
+            __syncwarp();
+            const bool own = it.peer == ra.rank;
+            builder.produce_at(own ? maps.own : maps.work, m_loc, own ? 1 : p.world, it.m0 / AgBuilder::kBM,
+                               it.n0 / AgBuilder::kBN, own ? 0 : it.peer);
+          }
+        } else {  // AG_PULL: a byte slice of band (peer, m0) into the gathered buffer
+          const uint64_t t0 = (tid == 0) ? w.tr.now() : 0;
+          const int64_t bytes = static_cast<int64_t>(it.rows) * K * 2;
+          const int64_t per = (((bytes + 15) / 16 + it.cols - 1) / it.cols) * 16;  // it.cols slices, it.n0 = slice
+          const int64_t begin = per * it.n0;
+          const int64_t len = (bytes - begin < per) ? (bytes - begin) : per;
+          if (len > 0) {
+            const char* src = static_cast<const char*>(ra.peer_A[it.peer]) + it.m0 * K * 2 + begin;
+            char* dst = static_cast<char*>(ra.work) + (it.peer * int64_t(m_loc) + it.m0) * K * 2 + begin;
+            copy_contig(dst, src, static_cast<size_t>(len), tid, kLoaderThreads);
+          }
+          named_bar_sync(kBarLoader, kLoaderThreads);
+          if (tid == 0) finish_item(w, it, id, counted, t0);
+        }
+      }
+    }
+    if (warp_idx == 0) {
+      if (lane == 0) ring.push(-1);
+      __syncwarp();
+      builder.produce_tail();
+    }
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<kMathRegs>();
+    bf16* C = static_cast<bf16*>(ra.C);
+    for (;;) {
+      const int id = ring.pop();
+      if (id < 0) break;
+      const uint64_t t0 = (tid == 128 && p.trace) ? globaltimer_ns() : 0;
+      const int32_t* row = ra.items[kQBuild] + static_cast<size_t>(id) * KOSMOS_ITEM_STRIDE;
+      bf16* tile = C + (row[1] * int64_t(m_loc) + row[2]) * n_loc + row[4];  // peer, m0, n0
+      builder.consume_to(reinterpret_cast<AgBuilder::dtype_t*>(tile), n_loc, row[3], row[5]);  // rows, cols
+      named_bar_sync(kBarMath, AgBuilder::kNumMathThreads);  // every store of the tile before its release
+      if (tid == 128) {
+        // (re)built here so that none of the scheduling state stays live across the MMAs
+        Wg wm = make_wg(p, ra, block);
+        wm.tr.shared = true;
+        finish_item(wm, load_item(ra.items[kQBuild], id), id, false, t0);
+      }
+    }
+  }
+  __syncthreads();
+  if (tid == 0) exit_protocol(w);
+}
+
+// ------------------------------------------------------------------------------ host side
+namespace {
+
+thread_local char g_err[512] = "";
+
+int fail(int code, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g_err, sizeof(g_err), fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+#define KB_SM90_CUDA(call)                                                                               \
+  do {                                                                                                   \
+    cudaError_t e_ = (call);                                                                             \
+    if (e_ != cudaSuccess) return fail(KOSMOS_ERR_CUDA, "%s failed: %s", #call, cudaGetErrorString(e_)); \
+  } while (0)
+
+bool aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+int prepare_kernel() {
+  KB_SM90_CUDA(cudaFuncSetAttribute(ag_gemm_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kAgSmemBytes));
+  return KOSMOS_OK;
+}
+
+}  // namespace
+
+const char* validate(int M, int N, int K, int W) {
+  if (W < 1 || W > KOSMOS_MAX_WORLD) return "sm90 ag-gemm: world outside 1..8";
+  if (M <= 0 || N <= 0 || K <= 0) return "sm90 ag-gemm: M, N, K must be positive";
+  if (M % W || N % W) return "sm90 ag-gemm: M and N must be divisible by world";
+  if (K % 8) return "sm90 ag-gemm: K must be a multiple of 8 (TMA: 16-byte row strides)";
+  if ((N / W) % 8) return "sm90 ag-gemm: N/world must be a multiple of 8 (TMA: 16-byte row strides of B_r and C_r)";
+  return nullptr;
+}
+
+}  // namespace sm90
+}  // namespace kosmos
+
+// ----------------------------------------------------------------------------------- C ABI
+extern "C" {
+
+using kosmos::sm90::AgSm90Params;
+
+const char* kosmos_sm90_last_error(void) { return kosmos::sm90::g_err; }
+
+// "" when (M, N, K, world) are supported, else why not. No GPU needed.
+const char* kosmos_sm90_ag_validate(int M, int N, int K, int W) {
+  const char* why = kosmos::sm90::validate(M, N, K, W);
+  return why ? why : "";
+}
+
+int kosmos_sm90_ag_smem_bytes(void) { return kosmos::sm90::kAgSmemBytes; }
+int kosmos_sm90_ag_threads(void) { return kosmos::sm90::kAgThreads; }
+
+// Launch parameters (TMA descriptors) live in a host object; create once per runner.
+void* kosmos_sm90_ag_create(void) { return new (std::nothrow) AgSm90Params(); }
+void kosmos_sm90_ag_destroy(void* h) { delete static_cast<AgSm90Params*>(h); }
+
+// Executed rank i: A_r (M/W x K), gathered buffer (M x K), B_r (K x N/W), C_r (M x N/W).
+int kosmos_sm90_ag_set_rank(void* h, int i, const void* A, const void* work, const void* B, const void* C, int M,
+                            int N, int K, int W) {
+  using namespace kosmos::sm90;
+  if (!h) return fail(KOSMOS_ERR_INVALID, "sm90 ag-gemm: null handle");
+  if (i < 0 || i >= KOSMOS_MAX_WORLD) return fail(KOSMOS_ERR_INVALID, "sm90 ag-gemm: rank index %d", i);
+  if (const char* why = validate(M, N, K, W)) return fail(KOSMOS_ERR_INVALID, "%s", why);
+  if (!A || !work || !B || !C) return fail(KOSMOS_ERR_INVALID, "sm90 ag-gemm: null buffer");
+  if (!aligned(A) || !aligned(work) || !aligned(B) || !aligned(C))
+    return fail(KOSMOS_ERR_INVALID, "sm90 ag-gemm: A_r, B_r, C_r and the gathered buffer must be 16-byte aligned");
+  AgSm90Params& P = *static_cast<AgSm90Params*>(h);
+  const int m_loc = M / W, n_loc = N / W;
+  P.maps[i].own = AgBuilder::make_mainloop_params(A, m_loc, 1, int64_t(m_loc) * K, B, n_loc, K);
+  P.maps[i].work = AgBuilder::make_mainloop_params(work, m_loc, W, int64_t(m_loc) * K, B, n_loc, K);
+  if (i == 0) P.bp = AgBuilder::make_params(A, B, const_cast<void*>(C), m_loc, n_loc, K);
+  P.m_loc = m_loc;
+  P.n_loc = n_loc;
+  return KOSMOS_OK;
+}
+
+int kosmos_sm90_ag_max_wgs(int device, int* out) {
+  using namespace kosmos::sm90;
+  if (!out) return fail(KOSMOS_ERR_INVALID, "null out");
+  int prev = 0, major = 0, per_sm = 0, sms = 0, coop = 0;
+  KB_SM90_CUDA(cudaGetDevice(&prev));
+  KB_SM90_CUDA(cudaSetDevice(device));
+  KB_SM90_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (major != 9) return fail(KOSMOS_ERR_INVALID, "sm90 ag-gemm needs an sm_90 GPU (device %d is sm_%dx)", device, major);
+  if (int rc = prepare_kernel()) return rc;
+  KB_SM90_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ag_gemm_sm90_kernel, kAgThreads, kAgSmemBytes));
+  KB_SM90_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  KB_SM90_CUDA(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device));
+  KB_SM90_CUDA(cudaSetDevice(prev));
+  if (!coop) return fail(KOSMOS_ERR_INVALID, "device %d does not support cooperative launches", device);
+  *out = per_sm * sms;
+  return KOSMOS_OK;
+}
+
+int kosmos_sm90_ag_launch(void* h, const KosmosParams* params, void* stream) {
+  using namespace kosmos::sm90;
+  if (!h || !params) return fail(KOSMOS_ERR_INVALID, "null handle or params");
+  const KosmosParams& p = *params;
+  if (p.op != KOSMOS_OP_AG_GEMM) return fail(KOSMOS_ERR_INVALID, "sm90 variant is ag-gemm only (op %d)", p.op);
+  if (p.world < 1 || p.world > KOSMOS_MAX_WORLD) return fail(KOSMOS_ERR_INVALID, "world %d outside 1..%d", p.world, KOSMOS_MAX_WORLD);
+  if (p.num_ranks < 1 || p.num_ranks > p.world) return fail(KOSMOS_ERR_INVALID, "num_ranks %d outside 1..world", p.num_ranks);
+  if (p.grid < p.num_ranks) return fail(KOSMOS_ERR_INVALID, "grid %d smaller than num_ranks %d", p.grid, p.num_ranks);
+  if (!p.ranks || !p.state || !p.err) return fail(KOSMOS_ERR_INVALID, "null ranks/state/err pointer");
+  if (p.trace && (!p.trace_count || p.trace_cap < 1)) return fail(KOSMOS_ERR_INVALID, "trace without counts/cap");
+  if (p.mover_bulk) return fail(KOSMOS_ERR_INVALID, "sm90 ag-gemm: mover_bulk is not supported (no smem beside the builder)");
+  if (const char* why = validate(p.M, p.N, p.K, p.world)) return fail(KOSMOS_ERR_INVALID, "%s", why);
+  AgSm90Params& P = *static_cast<AgSm90Params*>(h);
+  if (P.m_loc != p.M / p.world || P.n_loc != p.N / p.world)
+    return fail(KOSMOS_ERR_INVALID, "sm90 ag-gemm: set_rank was not called for this shape");
+  if (int rc = prepare_kernel()) return rc;
+  int dev = 0, per_sm = 0, sms = 0;
+  KB_SM90_CUDA(cudaGetDevice(&dev));
+  KB_SM90_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ag_gemm_sm90_kernel, kAgThreads, kAgSmemBytes));
+  KB_SM90_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  if (p.grid > per_sm * sms)
+    return fail(KOSMOS_ERR_TOO_MANY_WGS, "grid %d > %d co-resident CTAs (%d per SM x %d SMs)", p.grid, per_sm * sms,
+                per_sm, sms);
+  P.base = p;
+  void* args[] = {&P};
+  KB_SM90_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&ag_gemm_sm90_kernel), dim3(p.grid),
+                                           dim3(kAgThreads), args, kAgSmemBytes, static_cast<cudaStream_t>(stream)));
+  KB_SM90_CUDA(cudaGetLastError());
+  return KOSMOS_OK;
+}
+
+}  // extern "C"
