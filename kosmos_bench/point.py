@@ -45,6 +45,7 @@ class Point:
     queue_order: str | None = None  # demand | fifo | reverse | random
     local_first: bool | None = None
     chunk: int | None = None  # rows per mover band, in builder tiles (BM); None = default
+    builder: str | None = None  # mma | sm90 (Hopper wgmma+TMA); None = the kernel's default
     profile: str | None = None  # simulator hardware profile (backend=sim)
     warmup: int = 5
     reps: int = 20
@@ -57,7 +58,10 @@ class Point:
     sweep: str | None = None
 
     def config(self) -> dict:
-        return {k: v for k, v in dataclasses.asdict(self).items() if k not in _NON_KEY_FIELDS}
+        cfg = {k: v for k, v in dataclasses.asdict(self).items() if k not in _NON_KEY_FIELDS}
+        if cfg["builder"] is None:  # keys of points from before the knob existed stay valid
+            del cfg["builder"]
+        return cfg
 
     def key(self) -> str:
         blob = json.dumps(self.config(), sort_keys=True, separators=(",", ":"))
@@ -75,6 +79,8 @@ class Point:
             extra.append("no-local-first")
         if self.chunk not in (None, 1):
             extra.append(f"chunk={self.chunk}")
+        if self.builder not in (None, "mma"):
+            extra.append(self.builder)
         return f"{self.impl}[{','.join(extra)}]"
 
     def replace(self, **kw) -> "Point":

@@ -10,7 +10,8 @@ given explicitly and/or from the model catalog::
     fabric: auto            # auto | nvlink | local | host | gloo
     shapes: [{M: 8192, N: 8192, K: 8192}]
     models: {names: [llama3-70b], tokens: [8192, 16384], layers: [qkv, fc1]}
-    kosmos: {policy: [self, fixed:8, predicted], queue_order: [demand], local_first: [true], chunk: [1]}
+    kosmos: {policy: [self, fixed:8, predicted], queue_order: [demand], local_first: [true], chunk: [1],
+             builder: [mma, sm90]}
     timing: {warmup: 5, reps: 20}
 
 Errors name the file, the key and what was expected (`SpecError`).
@@ -27,7 +28,8 @@ from .models import LAYER_OPS, MODELS, get_model, layer_shape
 from .point import DTYPES, FABRICS, OPS, QUEUE_ORDERS, Point, parse_policy
 
 KNOWN_KEYS = {"op", "impls", "world", "dtype", "fabric", "shapes", "models", "kosmos", "timing", "description", "profile"}
-KOSMOS_KEYS = {"policy": ["self"], "queue_order": ["demand"], "local_first": [True], "chunk": [1]}
+KOSMOS_KEYS = {"policy": ["self"], "queue_order": ["demand"], "local_first": [True], "chunk": [1], "builder": [None]}
+BUILDERS = ("mma", "sm90")
 # Implementations that take the kosmos knobs (policy, queue order, ...).
 KNOB_IMPLS = {"kosmos"}
 
@@ -167,6 +169,8 @@ def parse_sweep(data, src: str, name: str = "sweep") -> Sweep:
         kosmos["local_first"] = _as_list(kdata["local_first"], src, "kosmos.local_first", bool)
     if "chunk" in kdata:
         kosmos["chunk"] = _as_list(kdata["chunk"], src, "kosmos.chunk", int)
+    if "builder" in kdata:
+        kosmos["builder"] = _as_list(kdata["builder"], src, "kosmos.builder", str, BUILDERS)
 
     timing = data.get("timing") or {}
     if not isinstance(timing, dict) or set(timing) - {"warmup", "reps"}:
@@ -217,8 +221,9 @@ def expand(sweep: Sweep, *, backend: str, fabric: str, impls: list[str] | None =
                          trace=trace, model=shape.model, layer=shape.layer, tokens=shape.tokens,
                          sweep=sweep.name, profile=(profile or sweep.profile) if backend == "sim" else None)
             if impl in KNOB_IMPLS:
-                for pol, qo, lf, ch in itertools.product(kn["policy"], kn["queue_order"], kn["local_first"], kn["chunk"]):
-                    points.append(base.replace(policy=pol, queue_order=qo, local_first=lf, chunk=ch))
+                for pol, qo, lf, ch, bu in itertools.product(kn["policy"], kn["queue_order"], kn["local_first"],
+                                                             kn["chunk"], kn["builder"]):
+                    points.append(base.replace(policy=pol, queue_order=qo, local_first=lf, chunk=ch, builder=bu))
             else:
                 points.append(base)
     seen, unique = set(), []

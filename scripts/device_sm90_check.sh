@@ -6,5 +6,5 @@ export PYTHONUNBUFFERED=1 KOSMOS_BENCH_CACHE=$PWD/.kb-cache
 OUT=${OUT:-/tmp/kb-out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARN | tail -2
 timeout 75 python3 -m pytest -q -p no:cacheprovider tests/test_kosmos_gpu.py tests/test_builder_sm90_gpu.py 2>&1 | tail -6
-KOSMOS_BUILDER=sm90 timeout 80 kosmos-bench sweep h200-host-ag-gemm-sm90 -o "$OUT/r" | tail -14
+timeout 80 kosmos-bench sweep h200-host-ag-gemm-sm90 -o "$OUT/r" | tail -14
 (cd "$OUT/r" && tar czf "$OUT/sm90host.tgz" */points */manifest.json)

@@ -102,3 +102,16 @@ def test_parse_policy():
     for bad in ("fixed", "fixed:x", "fixed:0", "random"):
         with pytest.raises(ValueError):
             parse_policy(bad)
+
+
+def test_builder_knob_expands_and_keeps_old_keys():
+    data = dict(GOOD, impls=["kosmos"], kosmos={"policy": ["self"], "builder": ["mma", "sm90"]})
+    data.pop("models")
+    pts = expand(parse_sweep(data, "b.yaml"), backend="gpu", fabric="host")
+    assert {p.variant for p in pts} == {"kosmos[self]", "kosmos[self,sm90]"}
+    assert len({p.key() for p in pts}) == len(pts)
+    # points without the knob keep the key they had before it existed
+    old = Point("ag-gemm", "kosmos", 96, 64, 40, 2, policy="self")
+    assert "builder" not in old.config()
+    with pytest.raises(SpecError, match="kosmos.builder: 'tensor' is not one of"):
+        parse_sweep(dict(data, kosmos={"builder": ["tensor"]}), "b.yaml")

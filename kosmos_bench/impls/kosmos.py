@@ -91,11 +91,11 @@ class KosmosImpl:
 
             ok, why = sm90_gemm.available()
             return sm90_gemm.validate_shape(point.M, point.N, point.K) if ok else why
-        if os.environ.get("KOSMOS_BUILDER") == "sm90":
+        if (point.builder or os.environ.get("KOSMOS_BUILDER")) == "sm90":
             from ..kernels import ag_sm90
 
             if point.op != "ag-gemm":
-                return f"KOSMOS_BUILDER=sm90: the Hopper-builder variant is ag-gemm only (op={point.op})"
+                return f"builder sm90: the Hopper-builder variant is ag-gemm only (op={point.op})"
             why = ag_sm90.validate(point.M, point.N, point.K, point.world)
             if why:
                 return why
@@ -124,6 +124,7 @@ class KosmosImpl:
             out = torch.empty((point.M, point.N), dtype=A.dtype, device=ctx.device)
             return FnRunner(lambda: sm90_gemm.gemm(A, B, out=out), {ctx.rank: out},
                             info={"builder": "sm90 wgmma+TMA (standalone persistent)"})
+        kw.setdefault("builder", point.builder)
         return KosmosRunner(point, ctx, inputs, **kw)
 
 
