@@ -21,7 +21,8 @@ from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Benchmark self-scheduling persistent comm+GEMM kernels (KOSMOS) against the baselines.")
-out = Console(highlight=False, soft_wrap=True)
+# Piped output (files, CI logs) gets wide tables instead of rich's 80-column default.
+out = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 BAD_STATUSES = ("wrong", "failed", "timeout")
@@ -160,7 +161,7 @@ def sweep(
     if dry_run:
         t = Table("key", "op", "variant", "world", "fabric", "backend", "M", "N", "K", "model/layer/tokens")
         for p in points:
-            t.add_row(p.key(), p.op, p.variant, str(p.world), p.fabric, p.backend, str(p.M), str(p.N), str(p.K),
+            t.add_row(p.key(), p.op, escape(p.variant), str(p.world), p.fabric, p.backend, str(p.M), str(p.N), str(p.K),
                       f"{p.model or ''} {p.layer or ''} {p.tokens or ''}".strip())
         out.print(t)
         out.print(f"{len(points)} points (dry run: nothing executed)")

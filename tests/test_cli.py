@@ -79,6 +79,7 @@ def test_dry_run_lists_points():
     r = kb("sweep", "ag-gemm", "--backend", "sim", "--dry-run")
     assert r.returncode == 0, r.stderr
     assert "points (dry run: nothing executed)" in r.stdout
+    assert "kosmos[self]" in r.stdout and "kosmos[predicted]" in r.stdout  # not eaten as markup
 
 
 @pytest.mark.parametrize("args,needle", [
