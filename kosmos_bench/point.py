@@ -46,6 +46,7 @@ class Point:
     local_first: bool | None = None
     chunk: int | None = None  # rows per mover band, in builder tiles (BM); None = default
     builder: str | None = None  # mma | sm90 (Hopper wgmma+TMA); None = the kernel's default
+    mover: str | None = None  # sm (WGs move) | ce (host-fabric ag-gemm: the copy engine moves); None = sm
     profile: str | None = None  # simulator hardware profile (backend=sim)
     warmup: int = 5
     reps: int = 20
@@ -59,8 +60,9 @@ class Point:
 
     def config(self) -> dict:
         cfg = {k: v for k, v in dataclasses.asdict(self).items() if k not in _NON_KEY_FIELDS}
-        if cfg["builder"] is None:  # keys of points from before the knob existed stay valid
-            del cfg["builder"]
+        for knob in ("builder", "mover"):  # keys of points from before these knobs existed stay valid
+            if cfg[knob] is None:
+                del cfg[knob]
         return cfg
 
     def key(self) -> str:
@@ -81,6 +83,8 @@ class Point:
             extra.append(f"chunk={self.chunk}")
         if self.builder not in (None, "mma"):
             extra.append(self.builder)
+        if self.mover not in (None, "sm"):
+            extra.append(f"{self.mover}-mover")
         return f"{self.impl}[{','.join(extra)}]"
 
     def replace(self, **kw) -> "Point":

@@ -11,7 +11,7 @@ given explicitly and/or from the model catalog::
     shapes: [{M: 8192, N: 8192, K: 8192}]
     models: {names: [llama3-70b], tokens: [8192, 16384], layers: [qkv, fc1]}
     kosmos: {policy: [self, fixed:8, predicted], queue_order: [demand], local_first: [true], chunk: [1],
-             builder: [mma, sm90]}
+             builder: [mma, sm90], mover: [sm, ce]}
     timing: {warmup: 5, reps: 20}
 
 Errors name the file, the key and what was expected (`SpecError`).
@@ -28,8 +28,10 @@ from .models import LAYER_OPS, MODELS, get_model, layer_shape
 from .point import DTYPES, FABRICS, OPS, QUEUE_ORDERS, Point, parse_policy
 
 KNOWN_KEYS = {"op", "impls", "world", "dtype", "fabric", "shapes", "models", "kosmos", "timing", "description", "profile"}
-KOSMOS_KEYS = {"policy": ["self"], "queue_order": ["demand"], "local_first": [True], "chunk": [1], "builder": [None]}
+KOSMOS_KEYS = {"policy": ["self"], "queue_order": ["demand"], "local_first": [True], "chunk": [1], "builder": [None],
+               "mover": [None]}
 BUILDERS = ("mma", "sm90")
+MOVERS = ("sm", "ce")
 # Implementations that take the kosmos knobs (policy, queue order, ...).
 KNOB_IMPLS = {"kosmos"}
 
@@ -171,6 +173,8 @@ def parse_sweep(data, src: str, name: str = "sweep") -> Sweep:
         kosmos["chunk"] = _as_list(kdata["chunk"], src, "kosmos.chunk", int)
     if "builder" in kdata:
         kosmos["builder"] = _as_list(kdata["builder"], src, "kosmos.builder", str, BUILDERS)
+    if "mover" in kdata:
+        kosmos["mover"] = _as_list(kdata["mover"], src, "kosmos.mover", str, MOVERS)
 
     timing = data.get("timing") or {}
     if not isinstance(timing, dict) or set(timing) - {"warmup", "reps"}:
@@ -221,9 +225,10 @@ def expand(sweep: Sweep, *, backend: str, fabric: str, impls: list[str] | None =
                          trace=trace, model=shape.model, layer=shape.layer, tokens=shape.tokens,
                          sweep=sweep.name, profile=(profile or sweep.profile) if backend == "sim" else None)
             if impl in KNOB_IMPLS:
-                for pol, qo, lf, ch, bu in itertools.product(kn["policy"], kn["queue_order"], kn["local_first"],
-                                                             kn["chunk"], kn["builder"]):
-                    points.append(base.replace(policy=pol, queue_order=qo, local_first=lf, chunk=ch, builder=bu))
+                for pol, qo, lf, ch, bu, mv in itertools.product(kn["policy"], kn["queue_order"], kn["local_first"],
+                                                                 kn["chunk"], kn["builder"], kn["mover"]):
+                    points.append(base.replace(policy=pol, queue_order=qo, local_first=lf, chunk=ch, builder=bu,
+                                               mover=mv))
             else:
                 points.append(base)
     seen, unique = set(), []

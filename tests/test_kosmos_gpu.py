@@ -57,7 +57,9 @@ def run_checked(p, runner, A, B, calls=2):
         for out in runner.outputs.values():
             out.fill_(float("nan"))
         runner.run()
-        runner.check()
+        if hasattr(runner, "check"):  # kosmos runners surface watchdog errors here
+            runner.check()
+        torch.cuda.synchronize()
         cur = {r: t.clone() for r, t in runner.outputs.items()}
         if first is None:
             first = cur
@@ -344,3 +346,46 @@ def test_sm90_host_fabric_ag(shape):
         assert wrong == 0 and same
     finally:
         runner.close()
+
+
+@sm90
+@pytest.mark.parametrize("shape", [(8 * 1024, 4096, 2048), (3000 * 8, 776 * 8, 1000)])
+def test_sm90_host_fabric_ag_copy_engine_movers(shape):
+    """builder sm90 + mover ce: the copy engine moves every band (enqueued after the kernel
+    launch), all CTAs build; correct, bitwise stable, epochs in step across traced calls."""
+    W = 8
+    M, N, K = shape
+    p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90",
+                                        mover="ce", seed=5)
+    try:
+        assert runner.info["mover"] == "ce"
+        wrong, err, same = run_checked(p, runner, A, B, calls=4)
+        assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
+        assert same
+        df = runner.run_traced()
+        assert (df.role == "MOVE").sum() == 0 and (df.role == "BUILD").sum() == len(runner.scheds[0].builders)
+        wrong, err, same = run_checked(p, runner, A, B, calls=2)
+        assert wrong == 0 and same
+    finally:
+        runner.close()
+
+
+@sm90
+@pytest.mark.parametrize("kernel", ["fused", "standalone"])
+def test_sm90_gemm_world1_kernels(kernel):
+    """op gemm: the fused AG+GEMM kernel at world 1 (default) and the standalone builder,
+    poisoned output, awkward shape (partial tiles both ways, K not a multiple of 64)."""
+    M, N, K = 997, 1000, 1000
+    p = Point(op="gemm", impl="kosmos", M=M, N=N, K=K, world=1, fabric="local", seed=3)
+    ctx = RankCtx(rank=0, world=1, procs=1, device=DEV, fabric="local", backend="gpu")
+    o = get_op("gemm")
+    inputs, A, B = o.inputs(p, [0], DEV, seed=77)
+    runner = IMPL.prepare(p, ctx, inputs, gemm_kernel=kernel)
+    try:
+        assert kernel in runner.info["gemm_kernel"]
+        wrong, err, same = run_checked(p, runner, A, B, calls=3)
+        assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
+        assert same
+    finally:
+        if hasattr(runner, "close"):
+            runner.close()

@@ -115,3 +115,26 @@ def test_builder_knob_expands_and_keeps_old_keys():
     assert "builder" not in old.config()
     with pytest.raises(SpecError, match="kosmos.builder: 'tensor' is not one of"):
         parse_sweep(dict(data, kosmos={"builder": ["tensor"]}), "b.yaml")
+
+
+def test_mover_knob_expands_and_keeps_old_keys():
+    data = dict(GOOD, impls=["kosmos"], kosmos={"policy": ["self"], "builder": ["sm90"], "mover": ["sm", "ce"]})
+    data.pop("models")
+    pts = expand(parse_sweep(data, "m.yaml"), backend="gpu", fabric="host")
+    assert {p.variant for p in pts} == {"kosmos[self,sm90]", "kosmos[self,sm90,ce-mover]"}
+    assert len({p.key() for p in pts}) == len(pts)
+    old = Point("ag-gemm", "kosmos", 96, 64, 40, 2, policy="self")
+    assert "mover" not in old.config() and old.key() == old.replace(mover=None).key()
+    with pytest.raises(SpecError, match="kosmos.mover: 'dma' is not one of"):
+        parse_sweep(dict(data, kosmos={"mover": ["dma"]}), "m.yaml")
+
+
+def test_mover_ce_is_skipped_with_a_reason_where_it_does_not_apply():
+    from kosmos_bench.impls.kosmos import KosmosImpl
+
+    impl = KosmosImpl()
+    base = Point("ag-gemm", "kosmos", 8192, 4096, 2048, 8, fabric="host", policy="self", mover="ce")
+    assert impl.unsupported(base) is None
+    assert "host-fabric ag-gemm only" in impl.unsupported(base.replace(fabric="local"))
+    assert "host-fabric ag-gemm only" in impl.unsupported(base.replace(op="gemm-rs"))
+    assert "role policies do not apply" in impl.unsupported(base.replace(policy="fixed:8"))

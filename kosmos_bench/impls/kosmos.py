@@ -43,6 +43,7 @@ from .base import common_unsupported
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("KOSMOS_TIMEOUT_S", "5"))
 DEFAULT_TRACE_CAP = 4096
+DEFAULT_CE_STREAMS = 2
 
 
 class WatchdogError(RuntimeError):
@@ -87,10 +88,14 @@ class KosmosImpl:
         if point.dtype != "bf16":
             return f"kosmos kernels are bf16 only (dtype={point.dtype})"
         if point.op == "gemm":
-            from ..kernels import sm90_gemm
+            from ..kernels import ag_sm90, sm90_gemm
 
             ok, why = sm90_gemm.available()
-            return sm90_gemm.validate_shape(point.M, point.N, point.K) if ok else why
+            if not ok:
+                return why
+            if os.environ.get("KOSMOS_GEMM_KERNEL", "fused") == "standalone":
+                return sm90_gemm.validate_shape(point.M, point.N, point.K)
+            return ag_sm90.validate(point.M, point.N, point.K, 1)
         if (point.builder or os.environ.get("KOSMOS_BUILDER")) == "sm90":
             from ..kernels import ag_sm90
 
@@ -103,6 +108,11 @@ class KosmosImpl:
         if why:
             return why
         pol = _policy(point)
+        if (point.mover or os.environ.get("KOSMOS_MOVER")) == "ce":
+            if point.fabric != "host" or point.op != "ag-gemm":
+                return f"mover ce: copy-engine movers are host-fabric ag-gemm only (fabric={point.fabric}, op={point.op})"
+            if pol != "self":
+                return f"mover ce: the copy engine does every move, so WG role policies do not apply (policy={pol})"
         if pol.startswith("fixed:"):
             try:
                 k = int(pol.split(":", 1)[1])
@@ -115,17 +125,38 @@ class KosmosImpl:
 
     def prepare(self, point: Point, ctx, inputs, **kw) -> "KosmosRunner":
         if point.op == "gemm":
-            import torch
-
-            from ..kernels import sm90_gemm
-            from .base import FnRunner
-
-            A, B = inputs.A[ctx.rank], inputs.B[ctx.rank]
-            out = torch.empty((point.M, point.N), dtype=A.dtype, device=ctx.device)
-            return FnRunner(lambda: sm90_gemm.gemm(A, B, out=out), {ctx.rank: out},
-                            info={"builder": "sm90 wgmma+TMA (standalone persistent)"})
+            return _prepare_gemm(point, ctx, inputs, **kw)
         kw.setdefault("builder", point.builder)
+        kw.setdefault("mover", point.mover)
         return KosmosRunner(point, ctx, inputs, **kw)
+
+
+def _gemm_kernel(kw: dict) -> str:
+    kernel = kw.pop("gemm_kernel", None) or os.environ.get("KOSMOS_GEMM_KERNEL", "fused")
+    if kernel not in ("fused", "standalone"):
+        raise ValueError(f"gemm_kernel={kernel!r}: expected 'fused' or 'standalone'")
+    return kernel
+
+
+def _prepare_gemm(point: Point, ctx, inputs, **kw):
+    """op gemm (world 1): 'fused' (default) runs the KOSMOS AG+GEMM kernel with the sm90
+    builder at world 1 — the same persistent kernel, claims, flags and exit protocol, with no
+    communication items; 'standalone' ($KOSMOS_GEMM_KERNEL or gemm_kernel=) the builder's own
+    persistent GEMM (kernels/sm90_gemm.py), which isolates the builder from the protocol."""
+    import torch
+
+    if _gemm_kernel(kw) == "fused":
+        fused = point.replace(op="ag-gemm", fabric="local", builder="sm90", policy="self", mover=None)
+        r = KosmosRunner(fused, ctx, inputs, builder="sm90", **kw)
+        r.info["gemm_kernel"] = "fused ag-gemm sm90, world 1"
+        return r
+    from ..kernels import sm90_gemm
+    from .base import FnRunner
+
+    A, B = inputs.A[ctx.rank], inputs.B[ctx.rank]
+    out = torch.empty((point.M, point.N), dtype=A.dtype, device=ctx.device)
+    return FnRunner(lambda: sm90_gemm.gemm(A, B, out=out), {ctx.rank: out},
+                    info={"builder": "sm90", "gemm_kernel": "standalone sm90 persistent GEMM"})
 
 
 def _guess_wgs_per_rank(point: Point) -> int | None:
@@ -195,6 +226,8 @@ class KosmosRunner:
             raise ValueError(f"mover={self.mover!r}: expected 'sm' or 'ce'")
         if self.mover == "ce" and (fabric != "host" or op != "ag-gemm"):
             raise ValueError("mover='ce' is implemented for ag-gemm on the host fabric only")
+        # Copy-engine streams, bands round-robin (kosmos_ce_enqueue); $KOSMOS_CE_STREAMS overrides.
+        self.ce_nstreams = max(1, int(os.environ.get("KOSMOS_CE_STREAMS", str(DEFAULT_CE_STREAMS))))
         self.calls = 0  # completed launches since the last reset (epoch of the next = calls + 1)
         self.ce_plan: list = []
         dev_index = self.dev.index if self.dev.index is not None else torch.cuda.current_device()
@@ -453,22 +486,40 @@ class KosmosRunner:
         return p
 
     def _ce_plan(self, sch, work, flag_base: int, m_loc: int, K: int) -> None:
-        """One (dst view, src view, flag address, multiplicity) per band, in mover order."""
-        seen = []
+        """Copy-engine movers: one (dst, src, bytes, flag address, multiplicity) per band, in
+        mover (consumer-demand) order; enqueued per launch by kosmos_ce_enqueue."""
+        import torch
+
+        seen = set()
         tab = sch.movers.table
+        plan = []
         for i in sch.movers.queue:
             row = tab[i]
             key = (int(row[S.F["peer"]]), int(row[S.F["m0"]]))
             if key in seen:
                 continue
-            seen.append(key)
+            seen.add(key)
             p, m0, rows, f = key[0], key[1], int(row[S.F["rows"]]), int(row[S.F["rel_flag"]])
             dst = work[p * m_loc + m0:p * m_loc + m0 + rows]
             src = self._host_A[p][m0:m0 + rows]
-            self.ce_plan.append((dst, src, flag_base + 4 * f, int(sch.flag_mult[f])))
-        import torch
+            plan.append((dst.data_ptr(), src.data_ptr(), rows * K * 2, flag_base + 4 * f, int(sch.flag_mult[f])))
+        cols = list(zip(*plan)) if plan else [(), (), (), (), ()]
+        self.ce_plan = [np.ascontiguousarray(np.array(c, dtype=np.uint64)) for c in cols[:4]]
+        self.ce_mult = np.array(cols[4], dtype=np.uint64)
+        self.ce_streams = [torch.cuda.Stream(self.dev) for _ in range(self.ce_nstreams)]
+        self.ce_handles = (ctypes.c_void_p * len(self.ce_streams))(*[s.cuda_stream for s in self.ce_streams])
+        self.ce_ready = torch.cuda.Event()
 
-        self.ce_stream = torch.cuda.Stream(self.dev)
+    def _ce_enqueue(self, epoch: int) -> None:
+        """Enqueue this call's band copies + flag releases on the copy-engine stream."""
+        u64 = ctypes.POINTER(ctypes.c_uint64)
+        dst, src, nbytes, flag = self.ce_plan
+        values = np.ascontiguousarray(((self.ce_mult * epoch) & 0xFFFFFFFF).astype(np.uint32))
+        self._call(self.lib.kosmos_ce_enqueue(self.ce_handles, len(self.ce_streams), len(dst),
+                                              dst.ctypes.data_as(u64), src.ctypes.data_as(u64),
+                                              nbytes.ctypes.data_as(u64), flag.ctypes.data_as(u64),
+                                              values.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32))),
+                   "kosmos_ce_enqueue")
 
     def _launch(self, params) -> None:
         import torch
@@ -477,22 +528,21 @@ class KosmosRunner:
         stream = main.cuda_stream
         with torch.cuda.device(self.dev):
             if self.ce_plan:
-                epoch = self.calls + 1
-                cs = self.ce_stream
-                cs.wait_stream(main)  # previous call's readers of the gathered buffer are done
-                with torch.cuda.stream(cs):
-                    for dst, src, fptr, mult in self.ce_plan:
-                        dst.copy_(src, non_blocking=True)
-                        self._call(self.lib.kosmos_stream_write_u32(ctypes.c_void_p(cs.cuda_stream),
-                                                                    ctypes.c_void_p(fptr), (epoch * mult) & 0xFFFFFFFF),
-                                   "kosmos_stream_write_u32")
+                # The kernel goes first so that its local tiles start at once; the copies wait
+                # only for what preceded the kernel on `main` (earlier readers of the gathered
+                # buffer), never for the kernel itself, which waits for them.
+                self.ce_ready.record(main)
             if self.sm90 is not None:
                 self._call(self.sm90.kosmos_sm90_ag_launch(ctypes.c_void_p(self.sm90_handle), ctypes.byref(params),
                                                            ctypes.c_void_p(stream)), "kosmos_sm90_ag_launch")
             else:
                 self._call(self.lib.kosmos_launch(ctypes.byref(params), ctypes.c_void_p(stream)), "kosmos_launch")
             if self.ce_plan:
-                main.wait_stream(self.ce_stream)
+                for cs in self.ce_streams:
+                    cs.wait_event(self.ce_ready)
+                self._ce_enqueue(self.calls + 1)
+                for cs in self.ce_streams:
+                    main.wait_stream(cs)
         self.calls += 1
 
     def _raise_if_timed_out(self) -> None:
