@@ -130,19 +130,24 @@ int kosmos_stream_write_u32(void* stream, void* dev_ptr, uint32_t value) {
   return KOSMOS_OK;
 }
 
-// Copy-engine movers (host fabric): band i (in mover order) goes to streams[i % nstreams]:
-// cudaMemcpyAsync(dst[i] <- src[i], bytes[i]) then *flag[i] = value[i] by a stream memory
-// operation. Round-robin over streams so that one stream's flag release (a memory barrier
-// in the front end) never leaves the copy engine idle. One call per kernel launch: a few
-// microseconds of CPU per band, far less than the band's transfer.
+// Copy-engine movers (host fabric), entries in mover order: entry i with bytes[i] > 0 is a
+// cudaMemcpyAsync(dst[i] <- src[i]) on the next stream (round-robin, so that one stream's
+// flag release, a memory barrier in the front end, never leaves the copy engine idle);
+// every entry then releases *flag[i] = value[i] by a stream memory operation on the stream
+// of the latest copy (bytes 0: one more band of that copy). One call per kernel launch.
 int kosmos_ce_enqueue(void* const* streams, int nstreams, int n, const uint64_t* dst, const uint64_t* src,
                       const uint64_t* bytes, const uint64_t* flag, const uint32_t* value) {
   if (nstreams < 1 || !streams || n < 0 || (n > 0 && (!dst || !src || !bytes || !flag || !value)))
     return fail(KOSMOS_ERR_INVALID, "bad CE plan");
+  if (n > 0 && bytes[0] == 0) return fail(KOSMOS_ERR_INVALID, "CE plan: first entry has no copy");
+  int copies = 0;
+  cudaStream_t s = nullptr;
   for (int i = 0; i < n; ++i) {
-    cudaStream_t s = static_cast<cudaStream_t>(streams[i % nstreams]);
-    KOSMOS_CUDA(cudaMemcpyAsync(reinterpret_cast<void*>(dst[i]), reinterpret_cast<const void*>(src[i]), bytes[i],
-                                cudaMemcpyDefault, s));
+    if (bytes[i] > 0) {
+      s = static_cast<cudaStream_t>(streams[copies++ % nstreams]);
+      KOSMOS_CUDA(cudaMemcpyAsync(reinterpret_cast<void*>(dst[i]), reinterpret_cast<const void*>(src[i]), bytes[i],
+                                  cudaMemcpyDefault, s));
+    }
     if (int rc = kosmos_stream_write_u32(s, reinterpret_cast<void*>(flag[i]), value[i])) return rc;
   }
   return KOSMOS_OK;

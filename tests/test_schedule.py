@@ -89,7 +89,7 @@ def test_orders_are_permutations(op, order):
         assert np.array_equal(a.builders.queue, np.arange(len(a.builders)))
 
 
-def test_ag_demand_local_first_band_major():
+def test_ag_demand_local_first_grouped_raster():
     W, r, BM, chunk = 4, 2, 128, 2
     sch = S.build_schedule("ag-gemm", 1000 * W, 300 * W, 256, W, r, BM=BM, BN=64, chunk=chunk, num_wgs=8)
     t = sch.builders.table[sch.builders.queue]
@@ -98,13 +98,15 @@ def test_ag_demand_local_first_band_major():
     per_peer = mt_n * nt_n
     assert np.all(peers[:per_peer] == r), "local bands first"
     ring = [(r + i) % W for i in range(1, W)]
-    assert [int(p) for p in peers[per_peer::per_peer]] == ring, "remote peers in ring order"
-    # band-major: within a peer, m0 non-decreasing and all N tiles of a row together
-    for i in range(W):
-        seg = t[i * per_peer:(i + 1) * per_peer]
-        m0 = seg[:, S.F["m0"]]
-        assert np.all(np.diff(m0) >= 0)
-        assert np.all(np.bincount(m0 // BM) == nt_n)
+    # remote bands in ring order, each peer's bands in order; within each band group the
+    # tiles go column by column (N tile, then band), groups from band_groups()
+    for start, seg_peers in ((0, [r]), (per_peer, ring)):
+        bands = [(p, mt) for p in seg_peers for mt in range(mt_n)]
+        expect = [(p, mt * BM, nt * 64) for grp in S.band_groups(len(bands), 8) for nt in range(nt_n)
+                  for p, mt in bands[grp]]
+        got = [(int(x[S.F["peer"]]), int(x[S.F["m0"]]), int(x[S.F["n0"]])) for x in t[start:start + len(expect)]]
+        assert got == expect
+    assert len({tuple(x) for x in t[:, [S.F["peer"], S.F["m0"], S.F["n0"]]]}) == len(t) == W * per_peer
     # mover order = order builders need the bands
     mv = sch.movers.table[sch.movers.queue]
     need = []
@@ -119,6 +121,15 @@ def test_ag_demand_local_first_band_major():
     off = S.build_schedule("ag-gemm", 1000 * W, 300 * W, 256, W, r, BM=BM, BN=64, chunk=chunk, num_wgs=8,
                            local_first=False)
     assert np.all(off.builders.table[off.builders.queue][-per_peer:, S.F["peer"]] == r)
+
+
+def test_band_groups_cover_in_order_and_shrink_at_the_end():
+    for n, b in ((1, 132), (16, 16), (64, 132), (128, 124), (7, 1)):
+        groups = S.band_groups(n, b)
+        assert [i for g in groups for i in range(g.start, g.stop)] == list(range(n))
+        sizes = [g.stop - g.start for g in groups]
+        assert max(sizes) <= max(1, round(b ** 0.5)) and sizes[-1] == 1
+        assert all(x >= y for x, y in zip(sizes, sizes[1:])), sizes
 
 
 def test_rs_demand_local_last_and_deps():
