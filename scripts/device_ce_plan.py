@@ -1,0 +1,87 @@
+"""Copy-engine mover plan alone (no kernel), host fabric W=8: time kosmos_ce_enqueue's copies
++ flag releases at 1/2/3 streams against one cudaMemcpyAsync of the same bytes, and the same
+copies without the flag releases. Median of 5 after 2 warm-up, device events.
+
+    KOSMOS_BENCH_CACHE=$PWD/.kb-cache python3 scripts/device_ce_plan.py [M N K]
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+
+from kosmos_bench.impls.base import RankCtx
+from kosmos_bench.impls.kosmos import IMPLS
+from kosmos_bench.ops import get_op
+from kosmos_bench.point import Point
+
+DEV = torch.device("cuda", 0)
+W = 8
+
+
+def timed(fn, reps=5, warm=2):
+    ts = []
+    for i in range(warm + reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        if i >= warm:
+            ts.append(a.elapsed_time(b) * 1e3)
+    return float(np.median(ts))
+
+
+def main() -> None:
+    M, N, K = (int(x) for x in sys.argv[1:4]) if len(sys.argv) >= 4 else (16384, 10240, 8192)
+    p = Point(op="ag-gemm", impl="kosmos", M=M, N=N, K=K, world=W, fabric="host", policy="self", seed=0,
+              builder="sm90", mover="ce")
+    ctx = RankCtx(rank=0, world=W, procs=1, device=DEV, fabric="host", backend="gpu")
+    inputs, A, B = get_op("ag-gemm").inputs(p, list(range(W)), DEV, seed=1)
+    r = IMPLS[0].prepare(p, ctx, inputs)
+    main_s = torch.cuda.current_stream()
+    m_loc = M // W
+    host = torch.cat([r._host_A[q] for q in range(1, W)])  # one pinned block, same bytes
+    host = host.pin_memory()
+    dev = torch.empty_like(host, device=DEV)
+    print(f"M={M} N={N} K={K}: {len(r.ce_plan[0])} bands, {r.ce_copies} copies, {host.numel() * 2 / 1e6:.0f} MB")
+    print(f"  one memcpy                      {timed(lambda: dev.copy_(host, non_blocking=True)):8.1f} us")
+    base = list(r.ce_streams)
+    for ns in (1, 2, 3):
+        r.ce_streams = [torch.cuda.Stream(DEV) for _ in range(ns)]
+        import ctypes
+        r.ce_handles = (ctypes.c_void_p * ns)(*[s.cuda_stream for s in r.ce_streams])
+
+        def plan():
+            ev = torch.cuda.Event()
+            ev.record(main_s)
+            for cs in r.ce_streams:
+                cs.wait_event(ev)
+            r._ce_enqueue(1)
+            for cs in r.ce_streams:
+                main_s.wait_stream(cs)
+
+        print(f"  plan, {ns} stream(s), flags       {timed(plan):8.1f} us")
+    r.ce_streams = base
+    dst, src, nb, _ = r.ce_plan
+
+    def view(ptr: int, n: int):  # the bytes [ptr, ptr + n) of the tensor that holds them
+        for t in list(r._keep) + list(r._host_A.values()):
+            base = t.data_ptr()
+            if base <= ptr and ptr + n <= base + t.numel() * t.element_size():
+                return t.view(-1).view(torch.uint8)[ptr - base:ptr - base + n]
+        raise LookupError(hex(ptr))
+
+    pairs = [(view(int(d), int(n)), view(int(s_), int(n))) for d, s_, n in zip(dst, src, nb) if n]
+
+    def copies_only():
+        for d, s_ in pairs:
+            d.copy_(s_, non_blocking=True)
+
+    print(f"  plan copies only, 1 stream       {timed(copies_only):8.1f} us")
+    r.close()
+
+
+if __name__ == "__main__":
+    main()
