@@ -12,9 +12,10 @@ OUT=${OUT:-/tmp/kb-out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARN | tail -2
 timeout 170 python3 -m pytest -q -p no:cacheprovider -rs tests/test_kosmos_gpu.py tests/test_builder_sm90_gpu.py 2>&1 \
   | tail -12 | tee "$OUT/pytest.log"
-timeout 200 kosmos-bench sweep h200-host-ag-gemm-sm90 -o "$OUT/host" > "$OUT/host.log" 2>&1
+timeout 60 python3 scripts/device_ce_plan.py 16384 10240 8192 2>&1 | tee "$OUT/ce_plan.log"
+timeout 240 kosmos-bench sweep h200-host-ag-gemm-sm90 --trace -o "$OUT/host" > "$OUT/host.log" 2>&1
 grep -v "skipped" "$OUT/host.log" | tail -50
 timeout 200 kosmos-bench sweep builder -o "$OUT/builder" > "$OUT/builder.log" 2>&1; tail -6 "$OUT/builder.log"
 KOSMOS_GEMM_KERNEL=standalone timeout 60 kosmos-bench sweep builder-quick --impl kosmos -o "$OUT/standalone" \
   > "$OUT/standalone.log" 2>&1; tail -3 "$OUT/standalone.log"
-(cd "$OUT" && tar czf runs.tgz */*/points */*/manifest.json)
+(cd "$OUT" && tar czf runs.tgz */*/points */*/manifest.json */*/traces 2>/dev/null)

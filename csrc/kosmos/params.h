@@ -107,7 +107,7 @@ int kosmos_alloc_mapped(uint64_t bytes, void** host, void** dev);
 int kosmos_free_mapped(void* host);
 int kosmos_smem_bytes(int op);
 int kosmos_stream_write_u32(void* stream, void* dev_ptr, uint32_t value);
-int kosmos_ce_enqueue(void* const* streams, int nstreams, int n, const uint64_t* dst, const uint64_t* src,
+int kosmos_ce_enqueue(void* copy_stream, void* flag_stream, int n, const uint64_t* dst, const uint64_t* src,
                       const uint64_t* bytes, const uint64_t* flag, const uint32_t* value);
 #ifdef __cplusplus
 }

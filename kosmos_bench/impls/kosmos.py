@@ -43,7 +43,6 @@ from .base import common_unsupported
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("KOSMOS_TIMEOUT_S", "5"))
 DEFAULT_TRACE_CAP = 4096
-DEFAULT_CE_STREAMS = 2
 
 
 class WatchdogError(RuntimeError):
@@ -226,8 +225,6 @@ class KosmosRunner:
             raise ValueError(f"mover={self.mover!r}: expected 'sm' or 'ce'")
         if self.mover == "ce" and (fabric != "host" or op != "ag-gemm"):
             raise ValueError("mover='ce' is implemented for ag-gemm on the host fabric only")
-        # Copy-engine streams, bands round-robin (kosmos_ce_enqueue); $KOSMOS_CE_STREAMS overrides.
-        self.ce_nstreams = max(1, int(os.environ.get("KOSMOS_CE_STREAMS", str(DEFAULT_CE_STREAMS))))
         self.calls = 0  # completed launches since the last reset (epoch of the next = calls + 1)
         self.ce_plan: list = []
         dev_index = self.dev.index if self.dev.index is not None else torch.cuda.current_device()
@@ -408,7 +405,7 @@ class KosmosRunner:
         self.info = {"num_movers": k, "num_wgs": int(G), "wgs_per_rank": int(sizes.min()),
                      "max_inflight_movers": int(ra_arr[0].max_inflight_movers), "mover_bulk": self.mover_bulk,
                      "mover": self.mover, "builder": self.builder,
-                     "ce_copies": int(getattr(self, "ce_copies", 0)), "ce_streams": self.ce_nstreams if self.ce_plan else 0,
+                     "ce_copies": int(getattr(self, "ce_copies", 0)),
                      "kosmos_policy": _policy(point), "trace_dropped": 0}
         torch.cuda.synchronize(self.dev)
 
@@ -529,8 +526,7 @@ class KosmosRunner:
         self.ce_plan = [np.ascontiguousarray(np.array(c, dtype=np.uint64)) for c in cols[:4]]
         self.ce_mult = np.array(cols[4], dtype=np.uint64)
         self.ce_copies = sum(1 for e in plan if e[2])
-        self.ce_streams = [torch.cuda.Stream(self.dev) for _ in range(self.ce_nstreams)]
-        self.ce_handles = (ctypes.c_void_p * len(self.ce_streams))(*[s.cuda_stream for s in self.ce_streams])
+        self.ce_streams = [torch.cuda.Stream(self.dev) for _ in range(2)]  # copies, flag releases
         self.ce_ready = torch.cuda.Event()
 
     def _ce_enqueue(self, epoch: int) -> None:
@@ -538,7 +534,8 @@ class KosmosRunner:
         u64 = ctypes.POINTER(ctypes.c_uint64)
         dst, src, nbytes, flag = self.ce_plan
         values = np.ascontiguousarray(((self.ce_mult * epoch) & 0xFFFFFFFF).astype(np.uint32))
-        self._call(self.lib.kosmos_ce_enqueue(self.ce_handles, len(self.ce_streams), len(dst),
+        copy_s, flag_s = (ctypes.c_void_p(cs.cuda_stream) for cs in self.ce_streams)
+        self._call(self.lib.kosmos_ce_enqueue(copy_s, flag_s, len(dst),
                                               dst.ctypes.data_as(u64), src.ctypes.data_as(u64),
                                               nbytes.ctypes.data_as(u64), flag.ctypes.data_as(u64),
                                               values.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32))),
