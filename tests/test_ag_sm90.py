@@ -49,3 +49,20 @@ def test_schedule_bn256_tiles(W, M, N, K):
     area = int((t[:, S.F["rows"]].astype(int) * t[:, S.F["cols"]].astype(int)).sum())
     assert area == M * n_loc
     assert len(sch.builders) == W * -(-m_loc // 128) * -(-n_loc // 256)
+
+
+def test_builder_choice_picks_by_device_and_shape(monkeypatch):
+    monkeypatch.delenv("KOSMOS_BUILDER", raising=False)
+    monkeypatch.setattr(ag_sm90, "find_lib", lambda: "prebuilt")
+    shape = (8192, 8192, 8192, 8)
+    assert ag_sm90.builder_choice(None, "ag-gemm", shape, (9, 0)) == "sm90"
+    assert ag_sm90.builder_choice(None, "ag-gemm", shape, (8, 0)) == "mma"  # not Hopper
+    assert ag_sm90.builder_choice(None, "ag-gemm", shape, None) == "mma"  # no GPU
+    assert ag_sm90.builder_choice(None, "gemm-rs", shape, (9, 0)) == "mma"  # no sm90 variant
+    assert ag_sm90.builder_choice(None, "ag-gemm", (8192, 8192, 999, 8), (9, 0)) == "mma"  # K % 8
+    assert ag_sm90.builder_choice(None, "ag-gemm", shape, (9, 0), mover_bulk=True) == "mma"
+    assert ag_sm90.builder_choice("mma", "ag-gemm", shape, (9, 0)) == "mma"  # explicit wins
+    monkeypatch.setenv("KOSMOS_BUILDER", "mma")
+    assert ag_sm90.builder_choice(None, "ag-gemm", shape, (9, 0)) == "mma"
+    with pytest.raises(ValueError):
+        ag_sm90.builder_choice("tensor")

@@ -19,10 +19,12 @@ fabric: that emulated rank never signals; the watchdog test), ``trace_cap`` (rec
 ``max_inflight`` (policy self: override the schedule's in-flight mover cap; 0 = none),
 ``mover_bulk`` (ag-gemm movers use TMA bulk copies; default ``$KOSMOS_MOVER_BULK`` or off),
 ``mover`` ('sm' default; 'ce': host-fabric ag-gemm bands move by the copy engine, flags
-released by stream memory operations, every WG builds; default ``$KOSMOS_MOVER``),
-``builder`` ('mma' default: the portable mma.sync builder, 256-thread WGs, 128x128 tiles;
-'sm90': ag-gemm only, opt-in, the Hopper wgmma+TMA builder in 384-thread CTAs, one per SM,
-128x256 tiles, csrc/ag_gemm_sm90.cu; default ``$KOSMOS_BUILDER`` or 'mma').
+released by stream memory operations, every WG builds; default ``$KOSMOS_MOVER``; as a
+Point knob ``mover``),
+``builder`` ('mma': the portable mma.sync builder, 256-thread WGs, 128x128 tiles; 'sm90':
+ag-gemm, the Hopper wgmma+TMA builder in 384-thread CTAs, one per SM, 128x256 tiles,
+csrc/ag_gemm_sm90.cu; default ``$KOSMOS_BUILDER``, else picked by device: sm90 for ag-gemm
+on sm_90 when the shape suits it, mma otherwise — ``kernels.ag_sm90.builder_choice``).
 
 Runner: ``run()`` launches without synchronizing (and first raises :class:`WatchdogError`
 if an earlier call timed out); ``check()`` synchronizes and raises for this call;
@@ -196,7 +198,9 @@ class KosmosRunner:
         self.lib = kernels.load()
         # 'mma' (default): the main library's kernels. 'sm90' (opt-in, ag-gemm): the Hopper
         # builder kernel of kernels/ag_sm90.py; same buffers, schedule arrays and protocol.
-        self.builder = ag_sm90.builder_choice(builder)
+        bulk_asked = bool(mover_bulk) or (mover_bulk is None and bool(int(os.environ.get("KOSMOS_MOVER_BULK", "0"))))
+        self.builder = ag_sm90.builder_choice(builder, point.op, (point.M, point.N, point.K, point.world),
+                                              torch.cuda.get_device_capability(self.dev), bulk_asked)
         self.sm90 = None
         self.sm90_handle = None
         if self.builder == "sm90":

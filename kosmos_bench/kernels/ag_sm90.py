@@ -50,12 +50,30 @@ def validate(M: int, N: int, K: int, world: int) -> str | None:
     return None
 
 
-def builder_choice(builder: str | None) -> str:
-    """The builder to use: the argument, else $KOSMOS_BUILDER, else 'mma' (the default)."""
-    b = builder or os.environ.get("KOSMOS_BUILDER") or "mma"
-    if b not in BUILDERS:
-        raise ValueError(f"builder={b!r}: expected one of {BUILDERS}")
-    return b
+def builder_choice(builder: str | None, op: str = "ag-gemm", shape: tuple[int, int, int, int] | None = None,
+                   capability: tuple[int, int] | None = None, mover_bulk: bool = False) -> str:
+    """The builder to use: the argument, else $KOSMOS_BUILDER, else picked by device: 'sm90'
+    (wgmma + TMA) for ag-gemm on an sm_90 GPU when the shape (M, N, K, world) suits it, the
+    library can be had and no bulk movers are asked for; the portable 'mma' otherwise."""
+    b = builder or os.environ.get("KOSMOS_BUILDER")
+    if b:
+        if b not in BUILDERS:
+            raise ValueError(f"builder={b!r}: expected one of {BUILDERS}")
+        return b
+    if op != "ag-gemm" or mover_bulk or capability != (9, 0):
+        return "mma"
+    if shape is not None and validate(*shape) is not None:
+        return "mma"
+    return "sm90" if (find_lib() is not None or _can_build()) else "mma"
+
+
+def _can_build() -> bool:
+    try:
+        cutlass_include()
+        nvcc()
+        return True
+    except Exception:  # noqa: BLE001 - no nvcc or no CUTLASS headers: the portable builder
+        return False
 
 
 def cutlass_include() -> Path:
