@@ -115,7 +115,7 @@ int kosmos_alloc_mapped(uint64_t bytes, void** host, void** dev) {
 // SM): *dev_ptr = value once the stream reaches it. Used by copy-engine movers to release a
 // band flag after its cudaMemcpyAsync. Driver entry point looked up through the runtime,
 // so the library does not link libcuda. barrier = 0 adds CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER
-// (for a write right after a fenced one: nothing left to order).
+// (rejected with CUDA_ERROR_INVALID_VALUE on the H200 box's driver: every CE release is fenced).
 typedef int (*StreamWriteValue32Fn)(void* stream, unsigned long long addr, unsigned int value, unsigned int flags);
 
 static int stream_write(void* stream, void* dev_ptr, uint32_t value, bool barrier) {
@@ -138,8 +138,8 @@ int kosmos_stream_write_u32(void* stream, void* dev_ptr, uint32_t value) {
 
 // Copy-engine movers (host fabric), entries in mover order. Entry i with bytes[i] > 0 is a
 // cudaMemcpyAsync(dst[i] <- src[i]) on copy_stream, followed by an event; flag_stream waits
-// for that event and releases *flag[i] = value[i] (the first write after each copy fenced,
-// the others of the same copy not); entries with bytes 0 are further bands of the latest
+// for that event and releases *flag[i] = value[i] (fenced writes); entries with bytes 0 are
+// further bands of the latest
 // copy. The copies run back to back: flag releases (~2 us each in the front end, measured)
 // stay off the copy engine's path. One call per kernel launch.
 int kosmos_ce_enqueue(void* copy_stream, void* flag_stream, int n, const uint64_t* dst, const uint64_t* src,
@@ -164,7 +164,7 @@ int kosmos_ce_enqueue(void* copy_stream, void* flag_stream, int n, const uint64_
       KOSMOS_CUDA(cudaStreamWaitEvent(fs, events[copies], 0));
       ++copies;
     }
-    if (int rc = stream_write(fs, reinterpret_cast<void*>(flag[i]), value[i], copy)) return rc;
+    if (int rc = stream_write(fs, reinterpret_cast<void*>(flag[i]), value[i], true)) return rc;
   }
   return KOSMOS_OK;
 }
