@@ -383,19 +383,21 @@ class _Tab:
         return ItemTable(t, np.asarray(order, dtype=np.int32), np.asarray(self.flops), np.asarray(self.bytes))
 
 
-def band_groups(num_bands: int, builders: int) -> list[slice]:
+def band_groups(num_bands: int, builders: int, ramp: bool = False) -> list[slice]:
     """Consecutive groups of bands whose tiles the ag-gemm demand order rasters column by
     column. A wave of ``builders`` concurrent tiles then reads g A-panels and builders/g
     B-panels (g ~ sqrt(builders)) instead of the whole of B for every band or two (band-major
     order: B re-streamed from HBM per wave, measured 0.72-0.80x cuBLAS on wide-N layers).
     Groups halve toward the end so the work left after the last band arrives stays about
-    one band."""
+    one band; with ``ramp`` (bands that arrive one after another) they also start at one
+    band and double, so the first arrivals are not held back by a whole group."""
     g = max(1, int(round(math.sqrt(max(1, builders)))))
-    out, b = [], 0
+    out, b, grow = [], 0, 1 if ramp else g
     while b < num_bands:
-        size = min(g, max(1, (num_bands - b + 1) // 2))
+        size = min(grow, g, max(1, (num_bands - b + 1) // 2))
         out.append(slice(b, b + size))
         b += size
+        grow *= 2
     return out
 
 
@@ -495,7 +497,7 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
         b_demand = []
         for seg in ([r], ring) if local_first else (ring, [r]):  # local bands ready at entry, remote as they arrive
             bands = [(p, mt) for p in seg for mt in range(mt_n)]
-            groups = band_groups(len(bands), num_wgs - (k_movers or 0))
+            groups = band_groups(len(bands), num_wgs - (k_movers or 0), ramp=seg is ring)
             b_demand += [build_id[p, mt, nt] for grp in groups for nt in range(nt_n) for p, mt in bands[grp]]
             if seg is ring:  # tile rows of the remote bands needed together (copy-engine movers copy them together)
                 remote_groups = [[(p, mt) for p, mt in bands[grp]] for grp in groups]

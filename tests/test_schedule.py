@@ -102,7 +102,7 @@ def test_ag_demand_local_first_grouped_raster():
     # tiles go column by column (N tile, then band), groups from band_groups()
     for start, seg_peers in ((0, [r]), (per_peer, ring)):
         bands = [(p, mt) for p in seg_peers for mt in range(mt_n)]
-        expect = [(p, mt * BM, nt * 64) for grp in S.band_groups(len(bands), 8) for nt in range(nt_n)
+        expect = [(p, mt * BM, nt * 64) for grp in S.band_groups(len(bands), 8, ramp=start > 0) for nt in range(nt_n)
                   for p, mt in bands[grp]]
         got = [(int(x[S.F["peer"]]), int(x[S.F["m0"]]), int(x[S.F["n0"]])) for x in t[start:start + len(expect)]]
         assert got == expect
@@ -130,6 +130,9 @@ def test_band_groups_cover_in_order_and_shrink_at_the_end():
         sizes = [g.stop - g.start for g in groups]
         assert max(sizes) <= max(1, round(b ** 0.5)) and sizes[-1] == 1
         assert all(x >= y for x, y in zip(sizes, sizes[1:])), sizes
+        ramped = [g.stop - g.start for g in S.band_groups(n, b, ramp=True)]
+        assert sum(ramped) == n and ramped[0] == 1 and max(ramped) <= max(sizes)
+    assert [g.stop - g.start for g in S.band_groups(56, 132, ramp=True)] == [1, 2, 4, 8, 11, 11, 10, 5, 2, 1, 1]
 
 
 def test_rs_demand_local_last_and_deps():
