@@ -196,8 +196,9 @@ class KosmosRunner:
         self.point, self.ctx = point, ctx
         self.dev = ctx.device
         self.lib = kernels.load()
-        # 'mma' (default): the main library's kernels. 'sm90' (opt-in, ag-gemm): the Hopper
-        # builder kernel of kernels/ag_sm90.py; same buffers, schedule arrays and protocol.
+        # 'mma': the main library's kernels. 'sm90' (ag-gemm; the default on sm_90 when the shape
+        # suits TMA): the Hopper builder kernel of kernels/ag_sm90.py; same buffers, schedule
+        # arrays and protocol.
         bulk_asked = bool(mover_bulk) or (mover_bulk is None and bool(int(os.environ.get("KOSMOS_MOVER_BULK", "0"))))
         self.builder = ag_sm90.builder_choice(builder, point.op, (point.M, point.N, point.K, point.world),
                                               torch.cuda.get_device_capability(self.dev), bulk_asked)
@@ -495,8 +496,8 @@ class KosmosRunner:
         that the builders need together (one of the schedule's remote band groups) travel as
         one cudaMemcpyAsync (a copy costs the engine ~5 us of setup: 2 MB copies ran at
         0.85-0.9x of one big copy); each band's flag is released right after its copy.
-        Entries: (dst, src, bytes, flag address, multiplicity); bytes 0 = flag only (after the
-        preceding copy, on its stream)."""
+        Entries: (dst, src, bytes, flag address, multiplicity); bytes 0 = flag only, another
+        band of the preceding copy (kosmos_ce_enqueue releases flags on a second stream)."""
         import torch
 
         group_of = {key: g for g, grp in enumerate(sch.meta["remote_groups"]) for key in grp}
