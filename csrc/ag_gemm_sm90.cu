@@ -80,6 +80,34 @@ struct AgSm90Params {
 };
 static_assert(sizeof(AgSm90Params) <= 32000, "kernel parameters must fit the 32 KB parameter space");
 
+// Params.k_stream: band flag f counts the K-slices of the band delivered in K order (mult =
+// slices per band, flag = mult*(e-1) + slices there); slice s holds k-blocks
+// [s*nkb/mult, (s+1)*nkb/mult) (kosmos_bench/impls/kosmos.py cuts the copies the same way).
+// kwait of produce_at: spin (watchdog) until k-block k's slice is there; returns the k-blocks
+// in place (flag -1: all of them at once). On timeout/abort it returns nkb: the loads go on (garbage, the call is failed),
+// so the math warps never block.
+// Out of line: called once per slice of a streamed tile, and inlined into the loader's TMA
+// loop it made ptxas spill (the kernel is compiled at 168 registers before setmaxnreg).
+__device__ __noinline__ int slice_wait(const Wg* w, int flag, int item, int nkb, int k) {
+  const KosmosRankArgs& ra = w->ra;
+  const uint32_t mult = static_cast<uint32_t>(ra.flag_mult[flag]);
+  const uint32_t base = w->sc.epoch * mult - mult;
+  const uint32_t* f = ra.flags[ra.rank] + flag;
+  const uint32_t need = static_cast<uint32_t>((int64_t(k + 1) * mult + nkb - 1) / nkb);  // slices 0..slice(k)
+  if (!wait_flag(w->sc, f, base + need, kQBuild, item, ra.rank, flag)) return nkb;
+  const uint32_t have = min(ld_acquire(f, w->sc.sys) - base, mult);
+  fence_proxy_async_global();  // the copy engine's writes -> this thread's TMA reads
+  return static_cast<int>((int64_t(have) * nkb) / mult);
+}
+
+struct SliceWait {
+  const Wg* w;
+  int flag;  // -1: all there (own rows, whole-band flags)
+  int item;
+  int nkb;
+  __device__ __forceinline__ int operator()(int k) const { return flag < 0 ? nkb : slice_wait(w, flag, item, nkb, k); }
+};
+
 __device__ __forceinline__ void named_bar_sync(int id, int nthreads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(nthreads) : "memory");
 }
@@ -137,8 +165,11 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
             if (lane == 0) ring.push(id);
             __syncwarp();
             const bool own = it.peer == ra.rank;
-            builder.produce_at(own ? maps.own : maps.work, m_loc, own ? 1 : p.world, it.m0 / AgBuilder::kBM,
-                               it.n0 / AgBuilder::kBN, own ? 0 : it.peer);
+            const int m_blk = it.m0 / AgBuilder::kBM, n_blk = it.n0 / AgBuilder::kBN;
+            // K-slices of a remote band may still be arriving: load each k-block once its slice is there
+            const int slice_flag = (!own && p.k_stream && it.dep_count > 0) ? ra.deps[it.dep_begin] : -1;
+            builder.produce_at(own ? maps.own : maps.work, m_loc, own ? 1 : p.world, m_blk, n_blk, own ? 0 : it.peer,
+                               SliceWait{&w, slice_flag, id, P.bp.num_k_blk});
           }
         } else {  // AG_PULL: a byte slice of band (peer, m0) into the gathered buffer
           const uint64_t t0 = (tid == 0) ? w.tr.now() : 0;

@@ -80,6 +80,7 @@ int kosmos_launch(const KosmosParams* params, void* stream) {
   if (p.grid < p.num_ranks) return fail(KOSMOS_ERR_INVALID, "grid %d smaller than num_ranks %d", p.grid, p.num_ranks);
   if (!p.ranks || !p.state || !p.err) return fail(KOSMOS_ERR_INVALID, "null ranks/state/err pointer");
   if (p.trace && (!p.trace_count || p.trace_cap < 1)) return fail(KOSMOS_ERR_INVALID, "trace without counts/cap");
+  if (p.k_stream) return fail(KOSMOS_ERR_INVALID, "k_stream (builders streaming K-slices) is the sm90 variant's only");
   int rc = prepare_kernel(k);
   if (rc) return rc;
   int dev = 0, per_sm = 0, sms = 0;
@@ -137,29 +138,36 @@ int kosmos_stream_write_u32(void* stream, void* dev_ptr, uint32_t value) {
 }
 
 // Copy-engine movers (host fabric), entries in mover order. Entry i with bytes[i] > 0 is a
-// cudaMemcpyAsync(dst[i] <- src[i]) on copy_stream, followed by an event; flag_stream waits
-// for that event and releases *flag[i] = value[i] (fenced writes); entries with bytes 0 are
-// further bands of the latest
-// copy. The copies run back to back: flag releases (~2 us each in the front end, measured)
-// stay off the copy engine's path. One call per kernel launch.
+// Copy i (width[i] > 0): height[i] rows of width[i] bytes, row pitch pitch[i] on both sides
+// (one cudaMemcpyAsync when width == pitch, else cudaMemcpy2DAsync: a K-slice of a band), on
+// copy_stream, followed by an event; flag_stream waits for that event and releases
+// *flag[i] = value[i] (fenced writes). Entries with width 0 release further flags after the
+// latest copy. The copies run back to back: flag releases (~2 us each in the front end,
+// measured) stay off the copy engine's path. One call per kernel launch.
 int kosmos_ce_enqueue(void* copy_stream, void* flag_stream, int n, const uint64_t* dst, const uint64_t* src,
-                      const uint64_t* bytes, const uint64_t* flag, const uint32_t* value) {
-  if (!copy_stream || !flag_stream || n < 0 || (n > 0 && (!dst || !src || !bytes || !flag || !value)))
+                      const uint64_t* width, const uint64_t* height, const uint64_t* pitch, const uint64_t* flag,
+                      const uint32_t* value) {
+  if (!copy_stream || !flag_stream || n < 0 ||
+      (n > 0 && (!dst || !src || !width || !height || !pitch || !flag || !value)))
     return fail(KOSMOS_ERR_INVALID, "bad CE plan");
-  if (n > 0 && bytes[0] == 0) return fail(KOSMOS_ERR_INVALID, "CE plan: first entry has no copy");
+  if (n > 0 && width[0] == 0) return fail(KOSMOS_ERR_INVALID, "CE plan: first entry has no copy");
   static thread_local std::vector<cudaEvent_t> events;  // reused across calls: a wait captures the record
   cudaStream_t cs = static_cast<cudaStream_t>(copy_stream), fs = static_cast<cudaStream_t>(flag_stream);
   size_t copies = 0;
   for (int i = 0; i < n; ++i) {
-    const bool copy = bytes[i] > 0;
-    if (copy) {
+    if (width[i] > 0) {
+      if (pitch[i] < width[i] || height[i] == 0) return fail(KOSMOS_ERR_INVALID, "CE plan: entry %d pitch < width", i);
       if (copies == events.size()) {
         cudaEvent_t e;
         KOSMOS_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
         events.push_back(e);
       }
-      KOSMOS_CUDA(cudaMemcpyAsync(reinterpret_cast<void*>(dst[i]), reinterpret_cast<const void*>(src[i]), bytes[i],
-                                  cudaMemcpyDefault, cs));
+      void* d = reinterpret_cast<void*>(dst[i]);
+      const void* s_ = reinterpret_cast<const void*>(src[i]);
+      if (width[i] == pitch[i])
+        KOSMOS_CUDA(cudaMemcpyAsync(d, s_, width[i] * height[i], cudaMemcpyDefault, cs));
+      else
+        KOSMOS_CUDA(cudaMemcpy2DAsync(d, pitch[i], s_, pitch[i], width[i], height[i], cudaMemcpyDefault, cs));
       KOSMOS_CUDA(cudaEventRecord(events[copies], cs));
       KOSMOS_CUDA(cudaStreamWaitEvent(fs, events[copies], 0));
       ++copies;

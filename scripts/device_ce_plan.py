@@ -41,11 +41,10 @@ def main() -> None:
     inputs, A, B = get_op("ag-gemm").inputs(p, list(range(W)), DEV, seed=1)
     r = IMPLS[0].prepare(p, ctx, inputs)
     main_s = torch.cuda.current_stream()
-    m_loc = M // W
     host = torch.cat([r._host_A[q] for q in range(1, W)])  # one pinned block, same bytes
     host = host.pin_memory()
     dev = torch.empty_like(host, device=DEV)
-    print(f"M={M} N={N} K={K}: {len(r.ce_plan[0])} bands, {r.ce_copies} copies, {host.numel() * 2 / 1e6:.0f} MB")
+    print(f"M={M} N={N} K={K} ce_slices={r.ce_slices}: {len(r.ce_entries)} releases, {r.ce_copies} copies, {host.numel() * 2 / 1e6:.0f} MB")
     print(f"  one memcpy                      {timed(lambda: dev.copy_(host, non_blocking=True)):8.1f} us")
     def plan():
         ev = torch.cuda.Event()
@@ -57,16 +56,9 @@ def main() -> None:
             main_s.wait_stream(cs)
 
     print(f"  plan: copies + flag releases     {timed(plan):8.1f} us")
-    dst, src, nb, _ = r.ce_plan
-
-    def view(ptr: int, n: int):  # the bytes [ptr, ptr + n) of the tensor that holds them
-        for t in list(r._keep) + list(r._host_A.values()):
-            base = t.data_ptr()
-            if base <= ptr and ptr + n <= base + t.numel() * t.element_size():
-                return t.view(-1).view(torch.uint8)[ptr - base:ptr - base + n]
-        raise LookupError(hex(ptr))
-
-    pairs = [(view(int(d), int(n)), view(int(s_), int(n))) for d, s_, n in zip(dst, src, nb) if n]
+    m_loc = M // W
+    pairs = [(r.ce_work[e.peer * m_loc + e.row0:e.peer * m_loc + e.row0 + e.rows, e.col0:e.col0 + e.cols],
+              r._host_A[e.peer][e.row0:e.row0 + e.rows, e.col0:e.col0 + e.cols]) for e in r.ce_entries if e.rows]
 
     def copies_only():
         for d, s_ in pairs:

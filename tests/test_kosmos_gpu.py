@@ -372,6 +372,57 @@ def test_sm90_host_fabric_ag_copy_engine_movers(shape):
 
 
 @sm90
+@pytest.mark.parametrize("ce_slices", [1, 3, 16])
+@pytest.mark.parametrize("shape", [(8 * 1024, 8 * 2048, 2048), (3000 * 8, 776 * 8, 1000)])
+def test_sm90_copy_engine_streamed_k_slices(shape, ce_slices):
+    """The last remote group arrives in K-slices (2-D copies, slice-major) that the builders
+    stream (Params.k_stream: claim on slice 0, wait per slice inside the tile): correct,
+    bitwise stable over calls, epochs in step after a traced call; 1 = whole bands."""
+    W = 8
+    M, N, K = shape
+    p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90",
+                                        mover="ce", ce_slices=ce_slices, seed=7)
+    try:
+        assert runner.k_stream == (ce_slices > 1) and runner.info["ce_slices"] == ce_slices
+        if ce_slices > 1:
+            assert max(e.mult for e in runner.ce_entries) == min(ce_slices, -(-K // 64))
+            assert any(0 < e.cols < K for e in runner.ce_entries)  # 2-D copies present
+        wrong, err, same = run_checked(p, runner, A, B, calls=4)
+        assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
+        assert same
+        runner.run_traced()
+        wrong, err, same = run_checked(p, runner, A, B, calls=2)
+        assert wrong == 0 and same
+    finally:
+        runner.close()
+
+
+@sm90
+def test_sm90_k_slice_wait_has_a_watchdog():
+    """A K-slice that never arrives (its last release held back) times out inside the tile
+    (SliceWait), names the builder item, and the runner works again afterwards."""
+    import dataclasses
+
+    W, M, N, K = 8, 8 * 1024, 8 * 2048, 2048
+    p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90",
+                                        mover="ce", ce_slices=4, timeout_s=0.5, seed=8)
+    try:
+        good = list(runner.ce_entries)
+        last = max(i for i, e in enumerate(good) if e.mult > 1)  # final slice release of a band
+        runner.ce_entries = good[:last] + [dataclasses.replace(good[last], back=good[last].back + 1)] + good[last + 1:]
+        t0 = time.perf_counter()
+        runner.run()
+        with pytest.raises(WatchdogError, match="builder item"):
+            runner.check()
+        assert time.perf_counter() - t0 < 5.5
+        runner.ce_entries = good
+        wrong, err, same = run_checked(p, runner, A, B, calls=2)
+        assert wrong == 0 and same, (wrong, err)
+    finally:
+        runner.close()
+
+
+@sm90
 @pytest.mark.parametrize("kernel", ["fused", "standalone"])
 def test_sm90_gemm_world1_kernels(kernel):
     """op gemm: the fused AG+GEMM kernel at world 1 (default) and the standalone builder,

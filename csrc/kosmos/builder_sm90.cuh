@@ -258,8 +258,18 @@ struct BuilderSm90 {
   // m_blk*kBM.. of batch l_a (TMA zero-fills rows >= rows_a of that batch: a batch is one
   // rank's band, so partial tiles never read another rank's rows); B from batch 0, columns
   // n_blk*kBN... K and N are the constructor's params_.K / params_.N.
+  //
+  // kwait (optional): `int kwait(int k)` blocks until k-block k of the tile's A is in place
+  // and returns how many leading k-blocks are (> k); called by the issuing lane before the
+  // first load of each k-block not yet known to be there, so that a tile can start while its
+  // A still arrives in K order (the fused kernel's streamed K-slices). Its waits must be
+  // bounded (watchdog): the loads are issued either way, so the math warps never block.
+  struct AllThere {
+    CUTLASS_DEVICE int operator()(int) const { return 1 << 30; }
+  };
+  template <class KWait = AllThere>
   CUTLASS_DEVICE void produce_at(typename Mainloop::Params const& mp, int rows_a, int batches_a, int m_blk,
-                                 int n_blk, int l_a) {
+                                 int n_blk, int l_a, KWait kwait = {}) {
     using namespace cute;
     if (cute::elect_one_sync()) {
       Tensor sA = make_tensor(make_smem_ptr(smem_.tensors.smem_A.data()), typename Mainloop::SmemLayoutA{});
@@ -277,8 +287,10 @@ struct BuilderSm90 {
       Tensor tBgB = block_tma_b.partition_S(gB);
       Tensor tBsB = block_tma_b.partition_D(sB);
       PipelineState st = write_state_;
+      int there = 0;  // leading k-blocks known to be in place
       CUTLASS_PRAGMA_NO_UNROLL
       for (int k = 0; k < params_.num_k_blk; ++k) {
+        if (k >= there) there = kwait(k);
         pipeline_.producer_acquire(st);
         auto* bar = pipeline_.producer_get_barrier(st);
         int const stage = st.index();

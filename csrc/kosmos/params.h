@@ -6,7 +6,7 @@
 #pragma once
 #include <stdint.h>
 
-#define KOSMOS_ABI_VERSION 1
+#define KOSMOS_ABI_VERSION 2
 #define KOSMOS_MAX_WORLD 8
 #define KOSMOS_ITEM_STRIDE 10
 #define KOSMOS_NUM_CTR 8       // uint32 counters per rank in Params.state (after 4 globals)  // int32 words per item row (schedule.ITEM_FIELDS)
@@ -92,7 +92,10 @@ typedef struct KosmosParams {
   int32_t grid;                 // number of WGs (blocks) launched
   int32_t mover_bulk;           // 1: ag-gemm band slices move with bulk async copies (TMA, sm_90) through
                                 //    shared memory; 0: 16-byte vector loads/stores
-  int32_t pad_;
+  int32_t k_stream;             // 1: ag-gemm band flags count K-slices delivered in K order (copy-engine
+                                //    movers: band flag = mult*(e-1) + slices there, mult = slices per
+                                //    band); a builder claims a tile once slice 0 of its band is there and
+                                //    waits for the others inside the tile (sm90 variant only)
 } KosmosParams;
 
 #ifdef __cplusplus
@@ -108,7 +111,8 @@ int kosmos_free_mapped(void* host);
 int kosmos_smem_bytes(int op);
 int kosmos_stream_write_u32(void* stream, void* dev_ptr, uint32_t value);
 int kosmos_ce_enqueue(void* copy_stream, void* flag_stream, int n, const uint64_t* dst, const uint64_t* src,
-                      const uint64_t* bytes, const uint64_t* flag, const uint32_t* value);
+                      const uint64_t* width, const uint64_t* height, const uint64_t* pitch, const uint64_t* flag,
+                      const uint32_t* value);
 #ifdef __cplusplus
 }
 #endif

@@ -52,11 +52,19 @@ __device__ __forceinline__ uint32_t target_of(const Wg& w, int flag) {
   return w.sc.epoch * static_cast<uint32_t>(w.ra.flag_mult[flag]);
 }
 
+// What an item of queue q waits for on flag f: the whole release count of this call, except
+// builders under Params.k_stream (band flags count K-slices): the first slice; the builder
+// waits for the others inside the tile (ag_gemm_sm90.cu).
+__device__ __forceinline__ uint32_t dep_target(const Wg& w, int q, int flag) {
+  const uint32_t full = target_of(w, flag);
+  return (w.p.k_stream && q == kQBuild) ? full - static_cast<uint32_t>(w.ra.flag_mult[flag]) + 1u : full;
+}
+
 __device__ __forceinline__ bool deps_ready(const Wg& w, int q, int id) {
   const Item it = load_item(w.ra.items[q], id);
   for (int d = 0; d < it.dep_count; ++d) {
     const int f = w.ra.deps[it.dep_begin + d];
-    if (!flag_ready(ld_acquire(w.ra.flags[w.ra.rank] + f, w.sc.sys), target_of(w, f))) return false;
+    if (!flag_ready(ld_acquire(w.ra.flags[w.ra.rank] + f, w.sc.sys), dep_target(w, q, f))) return false;
   }
   return true;
 }
@@ -69,7 +77,7 @@ __device__ __forceinline__ bool wait_deps(const Wg& w, int q, int id) {
   for (int d = 0; d < it.dep_count; ++d) {
     const int f = w.ra.deps[it.dep_begin + d];
     const uint32_t* addr = w.ra.flags[w.ra.rank] + f;
-    const uint32_t tgt = target_of(w, f);
+    const uint32_t tgt = dep_target(w, q, f);
     if (flag_ready(ld_acquire(addr, w.sc.sys), tgt)) continue;
     waited = true;
     if (!wait_flag(w.sc, addr, tgt, q, id, w.ra.rank, f)) return false;

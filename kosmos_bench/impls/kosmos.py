@@ -45,6 +45,7 @@ from .base import common_unsupported
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("KOSMOS_TIMEOUT_S", "5"))
 DEFAULT_TRACE_CAP = 4096
+DEFAULT_CE_SLICES = 8  # K-slices of the last remote group (copy-engine movers + sm90 builders)
 
 
 class WatchdogError(RuntimeError):
@@ -187,7 +188,7 @@ class KosmosRunner:
     def __init__(self, point: Point, ctx, inputs, *, num_wgs: int | None = None, timeout_s: float | None = None,
                  debug_skip_rank: int | None = None, trace_cap: int = DEFAULT_TRACE_CAP,
                  max_inflight: int | None = None, mover_bulk: bool | None = None, mover: str | None = None,
-                 builder: str | None = None):
+                 builder: str | None = None, ce_slices: int | None = None):
         import torch
 
         from .. import kernels
@@ -230,6 +231,14 @@ class KosmosRunner:
             raise ValueError(f"mover={self.mover!r}: expected 'sm' or 'ce'")
         if self.mover == "ce" and (fabric != "host" or op != "ag-gemm"):
             raise ValueError("mover='ce' is implemented for ag-gemm on the host fabric only")
+        # Copy-engine movers + sm90 builders: the last remote group arrives in K-slices that the
+        # builders stream (Params.k_stream; kosmos_bench/ce_plan.py). 1 = whole bands only.
+        # KOSMOS_CE_SLICE_MB > 0 also streams every other remote group in slices of that size.
+        self.ce_slices = int(ce_slices if ce_slices is not None else os.environ.get("KOSMOS_CE_SLICES", DEFAULT_CE_SLICES))
+        self.ce_slice_bytes = int(float(os.environ.get("KOSMOS_CE_SLICE_MB", "0")) * 2 ** 20)
+        if self.ce_slices < 1 or self.ce_slice_bytes < 0:
+            raise ValueError(f"ce_slices={self.ce_slices}: expected >= 1 (KOSMOS_CE_SLICE_MB >= 0)")
+        self.k_stream = self.mover == "ce" and self.sm90 is not None and (self.ce_slices > 1 or self.ce_slice_bytes > 0)
         self.calls = 0  # completed launches since the last reset (epoch of the next = calls + 1)
         self.ce_plan: list = []
         dev_index = self.dev.index if self.dev.index is not None else torch.cuda.current_device()
@@ -249,7 +258,8 @@ class KosmosRunner:
         sizes = np.diff(starts)
         kw = dict(BM=128, BN=ag_sm90.BN if self.sm90 is not None else 128, chunk=point.chunk or 1, policy=_policy(point),
                   queue_order=point.queue_order or "demand", seed=point.seed, local_first=point.local_first,
-                  fabric="host" if fabric == "host" else ("local" if fabric == "local" else "nvlink"))
+                  fabric="host" if fabric == "host" else ("local" if fabric == "local" else "nvlink"),
+                  stream_k=self.k_stream)
         if self.sm90 is not None:  # a mover is the loader warpgroup: half a 256-thread WG's bytes in flight
             base = S.MODEL_DEFAULTS[kw["fabric"]]
             kw["model"] = {"wg_copy_gbs": base["wg_copy_gbs"] * ag_sm90.MOVER_THREADS / 256}
@@ -373,6 +383,10 @@ class KosmosRunner:
                 a.count[q] = len(sch.queues[q])
                 if q == S.Q_MOVE and self.mover == "ce":
                     a.count[q] = 0  # the copy engine moves; WGs only build
+            if self.mover == "ce":  # band flags count the copy engine's releases (ce_plan.build)
+                arrs["flag_mult"] = arrs["flag_mult"].copy()
+                for f, m in self.ce_flag_mult.items():
+                    arrs["flag_mult"][f] = m
             for name in ("deps", "peer_flags", "flag_mult"):
                 t = _i32(self.dev, arrs[name])
                 self._keep.append(t)
@@ -414,6 +428,8 @@ class KosmosRunner:
                      "max_inflight_movers": int(ra_arr[0].max_inflight_movers), "mover_bulk": self.mover_bulk,
                      "mover": self.mover, "builder": self.builder,
                      "ce_copies": int(getattr(self, "ce_copies", 0)),
+                     "ce_slices": self.ce_slices if self.k_stream else (1 if self.mover == "ce" else 0),
+                     "ce_slice_mb": self.ce_slice_bytes / 2 ** 20 if self.k_stream else 0.0,
                      "kosmos_policy": _policy(point), "trace_dropped": 0}
         torch.cuda.synchronize(self.dev)
 
@@ -489,63 +505,41 @@ class KosmosRunner:
         p.static_peers = 1 if self.fabric == "host" else 0
         p.grid = self.grid
         p.mover_bulk = 1 if self.mover_bulk else 0
+        p.k_stream = 1 if self.k_stream else 0
         return p
 
     def _ce_plan(self, sch, work, flag_base: int, m_loc: int, K: int) -> None:
-        """Copy-engine movers, in mover (consumer-demand) order: consecutive bands of one peer
-        that the builders need together (one of the schedule's remote band groups) travel as
-        one cudaMemcpyAsync (a copy costs the engine ~5 us of setup: 2 MB copies ran at
-        0.85-0.9x of one big copy); each band's flag is released right after its copy.
-        Entries: (dst, src, bytes, flag address, multiplicity); bytes 0 = flag only, another
-        band of the preceding copy (kosmos_ce_enqueue releases flags on a second stream)."""
+        """Copy-engine movers: kosmos_bench/ce_plan.py's entries as addresses (copies of the
+        pinned A_p into the gathered buffer, 2-D for K-slices; flag addresses)."""
         import torch
 
-        group_of = {key: g for g, grp in enumerate(sch.meta["remote_groups"]) for key in grp}
-        BM, tab = sch.BM, sch.movers.table
-        bands, seen = [], set()
-        for i in sch.movers.queue:
-            row = tab[i]
-            key = (int(row[S.F["peer"]]), int(row[S.F["m0"]]))
-            if key not in seen:
-                seen.add(key)
-                bands.append((key[0], key[1], int(row[S.F["rows"]]), int(row[S.F["rel_flag"]])))
-        plan = []
-        run: list = []  # bands merged into the current copy
+        from .. import ce_plan
+        from ..kernels import ag_sm90
 
-        def flush():
-            if run:
-                p, m0 = run[0][0], run[0][1]
-                rows = sum(b[2] for b in run)
-                dst = work[p * m_loc + m0:p * m_loc + m0 + rows]
-                src = self._host_A[p][m0:m0 + rows]
-                for j, b in enumerate(run):  # the copy rides on the first entry, the others release flags
-                    nbytes = rows * K * 2 if j == 0 else 0
-                    plan.append((dst.data_ptr() if nbytes else 0, src.data_ptr() if nbytes else 0, nbytes,
-                                 flag_base + 4 * b[3], int(sch.flag_mult[b[3]])))
-                run.clear()
-
-        for b in bands:
-            if run and not (b[0] == run[-1][0] and b[1] == run[-1][1] + run[-1][2]
-                            and group_of.get((b[0], b[1] // BM)) == group_of.get((run[0][0], run[0][1] // BM))):
-                flush()
-            run.append(b)
-        flush()
-        cols = list(zip(*plan)) if plan else [(), (), (), (), ()]
-        self.ce_plan = [np.ascontiguousarray(np.array(c, dtype=np.uint64)) for c in cols[:4]]
-        self.ce_mult = np.array(cols[4], dtype=np.uint64)
-        self.ce_copies = sum(1 for e in plan if e[2])
+        entries, self.ce_flag_mult = ce_plan.build(sch, K, self.ce_slices if self.k_stream else 1, bk=ag_sm90.BK,
+                                                   slice_bytes=self.ce_slice_bytes if self.k_stream else 0)
+        pitch = K * 2
+        cols = {n: [] for n in ("dst", "src", "width", "height", "pitch", "flag")}
+        for e in entries:
+            copy = e.rows > 0
+            cols["dst"].append(work[e.peer * m_loc + e.row0, e.col0:].data_ptr() if copy else 0)
+            cols["src"].append(self._host_A[e.peer][e.row0, e.col0:].data_ptr() if copy else 0)
+            cols["width"].append(e.cols * 2 if copy else 0)
+            cols["height"].append(e.rows)
+            cols["pitch"].append(pitch)
+            cols["flag"].append(flag_base + 4 * e.flag)
+        self.ce_plan = [np.ascontiguousarray(np.array(cols[n], dtype=np.uint64)) for n in cols]
+        self.ce_entries, self.ce_work = entries, work
+        self.ce_copies = sum(1 for e in entries if e.rows)
         self.ce_streams = [torch.cuda.Stream(self.dev) for _ in range(2)]  # copies, flag releases
         self.ce_ready = torch.cuda.Event()
 
     def _ce_enqueue(self, epoch: int) -> None:
         """Enqueue this call's band copies + flag releases on the copy-engine stream."""
         u64 = ctypes.POINTER(ctypes.c_uint64)
-        dst, src, nbytes, flag = self.ce_plan
-        values = np.ascontiguousarray(((self.ce_mult * epoch) & 0xFFFFFFFF).astype(np.uint32))
+        values = np.ascontiguousarray(np.array([e.value(epoch) for e in self.ce_entries], dtype=np.uint32))
         copy_s, flag_s = (ctypes.c_void_p(cs.cuda_stream) for cs in self.ce_streams)
-        self._call(self.lib.kosmos_ce_enqueue(copy_s, flag_s, len(dst),
-                                              dst.ctypes.data_as(u64), src.ctypes.data_as(u64),
-                                              nbytes.ctypes.data_as(u64), flag.ctypes.data_as(u64),
+        self._call(self.lib.kosmos_ce_enqueue(copy_s, flag_s, len(values), *(a.ctypes.data_as(u64) for a in self.ce_plan),
                                               values.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32))),
                    "kosmos_ce_enqueue")
 

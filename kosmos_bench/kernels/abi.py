@@ -1,9 +1,9 @@
-"""ctypes mirror of csrc/kosmos/params.h (KOSMOS_ABI_VERSION 1). Change both together."""
+"""ctypes mirror of csrc/kosmos/params.h (KOSMOS_ABI_VERSION 2). Change both together."""
 from __future__ import annotations
 
 import ctypes as C
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 MAX_WORLD = 8
 NUM_CTR = 8  # per-rank counters in the state buffer (KOSMOS_NUM_CTR)
 OP_CODES = {"ag-gemm": 0, "gemm-rs": 1}
@@ -58,7 +58,7 @@ class Params(C.Structure):
         ("op", C.c_int32), ("num_ranks", C.c_int32), ("world", C.c_int32),
         ("M", C.c_int32), ("N", C.c_int32), ("K", C.c_int32),
         ("trace_cap", C.c_int32), ("sys_scope", C.c_int32), ("static_peers", C.c_int32), ("grid", C.c_int32),
-        ("mover_bulk", C.c_int32), ("pad_", C.c_int32),
+        ("mover_bulk", C.c_int32), ("k_stream", C.c_int32),
     ]
 
 
@@ -79,7 +79,7 @@ def declare(lib: C.CDLL) -> C.CDLL:
     lib.kosmos_smem_bytes.argtypes = [C.c_int]
     lib.kosmos_stream_write_u32.argtypes = [P, P, C.c_uint32]
     U64 = C.POINTER(C.c_uint64)
-    lib.kosmos_ce_enqueue.argtypes = [P, P, C.c_int, U64, U64, U64, U64, C.POINTER(C.c_uint32)]
+    lib.kosmos_ce_enqueue.argtypes = [P, P, C.c_int, U64, U64, U64, U64, U64, U64, C.POINTER(C.c_uint32)]
     for f in ("kosmos_max_wgs", "kosmos_launch", "kosmos_host_device_ptr", "kosmos_alloc_mapped",
               "kosmos_free_mapped", "kosmos_smem_bytes", "kosmos_stream_write_u32", "kosmos_ce_enqueue"):
         getattr(lib, f).restype = C.c_int

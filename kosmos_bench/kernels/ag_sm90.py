@@ -28,7 +28,7 @@ ARCH = "sm_90a"
 GENCODE = ("-gencode=arch=compute_90a,code=sm_90a",)
 NVCC_FLAGS = ("-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC", "-cudart",
               "static", "-Xptxas", "-v")
-BM, BN = 128, 256  # builder tile: the schedule is built with BN = 256 for this variant
+BM, BN, BK = 128, 256, 64  # builder tile: the schedule is built with BN = 256 for this variant
 MOVER_THREADS = 128  # a mover item is copied by the loader warpgroup (csrc/ag_gemm_sm90.cu)
 BUILDERS = ("mma", "sm90")
 

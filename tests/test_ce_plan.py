@@ -1,0 +1,101 @@
+"""Copy-engine mover plan (kosmos_bench/ce_plan.py): every byte of every remote band copied
+exactly once, in consumer-demand order, flags released after their bytes, K-slices of the
+last group slice-major and aligned the way the kernel's SliceWait reads them."""
+import numpy as np
+import pytest
+
+from kosmos_bench import ce_plan
+from kosmos_bench import schedule as S
+
+
+def _sched(M, N, K, W, r, wgs=132, stream_k=False):
+    return S.build_schedule("ag-gemm", M, N, K, W, r, BM=128, BN=256, num_wgs=wgs, fabric="host",
+                            stream_k=stream_k)
+
+
+def _replay(sch, plan, K, m_loc, epoch=3):
+    """Bytes covered per band row/col, and the flag values seen in order."""
+    W = sch.world
+    cover = np.zeros((W * m_loc, K), dtype=np.int32)
+    flags: dict[int, list[int]] = {}
+    last = None
+    for e in plan:
+        if e.rows:
+            cover[e.peer * m_loc + e.row0:e.peer * m_loc + e.row0 + e.rows, e.col0:e.col0 + e.cols] += 1
+            last = e
+        assert last is not None, "a release before any copy"
+        flags.setdefault(e.flag, []).append(e.value(epoch))
+    return cover, flags
+
+
+@pytest.mark.parametrize("slice_bytes", [0, 3 << 20])
+@pytest.mark.parametrize("slices", [1, 4, 8, 1000])
+@pytest.mark.parametrize("shape", [(8192, 57344, 8192), (3000 * 8, 776 * 8, 1000), (1024, 2048, 96)])
+def test_plan_covers_every_remote_byte_once_and_releases_every_band(shape, slices, slice_bytes):
+    M, N, K = shape
+    W, r = 8, 3
+    m_loc = M // W
+    sch = _sched(M, N, K, W, r, stream_k=slices > 1)
+    plan, mult = ce_plan.build(sch, K, slices, bk=64, slice_bytes=slice_bytes)
+    cover, flags = _replay(sch, plan, K, m_loc)
+    for p in range(W):
+        want = 0 if p == r else 1
+        assert np.all(cover[p * m_loc:(p + 1) * m_loc] == want), p
+    bands = {int(x) for x in sch.movers.table[:, S.F["rel_flag"]]}
+    assert set(flags) == bands == set(mult)
+    for f, vals in flags.items():  # K-slices arrive in order; the last release completes the band
+        assert vals == sorted(vals) and vals[-1] == mult[f] * 3 and len(vals) == mult[f]
+        assert vals[0] == mult[f] * 2 + 1  # the first slice: what a builder claims on (dep_target)
+    nkb = -(-K // 64)
+    flag_of = {(int(t[S.F["peer"]]), int(t[S.F["m0"]]) // 128): int(t[S.F["rel_flag"]]) for t in sch.movers.table}
+    groups = sch.meta["remote_groups"]
+    for g, grp in enumerate(groups):  # the last group: `slices`; others: ~slice_bytes each, or whole
+        rows = sum(min(128, m_loc - mt * 128) for _, mt in grp)
+        want = slices if g == len(groups) - 1 else (round(rows * K * 2 / slice_bytes) if slice_bytes else 1)
+        assert {mult[flag_of[b]] for b in grp} == {max(1, min(nkb, want))}, (g, grp)
+
+
+def test_only_the_last_group_is_sliced_slice_major_and_copies_follow_demand():
+    M, N, K, W, r = 8192, 57344, 8192, 8, 0
+    sch = _sched(M, N, K, W, r, stream_k=True)
+    plan, mult = ce_plan.build(sch, K, 4)
+    tab = sch.movers.table
+    flag_of = {(int(t[S.F["peer"]]), int(t[S.F["m0"]]) // 128): int(t[S.F["rel_flag"]]) for t in tab}
+    groups = sch.meta["remote_groups"]
+    assert {f for f, m in mult.items() if m == 4} == {flag_of[b] for b in groups[-1]}
+    assert all(m == 1 for f, m in mult.items() if f not in {flag_of[b] for b in groups[-1]})
+    copies = [e for e in plan if e.rows]
+    peers = [len({p for p, _ in g}) for g in groups]  # one copy per peer run of a group
+    assert len(copies) == sum(peers[:-1]) + 4 * peers[-1]
+    tail = copies[-4 * peers[-1]:]
+    assert all(e.cols < K for e in tail) and all(e.cols == K for e in copies[:-len(tail)])
+    assert [(e.col0, e.col0 + e.cols) for e in tail[::peers[-1]]] == ce_plan.slice_cols(K, 4, 64)
+    order = [(e.peer, e.row0) for e in copies if e.cols == K]  # demand order: ring r+1, r+2, ..., bands ascending
+    assert order == sorted(order, key=lambda x: ((x[0] - r) % W, x[1]))
+
+
+def test_slice_cols_match_the_kernel_slice_of_k():
+    for K in (96, 1000, 8192, 16384):
+        nkb = -(-K // 64)
+        for slices in range(1, min(nkb, 12) + 1):
+            cols = ce_plan.slice_cols(K, slices, 64)
+            assert cols[0][0] == 0 and cols[-1][1] == K
+            assert all(a[1] == b[0] for a, b in zip(cols, cols[1:]))
+            for k in range(nkb):  # csrc/ag_gemm_sm90.cu SliceWait: need = ceil((k+1)*mult/nkb)
+                need = -(-(k + 1) * slices // nkb)
+                c0, c1 = cols[need - 1]
+                assert c0 <= k * 64 < c1
+
+
+def test_stream_k_groups_end_at_one_wave_of_tiles():
+    sch = _sched(8192, 57344, 8192, 8, 0, stream_k=True)  # 28 N tiles: 132 // 28 = 4 bands
+    sizes = [len(g) for g in sch.meta["remote_groups"]]
+    assert sizes[-1] == 4 and sum(sizes) == 56
+    plain = _sched(8192, 57344, 8192, 8, 0)
+    assert [len(g) for g in plain.meta["remote_groups"]][-1] == 1
+
+
+def test_bad_slices():
+    sch = _sched(1024, 2048, 96, 8, 0)
+    with pytest.raises(ValueError, match="slices"):
+        ce_plan.build(sch, 96, 0)
