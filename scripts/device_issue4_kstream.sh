@@ -12,9 +12,9 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WAR
 Y=$OUT/ce.yaml
 sed -e 's/policy: \[self, fixed:8, fixed:16, fixed:32\]/policy: [self]/' -e 's/mover: \[sm, ce\]/mover: [ce]/' \
     -e 's/impls: \[kosmos, nccl-seq, nccl-overlap\]/impls: [kosmos, nccl-overlap]/' sweeps/h200-host-ag-gemm-sm90.yaml > "$Y"
-sweep() {  # name, extra args; env set by the caller
+sweep() {  # name, extra args; env (and Y, the sweep file) set by the caller
   local t0=$SECONDS
-  timeout 200 kosmos-bench sweep "$Y" -o "$OUT/$1" "${@:2}" 2>&1 | grep -E "^ag-gemm|^#|rror" | tail -20
+  timeout 200 kosmos-bench sweep "${Y}" -o "$OUT/$1" "${@:2}" 2>&1 | grep -E "^ag-gemm|^#|rror" | tail -20
   echo "[$1: $((SECONDS - t0)) s]"
 }
 if [ "$STAGE" = tests ]; then
@@ -27,5 +27,6 @@ if [ "$STAGE" = tests ]; then
 else
   KOSMOS_CE_SLICES=1 sweep host-ce-whole
   KOSMOS_CE_SLICE_MB=8 sweep host-ce-k8-mb8
+  Y=sweeps/builder-host-shards.yaml sweep builder-host-shards
 fi
 (cd "$OUT" && tar czf runs.tgz */*/points */*/manifest.json */*/traces 2>/dev/null; ls -la runs.tgz)
