@@ -136,6 +136,10 @@ def run_point(p: Point, *, rank: int, procs: int) -> tuple[dict, object]:
     if why:
         return {**row, "status": "skipped", "error": why}, None
     device = device_for(p, rank)
+    if p.fabric == "host" and device.type == "cuda":  # pinned peers' data on the GPU's NUMA node
+        from .runtime import numa
+
+        row["numa_node"] = numa.bind_near(device.index or 0)
     group = None
     if procs > 1 or p.fabric in ("nvlink", "gloo"):
         import torch.distributed as dist

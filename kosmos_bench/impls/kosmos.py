@@ -310,12 +310,15 @@ class KosmosRunner:
             peer_A = {}
             if fabric == "local":
                 peer_A = {p: A[p].data_ptr() for p in range(W)}
-            elif fabric == "host":
+            elif fabric == "host":  # the same pinned pages as the baselines and copy-alone
+                from . import nccl as nccl_impls
+
+                shards = nccl_impls.host_peers(point, ctx, inputs).shards
                 peer_A[0] = A[0].data_ptr()
+                self._host_A = {p: shards[p] for p in range(1, W)}
                 for p in range(1, W):
-                    peer_A[p] = self._pinned(A[p])
-                    self._host_A = getattr(self, '_host_A', {})
-                    self._host_A[p] = self._keep[-1]
+                    self._keep.append(shards[p])
+                    peer_A[p] = self._dev_ptr(shards[p])
             else:
                 for p in range(W):
                     peer_A[p] = sym_ptrs[p] + off_data

@@ -109,7 +109,15 @@ class _HostPeers:
     outbox: list[torch.Tensor | None]  # gemm-rs: pinned slots for rank 0's partial of band p
 
 
-def _host_peers(p: Point, ctx: RankCtx, inputs) -> _HostPeers:
+def host_peers(p: Point, ctx: RankCtx, inputs) -> _HostPeers:
+    """The point's pinned host state, made on first use and shared (``inputs.host``)."""
+    cached = inputs.host.get("peers")
+    if cached is None:
+        cached = inputs.host["peers"] = _make_host_peers(p, inputs)
+    return cached
+
+
+def _make_host_peers(p: Point, inputs) -> _HostPeers:
     W = p.world
     shards, contrib, outbox = [None] * W, [None] * W, [None] * W
     m = p.M // W
@@ -132,7 +140,7 @@ def _ag_gemm(p: Point, ctx: RankCtx, inputs, overlap: bool):
     gathered = torch.empty((p.M, p.K), dtype=A_r.dtype, device=ctx.device)
     out = torch.empty((p.M, B_r.shape[1]), dtype=A_r.dtype, device=ctx.device)
     sync = _Sync(ctx)
-    host = _host_peers(p, ctx, inputs) if p.fabric == "host" else None
+    host = host_peers(p, ctx, inputs) if p.fabric == "host" else None
 
     def gather_all():
         if host is None:
@@ -185,7 +193,7 @@ def _gemm_rs(p: Point, ctx: RankCtx, inputs, overlap: bool):
     out = torch.empty((m, p.N), dtype=A_r.dtype, device=ctx.device)
     partial = torch.empty((p.M, p.N), dtype=A_r.dtype, device=ctx.device)
     sync = _Sync(ctx)
-    host = _host_peers(p, ctx, inputs) if p.fabric == "host" else None
+    host = host_peers(p, ctx, inputs) if p.fabric == "host" else None
     recv = [torch.empty((m, p.N), dtype=A_r.dtype, device=ctx.device) for _ in range(2 if host is None else W)]
     pull = torch.cuda.Stream(ctx.device) if host is not None else None
 
@@ -278,7 +286,7 @@ def comm_alone(p: Point, ctx: RankCtx, inputs):
     r, W, m = ctx.rank, p.world, p.M // p.world
     dt = inputs.A[r].dtype
     if p.fabric == "host":
-        host = _host_peers(p, ctx, inputs)
+        host = host_peers(p, ctx, inputs)
         if p.op == "ag-gemm":
             dst = torch.empty((p.M, p.K), dtype=dt, device=ctx.device)
             return lambda: [dst[q * m:(q + 1) * m].copy_(host.shards[q], non_blocking=True) for q in range(1, W)]

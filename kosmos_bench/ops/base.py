@@ -5,7 +5,7 @@ rank can compute its own reference) and then sharded; see `Point` for the layout
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,6 +33,10 @@ class RankInputs:
 
     A: dict[int, torch.Tensor]
     B: dict[int, torch.Tensor]
+    # Host fabric: pinned host copies of the peers' data, made once per point and shared by
+    # the impl under test and the point's copy-alone timing, so that both read the same
+    # pages (fresh pinned buffers moved copy-alone by up to ~10% between allocations).
+    host: dict = field(default_factory=dict)
 
 
 def randn(shape, dtype: torch.dtype, device, gen: torch.Generator, scale: float = 1.0) -> torch.Tensor:

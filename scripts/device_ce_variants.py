@@ -1,0 +1,73 @@
+"""Host-fabric AG+GEMM (W=8) copy-engine-mover variants of the kosmos kernel, timed
+interleaved in one process on the same pinned pages (one set per shape, shared by every
+variant, nccl-overlap and copy-alone), after binding to the GPU's NUMA node.
+
+    KOSMOS_BENCH_CACHE=$PWD/.kb-cache python3 scripts/device_ce_variants.py OUT.parquet [reps]
+
+Variants: ce_slices 1 (whole bands), 4, 8, 16 (K-slices of the last remote group).
+Prints one line per shape: time (us) and overlap efficiency max(GEMM, copy)/t per variant.
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pandas as pd
+import torch
+
+from kosmos_bench import timing
+from kosmos_bench.impls import nccl as nccl_impls
+from kosmos_bench.impls.base import RankCtx
+from kosmos_bench.impls.kosmos import IMPLS
+from kosmos_bench.ops import get_op
+from kosmos_bench.point import Point
+from kosmos_bench.runtime import numa
+
+W = 8
+SHAPES = [(8192, 57344, 8192), (16384, 57344, 8192), (8192, 106496, 16384), (16384, 106496, 16384),
+          (8192, 10240, 8192), (8192, 18432, 16384)]
+SLICES = [1, 4, 8, 16]
+
+
+def main() -> None:
+    out = sys.argv[1] if len(sys.argv) > 1 else "/tmp/ce_variants.parquet"
+    reps = int(sys.argv[2]) if len(sys.argv) > 2 else 9
+    dev = torch.device("cuda", 0)
+    print(f"numa node {numa.bind_near(0)}", flush=True)
+    rows = []
+    for M, N, K in SHAPES:
+        p = Point(op="ag-gemm", impl="kosmos", M=M, N=N, K=K, world=W, fabric="host", policy="self", seed=0,
+                  builder="sm90", mover="ce")
+        ctx = RankCtx(rank=0, world=W, procs=1, device=dev, fabric="host", backend="gpu")
+        inputs, A, B = get_op("ag-gemm").inputs(p, list(range(W)), dev, seed=1)
+        del A, B
+        fns, runners = {}, []
+        for s in SLICES:
+            r = IMPLS[0].prepare(p, ctx, inputs, ce_slices=s)
+            runners.append(r)
+            fns[f"k{s}"] = r.run
+        ov = nccl_impls.NcclBaseline("nccl-overlap", True)
+        po = Point(op="ag-gemm", impl="nccl-overlap", M=M, N=N, K=K, world=W, fabric="host", seed=0)
+        fns["nccl-overlap"] = ov.prepare(po, ctx, inputs).run
+        fns["gemm"] = nccl_impls.gemm_alone(p, ctx, inputs)
+        fns["copy"] = nccl_impls.comm_alone(p, ctx, inputs)
+        samples = timing.bench(fns, device=dev, warmup=3, reps=reps)
+        for r in runners:
+            r.check()
+        med = {k: float(np.median(v)) for k, v in samples.items()}
+        floor = max(med["gemm"], med["copy"])
+        line = f"{M:6d} {N:6d} {K:6d} gemm {med['gemm']:7.0f} copy {med['copy']:7.0f} |"
+        for k in [f"k{s}" for s in SLICES] + ["nccl-overlap"]:
+            line += f" {k} {med[k]:7.0f} ({floor / med[k]:.3f})"
+            rows.append(dict(M=M, N=N, K=K, variant=k, t_median_us=med[k], t_min_us=float(np.min(samples[k])),
+                             t_gemm_us=med["gemm"], t_comm_us=med["copy"], overlap_efficiency=floor / med[k], reps=reps))
+        print(line, flush=True)
+        for r in runners:
+            r.close()
+        del fns, runners, inputs
+        torch.cuda.empty_cache()
+    pd.DataFrame(rows).to_parquet(out)
+
+
+if __name__ == "__main__":
+    main()
