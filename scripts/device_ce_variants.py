@@ -5,7 +5,9 @@ variant, nccl-overlap and copy-alone), after binding to the GPU's NUMA node.
     KOSMOS_BENCH_CACHE=$PWD/.kb-cache python3 scripts/device_ce_variants.py OUT.parquet [reps]
 
 Variants: ce_slices 1 (whole bands), 4, 8, 16 (K-slices of the last remote group).
-Prints one line per shape: time (us) and overlap efficiency max(GEMM, copy)/t per variant.
+Prints one line per shape: GEMM alone, copy alone (one copy per peer), the k8 CE plan alone
+(its copies and flag releases, no kernel), then time (us) and overlap efficiency
+max(GEMM, copy)/t per variant.
 """
 from __future__ import annotations
 
@@ -46,21 +48,35 @@ def main() -> None:
             r = IMPLS[0].prepare(p, ctx, inputs, ce_slices=s)
             runners.append(r)
             fns[f"k{s}"] = r.run
+        alone = IMPLS[0].prepare(p, ctx, inputs, ce_slices=8)  # never launched: its CE plan alone
+        runners.append(alone)
+        main_s = torch.cuda.current_stream()
+
+        def plan_alone(r=alone):
+            r.ce_ready.record(main_s)
+            for cs in r.ce_streams:
+                cs.wait_event(r.ce_ready)
+            r._ce_enqueue(1)
+            for cs in r.ce_streams:
+                main_s.wait_stream(cs)
+
+        fns["plan8"] = plan_alone
         ov = nccl_impls.NcclBaseline("nccl-overlap", True)
         po = Point(op="ag-gemm", impl="nccl-overlap", M=M, N=N, K=K, world=W, fabric="host", seed=0)
         fns["nccl-overlap"] = ov.prepare(po, ctx, inputs).run
         fns["gemm"] = nccl_impls.gemm_alone(p, ctx, inputs)
         fns["copy"] = nccl_impls.comm_alone(p, ctx, inputs)
         samples = timing.bench(fns, device=dev, warmup=3, reps=reps)
-        for r in runners:
+        for r in runners[:-1]:
             r.check()
         med = {k: float(np.median(v)) for k, v in samples.items()}
         floor = max(med["gemm"], med["copy"])
-        line = f"{M:6d} {N:6d} {K:6d} gemm {med['gemm']:7.0f} copy {med['copy']:7.0f} |"
+        line = f"{M:6d} {N:6d} {K:6d} gemm {med['gemm']:6.0f} copy {med['copy']:6.0f} plan8 {med['plan8']:6.0f} |"
         for k in [f"k{s}" for s in SLICES] + ["nccl-overlap"]:
-            line += f" {k} {med[k]:7.0f} ({floor / med[k]:.3f})"
+            line += f" {k} {med[k]:6.0f} ({floor / med[k]:.3f})"
             rows.append(dict(M=M, N=N, K=K, variant=k, t_median_us=med[k], t_min_us=float(np.min(samples[k])),
-                             t_gemm_us=med["gemm"], t_comm_us=med["copy"], overlap_efficiency=floor / med[k], reps=reps))
+                             t_gemm_us=med["gemm"], t_comm_us=med["copy"], t_plan_us=med["plan8"],
+                             overlap_efficiency=floor / med[k], reps=reps))
         print(line, flush=True)
         for r in runners:
             r.close()
