@@ -328,12 +328,22 @@ int kosmos_sm90_ag_launch(void* h, const KosmosParams* params, void* stream) {
   AgSm90Params& P = *static_cast<AgSm90Params*>(h);
   if (P.m_loc != p.M / p.world || P.n_loc != p.N / p.world)
     return fail(KOSMOS_ERR_INVALID, "sm90 ag-gemm: set_rank was not called for this shape");
-  if (int rc = prepare_kernel()) return rc;
-  int dev = 0, per_sm = 0, sms = 0;
+  // Co-resident CTAs per device, looked up once: the launch sits between the first copy-engine
+  // copy and the rest of the plan (kosmos.py), so it stays short.
+  static int co_resident[64], per_sm_of[64];
+  int dev = 0;
   KB_SM90_CUDA(cudaGetDevice(&dev));
-  KB_SM90_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ag_gemm_sm90_kernel, kAgThreads, kAgSmemBytes));
-  KB_SM90_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  if (p.grid > per_sm * sms)
+  if (dev < 0 || dev >= 64) return fail(KOSMOS_ERR_INVALID, "device %d", dev);
+  if (!co_resident[dev]) {
+    int per_sm = 0, sms = 0;
+    if (int rc = prepare_kernel()) return rc;
+    KB_SM90_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ag_gemm_sm90_kernel, kAgThreads, kAgSmemBytes));
+    KB_SM90_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    per_sm_of[dev] = per_sm;
+    co_resident[dev] = per_sm * sms;
+  }
+  const int per_sm = per_sm_of[dev], sms = per_sm ? co_resident[dev] / per_sm : 0;
+  if (p.grid > co_resident[dev])
     return fail(KOSMOS_ERR_TOO_MANY_WGS, "grid %d > %d co-resident CTAs (%d per SM x %d SMs)", p.grid, per_sm * sms,
                 per_sm, sms);
   P.base = p;

@@ -6,7 +6,7 @@ schedule. Pure: rows and columns, no pointers (the runner turns them into addres
   builders need together (one of the schedule's remote band groups, ``meta["remote_groups"]``)
   travel as one copy: a copy costs the engine ~5 us of setup (2 MB copies ran at 0.85-0.9x
   of one big copy), so few large copies.
-* The last remote group is cut into ``slices`` K-slices, copied slice-major (slice 0 of
+* The last remote group (or the last ``tail_groups``) is cut into ``slices`` K-slices, copied slice-major (slice 0 of
   every band of the group, then slice 1, ...; 2-D copies). Each band flag then counts the
   slices there (``mult`` = slices, value ``mult*epoch - back``); with ``Params.k_stream``
   the sm90 builders start the group's tiles on slice 0 and load each k-block once its slice
@@ -48,13 +48,16 @@ def slice_cols(K: int, slices: int, bk: int) -> list[tuple[int, int]]:
     return [(lo[s], min(K, lo[s + 1])) for s in range(slices)]
 
 
-def build(sch, K: int, slices: int = 1, bk: int = 64, slice_bytes: int = 0) -> tuple[list[CeEntry], dict[int, int]]:
+def build(sch, K: int, slices: int = 1, bk: int = 64, slice_bytes: int = 0,
+          tail_groups: int = 1) -> tuple[list[CeEntry], dict[int, int]]:
     """The plan of one rank and the band flags' multiplicities it implies ({flag: mult};
     they replace the schedule's SM-mover counts in the kernel's flag_mult). ``slices``: K-slices
-    of the last remote group; ``slice_bytes`` > 0 also cuts every other group into slices of
-    about that many bytes (streams whole groups; each extra copy costs the engine setup)."""
-    if slices < 1 or slice_bytes < 0:
-        raise ValueError(f"slices={slices}, slice_bytes={slice_bytes}: expected slices >= 1, slice_bytes >= 0")
+    of each of the last ``tail_groups`` remote groups; ``slice_bytes`` > 0 also cuts every
+    other group into slices of about that many bytes (streams whole groups; each extra copy
+    costs the engine setup)."""
+    if slices < 1 or slice_bytes < 0 or tail_groups < 1:
+        raise ValueError(f"slices={slices}, slice_bytes={slice_bytes}, tail_groups={tail_groups}: expected "
+                         "slices >= 1, slice_bytes >= 0, tail_groups >= 1")
     groups = sch.meta["remote_groups"]
     group_of = {key: g for g, grp in enumerate(groups) for key in grp}
     BM, tab = sch.BM, sch.movers.table
@@ -86,7 +89,8 @@ def build(sch, K: int, slices: int = 1, bk: int = 64, slice_bytes: int = 0) -> t
             j += 1
         grp = runs[i:j]
         nbytes = sum(b[2] for run in grp for b in run) * K * 2
-        ks = slices if g == last else (max(1, round(nbytes / slice_bytes)) if slice_bytes else 1)
+        ks = slices if g is not None and g > last - tail_groups else \
+            (max(1, round(nbytes / slice_bytes)) if slice_bytes else 1)
         ks = max(1, min(ks, nkb))
         for s, (c0, c1) in enumerate(slice_cols(K, ks, bk)):  # slice-major over the group's runs
             for run in grp:

@@ -4,13 +4,15 @@ variant, nccl-overlap and copy-alone), after binding to the GPU's NUMA node.
 
     KOSMOS_BENCH_CACHE=$PWD/.kb-cache python3 scripts/device_ce_variants.py OUT.parquet [reps]
 
-Variants: ce_slices 1 (whole bands), 4, 8, 16 (K-slices of the last remote group).
+Variants (CE_VARIANTS): "S" = ce_slices S (K-slices of the last remote group; 1 = whole
+bands), "SxG" = S slices in each of the last G groups.
 Prints one line per shape: GEMM alone, copy alone (one copy per peer), the k8 CE plan alone
 (its copies and flag releases, no kernel), then time (us) and overlap efficiency
 max(GEMM, copy)/t per variant.
 """
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -28,7 +30,9 @@ from kosmos_bench.runtime import numa
 W = 8
 SHAPES = [(8192, 57344, 8192), (16384, 57344, 8192), (8192, 106496, 16384), (16384, 106496, 16384),
           (8192, 10240, 8192), (8192, 18432, 16384)]
-SLICES = [1, 4, 8, 16]
+SLICES = os.environ.get("CE_VARIANTS", "1,8,8x3").split(",")  # slices[x tail groups]
+if os.environ.get("CE_SHAPES"):  # e.g. "16384x106496x16384,8192x57344x8192"
+    SHAPES = [tuple(int(v) for v in s.split("x")) for s in os.environ["CE_SHAPES"].split(",")]
 
 
 def main() -> None:
@@ -44,10 +48,13 @@ def main() -> None:
         inputs, A, B = get_op("ag-gemm").inputs(p, list(range(W)), dev, seed=1)
         del A, B
         fns, runners = {}, []
-        for s in SLICES:
-            r = IMPLS[0].prepare(p, ctx, inputs, ce_slices=s)
+        for v in SLICES:
+            s, _, g = v.partition("x")
+            os.environ["KOSMOS_CE_TAIL_GROUPS"] = g or "1"
+            r = IMPLS[0].prepare(p, ctx, inputs, ce_slices=int(s))
             runners.append(r)
-            fns[f"k{s}"] = r.run
+            fns[f"k{v}"] = r.run
+        os.environ["KOSMOS_CE_TAIL_GROUPS"] = "1"
         alone = IMPLS[0].prepare(p, ctx, inputs, ce_slices=8)  # never launched: its CE plan alone
         runners.append(alone)
         main_s = torch.cuda.current_stream()

@@ -95,6 +95,15 @@ def test_stream_k_groups_end_at_one_wave_of_tiles():
     assert [len(g) for g in plain.meta["remote_groups"]][-1] == 1
 
 
+def test_tail_groups_slice_the_last_groups():
+    sch = _sched(8192, 57344, 8192, 8, 0, stream_k=True)
+    plan, mult = ce_plan.build(sch, 8192, 4, tail_groups=3)
+    flag_of = {(int(t[S.F["peer"]]), int(t[S.F["m0"]]) // 128): int(t[S.F["rel_flag"]]) for t in sch.movers.table}
+    groups = sch.meta["remote_groups"]
+    for g, grp in enumerate(groups):
+        assert {mult[flag_of[b]] for b in grp} == {4 if g >= len(groups) - 3 else 1}
+
+
 def test_bad_slices():
     sch = _sched(1024, 2048, 96, 8, 0)
     with pytest.raises(ValueError, match="slices"):

@@ -236,6 +236,7 @@ class KosmosRunner:
         # KOSMOS_CE_SLICE_MB > 0 also streams every other remote group in slices of that size.
         self.ce_slices = int(ce_slices if ce_slices is not None else os.environ.get("KOSMOS_CE_SLICES", DEFAULT_CE_SLICES))
         self.ce_slice_bytes = int(float(os.environ.get("KOSMOS_CE_SLICE_MB", "0")) * 2 ** 20)
+        self.ce_tail_groups = int(os.environ.get("KOSMOS_CE_TAIL_GROUPS", "1"))  # groups sliced at the end
         if self.ce_slices < 1 or self.ce_slice_bytes < 0:
             raise ValueError(f"ce_slices={self.ce_slices}: expected >= 1 (KOSMOS_CE_SLICE_MB >= 0)")
         self.k_stream = self.mover == "ce" and self.sm90 is not None and (self.ce_slices > 1 or self.ce_slice_bytes > 0)
@@ -433,6 +434,7 @@ class KosmosRunner:
                      "ce_copies": int(getattr(self, "ce_copies", 0)),
                      "ce_slices": self.ce_slices if self.k_stream else (1 if self.mover == "ce" else 0),
                      "ce_slice_mb": self.ce_slice_bytes / 2 ** 20 if self.k_stream else 0.0,
+                     "ce_tail_groups": self.ce_tail_groups if self.k_stream else 0,
                      "kosmos_policy": _policy(point), "trace_dropped": 0}
         torch.cuda.synchronize(self.dev)
 
@@ -520,7 +522,8 @@ class KosmosRunner:
         from ..kernels import ag_sm90
 
         entries, self.ce_flag_mult = ce_plan.build(sch, K, self.ce_slices if self.k_stream else 1, bk=ag_sm90.BK,
-                                                   slice_bytes=self.ce_slice_bytes if self.k_stream else 0)
+                                                   slice_bytes=self.ce_slice_bytes if self.k_stream else 0,
+                                                   tail_groups=self.ce_tail_groups)
         pitch = K * 2
         cols = {n: [] for n in ("dst", "src", "width", "height", "pitch", "flag")}
         for e in entries:
@@ -533,16 +536,24 @@ class KosmosRunner:
             cols["flag"].append(flag_base + 4 * e.flag)
         self.ce_plan = [np.ascontiguousarray(np.array(cols[n], dtype=np.uint64)) for n in cols]
         self.ce_entries, self.ce_work = entries, work
+        self.ce_mult = np.array([e.mult for e in entries], dtype=np.int64)
+        self.ce_back = np.array([e.back for e in entries], dtype=np.int64)
+        copies = [i for i, e in enumerate(entries) if e.rows]
+        self.ce_head = copies[1] if len(copies) > 1 else len(entries)  # the first copy and its releases
         self.ce_copies = sum(1 for e in entries if e.rows)
         self.ce_streams = [torch.cuda.Stream(self.dev) for _ in range(2)]  # copies, flag releases
         self.ce_ready = torch.cuda.Event()
 
-    def _ce_enqueue(self, epoch: int) -> None:
-        """Enqueue this call's band copies + flag releases on the copy-engine stream."""
+    def _ce_enqueue(self, epoch: int, lo: int = 0, hi: int | None = None) -> None:
+        """Enqueue plan entries [lo, hi) of this call (epoch) on the copy-engine streams."""
+        hi = len(self.ce_entries) if hi is None else hi
+        if hi <= lo:
+            return
         u64 = ctypes.POINTER(ctypes.c_uint64)
-        values = np.ascontiguousarray(np.array([e.value(epoch) for e in self.ce_entries], dtype=np.uint32))
+        values = np.ascontiguousarray(((self.ce_mult[lo:hi] * epoch - self.ce_back[lo:hi]) & 0xFFFFFFFF)
+                                      .astype(np.uint32))
         copy_s, flag_s = (ctypes.c_void_p(cs.cuda_stream) for cs in self.ce_streams)
-        self._call(self.lib.kosmos_ce_enqueue(copy_s, flag_s, len(values), *(a.ctypes.data_as(u64) for a in self.ce_plan),
+        self._call(self.lib.kosmos_ce_enqueue(copy_s, flag_s, hi - lo, *(a[lo:].ctypes.data_as(u64) for a in self.ce_plan),
                                               values.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32))),
                    "kosmos_ce_enqueue")
 
@@ -551,21 +562,24 @@ class KosmosRunner:
 
         main = torch.cuda.current_stream(self.dev)
         stream = main.cuda_stream
+        epoch = self.calls + 1
         with torch.cuda.device(self.dev):
             if self.ce_plan:
-                # The kernel goes first so that its local tiles start at once; the copies wait
-                # only for what preceded the kernel on `main` (earlier readers of the gathered
-                # buffer), never for the kernel itself, which waits for them.
+                # The copies wait only for what preceded the kernel on `main` (earlier readers of
+                # the gathered buffer), never for the kernel, which waits for them. The first
+                # copy goes in before the kernel launch: enqueueing the whole plan takes the host
+                # ~100 us, which used to delay the first band by that much on copy-bound shapes.
                 self.ce_ready.record(main)
+                for cs in self.ce_streams:
+                    cs.wait_event(self.ce_ready)
+                self._ce_enqueue(epoch, 0, self.ce_head)
             if self.sm90 is not None:
                 self._call(self.sm90.kosmos_sm90_ag_launch(ctypes.c_void_p(self.sm90_handle), ctypes.byref(params),
                                                            ctypes.c_void_p(stream)), "kosmos_sm90_ag_launch")
             else:
                 self._call(self.lib.kosmos_launch(ctypes.byref(params), ctypes.c_void_p(stream)), "kosmos_launch")
             if self.ce_plan:
-                for cs in self.ce_streams:
-                    cs.wait_event(self.ce_ready)
-                self._ce_enqueue(self.calls + 1)
+                self._ce_enqueue(epoch, self.ce_head)
                 for cs in self.ce_streams:
                     main.wait_stream(cs)
         self.calls += 1
