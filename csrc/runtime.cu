@@ -3,6 +3,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #include "kosmos/params.h"
@@ -138,42 +139,124 @@ int kosmos_stream_write_u32(void* stream, void* dev_ptr, uint32_t value) {
 }
 
 // Copy-engine movers (host fabric), entries in mover order. Entry i with bytes[i] > 0 is a
-// Copy i (width[i] > 0): height[i] rows of width[i] bytes, row pitch pitch[i] on both sides
-// (one cudaMemcpyAsync when width == pitch, else cudaMemcpy2DAsync: a K-slice of a band), on
-// copy_stream, followed by an event; flag_stream waits for that event and releases
-// *flag[i] = value[i] (fenced writes). Entries with width 0 release further flags after the
-// latest copy. The copies run back to back: flag releases (~2 us each in the front end,
-// measured) stay off the copy engine's path. One call per kernel launch.
-int kosmos_ce_enqueue(void* copy_stream, void* flag_stream, int n, const uint64_t* dst, const uint64_t* src,
-                      const uint64_t* width, const uint64_t* height, const uint64_t* pitch, const uint64_t* flag,
-                      const uint32_t* value) {
-  if (!copy_stream || !flag_stream || n < 0 ||
-      (n > 0 && (!dst || !src || !width || !height || !pitch || !flag || !value)))
-    return fail(KOSMOS_ERR_INVALID, "bad CE plan");
-  if (n > 0 && width[0] == 0) return fail(KOSMOS_ERR_INVALID, "CE plan: first entry has no copy");
-  static thread_local std::vector<cudaEvent_t> events;  // reused across calls: a wait captures the record
-  cudaStream_t cs = static_cast<cudaStream_t>(copy_stream), fs = static_cast<cudaStream_t>(flag_stream);
-  size_t copies = 0;
-  for (int i = 0; i < n; ++i) {
-    if (width[i] > 0) {
-      if (pitch[i] < width[i] || height[i] == 0) return fail(KOSMOS_ERR_INVALID, "CE plan: entry %d pitch < width", i);
-      if (copies == events.size()) {
-        cudaEvent_t e;
-        KOSMOS_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-        events.push_back(e);
-      }
-      void* d = reinterpret_cast<void*>(dst[i]);
-      const void* s_ = reinterpret_cast<const void*>(src[i]);
-      if (width[i] == pitch[i])
-        KOSMOS_CUDA(cudaMemcpyAsync(d, s_, width[i] * height[i], cudaMemcpyDefault, cs));
+// Copy-engine mover plan (host fabric, ag-gemm; kosmos_bench/ce_plan.py): entry i copies
+// height[i] rows of width[i] bytes (row pitch pitch[i] on both sides; one cudaMemcpyAsync when
+// width == pitch, else cudaMemcpy2DAsync, a K-slice of a band) and/or releases
+// *flag[i] = mult[i] * epoch - back[i]. Entries with width 0 release further flags after the
+// latest copy. Copies run back to back on the copy stream, each followed by an event; the
+// flag stream waits for that event and releases (fenced writes: ~2 us each in the front end,
+// kept off the copy engine's path). The arrays are copied in at creation, so a call costs the
+// host two C calls around the kernel launch (begin: entries [0, head), end: the rest).
+struct CePlan {
+  std::vector<uint64_t> dst, src, width, height, pitch, flag;
+  std::vector<uint32_t> mult, back;
+  int head = 0;
+  cudaStream_t cs = nullptr, fs = nullptr;
+  cudaEvent_t ready = nullptr, copies_done = nullptr, flags_done = nullptr;
+  std::vector<cudaEvent_t> events;  // one per copy; a wait captures the record, so reuse is safe
+};
+
+static int ce_enqueue(CePlan& P, int lo, int hi, uint32_t epoch) {
+  if (lo >= hi) return KOSMOS_OK;
+  size_t copy = 0;
+  for (int i = 0; i < lo; ++i) copy += P.width[i] > 0;
+  for (int i = lo; i < hi; ++i) {
+    if (P.width[i] > 0) {
+      void* d = reinterpret_cast<void*>(P.dst[i]);
+      const void* s_ = reinterpret_cast<const void*>(P.src[i]);
+      if (P.width[i] == P.pitch[i])
+        KOSMOS_CUDA(cudaMemcpyAsync(d, s_, P.width[i] * P.height[i], cudaMemcpyDefault, P.cs));
       else
-        KOSMOS_CUDA(cudaMemcpy2DAsync(d, pitch[i], s_, pitch[i], width[i], height[i], cudaMemcpyDefault, cs));
-      KOSMOS_CUDA(cudaEventRecord(events[copies], cs));
-      KOSMOS_CUDA(cudaStreamWaitEvent(fs, events[copies], 0));
-      ++copies;
+        KOSMOS_CUDA(cudaMemcpy2DAsync(d, P.pitch[i], s_, P.pitch[i], P.width[i], P.height[i], cudaMemcpyDefault, P.cs));
+      KOSMOS_CUDA(cudaEventRecord(P.events[copy], P.cs));
+      KOSMOS_CUDA(cudaStreamWaitEvent(P.fs, P.events[copy], 0));
+      ++copy;
     }
-    if (int rc = stream_write(fs, reinterpret_cast<void*>(flag[i]), value[i], true)) return rc;
+    if (int rc = stream_write(P.fs, reinterpret_cast<void*>(P.flag[i]), P.mult[i] * epoch - P.back[i], true)) return rc;
   }
+  return KOSMOS_OK;
+}
+
+void kosmos_ce_plan_destroy(void* h) {
+  CePlan* P = static_cast<CePlan*>(h);
+  if (!P) return;
+  for (cudaEvent_t e : P->events) cudaEventDestroy(e);
+  for (cudaEvent_t e : {P->ready, P->copies_done, P->flags_done})
+    if (e) cudaEventDestroy(e);
+  delete P;
+}
+
+// head: entries [0, head) go in before the kernel launch (the first copy and its releases).
+void* kosmos_ce_plan_create(void* copy_stream, void* flag_stream, int n, const uint64_t* dst, const uint64_t* src,
+                            const uint64_t* width, const uint64_t* height, const uint64_t* pitch,
+                            const uint64_t* flag, const uint32_t* mult, const uint32_t* back, int head) {
+  if (!copy_stream || !flag_stream || n < 1 || head < 0 || head > n || !dst || !src || !width || !height || !pitch ||
+      !flag || !mult || !back) {
+    fail(KOSMOS_ERR_INVALID, "bad CE plan");
+    return nullptr;
+  }
+  if (width[0] == 0 || (head < n && width[head] == 0)) {
+    fail(KOSMOS_ERR_INVALID, "CE plan: the first entry and the entry at head must copy");
+    return nullptr;
+  }
+  for (int i = 0; i < n; ++i)
+    if (width[i] > 0 && (pitch[i] < width[i] || height[i] == 0)) {
+      fail(KOSMOS_ERR_INVALID, "CE plan: entry %d has pitch < width or no rows", i);
+      return nullptr;
+    }
+  CePlan* P = new (std::nothrow) CePlan();
+  if (!P) {
+    fail(KOSMOS_ERR_INVALID, "out of host memory");
+    return nullptr;
+  }
+  P->dst.assign(dst, dst + n);
+  P->src.assign(src, src + n);
+  P->width.assign(width, width + n);
+  P->height.assign(height, height + n);
+  P->pitch.assign(pitch, pitch + n);
+  P->flag.assign(flag, flag + n);
+  P->mult.assign(mult, mult + n);
+  P->back.assign(back, back + n);
+  P->head = head;
+  P->cs = static_cast<cudaStream_t>(copy_stream);
+  P->fs = static_cast<cudaStream_t>(flag_stream);
+  size_t copies = 0;
+  for (int i = 0; i < n; ++i) copies += width[i] > 0;
+  P->events.assign(copies, nullptr);
+  bool ok = true;
+  for (cudaEvent_t& e : P->events) ok = ok && cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess;
+  for (cudaEvent_t* e : {&P->ready, &P->copies_done, &P->flags_done})
+    ok = ok && cudaEventCreateWithFlags(e, cudaEventDisableTiming) == cudaSuccess;
+  if (!ok) {
+    fail(KOSMOS_ERR_CUDA, "CE plan: cudaEventCreate failed");
+    kosmos_ce_plan_destroy(P);
+    return nullptr;
+  }
+  return P;
+}
+
+// Before the kernel launch on main_stream: the copy and flag streams wait for what precedes
+// the kernel on main (earlier readers of the gathered buffer), never for the kernel (which
+// waits for them); then the head entries.
+int kosmos_ce_plan_begin(void* h, void* main_stream, uint32_t epoch) {
+  if (!h) return fail(KOSMOS_ERR_INVALID, "null CE plan");
+  CePlan& P = *static_cast<CePlan*>(h);
+  KOSMOS_CUDA(cudaEventRecord(P.ready, static_cast<cudaStream_t>(main_stream)));
+  KOSMOS_CUDA(cudaStreamWaitEvent(P.cs, P.ready, 0));
+  KOSMOS_CUDA(cudaStreamWaitEvent(P.fs, P.ready, 0));
+  return ce_enqueue(P, 0, P.head, epoch);
+}
+
+// After the kernel launch: the rest of the plan; main_stream then waits for both streams.
+int kosmos_ce_plan_end(void* h, void* main_stream, uint32_t epoch) {
+  if (!h) return fail(KOSMOS_ERR_INVALID, "null CE plan");
+  CePlan& P = *static_cast<CePlan*>(h);
+  if (int rc = ce_enqueue(P, P.head, static_cast<int>(P.dst.size()), epoch)) return rc;
+  cudaStream_t m = static_cast<cudaStream_t>(main_stream);
+  KOSMOS_CUDA(cudaEventRecord(P.copies_done, P.cs));
+  KOSMOS_CUDA(cudaEventRecord(P.flags_done, P.fs));
+  KOSMOS_CUDA(cudaStreamWaitEvent(m, P.copies_done, 0));
+  KOSMOS_CUDA(cudaStreamWaitEvent(m, P.flags_done, 0));
   return KOSMOS_OK;
 }
 

@@ -1,5 +1,5 @@
 """Copy-engine movers (host fabric, ag-gemm, ``mover='ce'``): the copies and flag releases
-that one call enqueues (``kosmos_ce_enqueue``, csrc/runtime.cu), derived from a rank's
+that one call enqueues (``kosmos_ce_plan_begin``/``_end``, csrc/runtime.cu), derived from a rank's
 schedule. Pure: rows and columns, no pointers (the runner turns them into addresses).
 
 * Copies go in mover (consumer-demand) order. Consecutive bands of one peer that the

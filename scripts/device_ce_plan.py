@@ -1,4 +1,4 @@
-"""Copy-engine mover plan alone (no kernel), host fabric W=8: time kosmos_ce_enqueue's copies
+"""Copy-engine mover plan alone (no kernel), host fabric W=8: time the runner's copy-engine plan (kosmos_ce_plan_begin/end): copies
 + flag releases against one cudaMemcpyAsync of the same bytes, and the same copies without
 the flag releases. Median of 5 after 2 warm-up, device events.
 
@@ -40,20 +40,12 @@ def main() -> None:
     ctx = RankCtx(rank=0, world=W, procs=1, device=DEV, fabric="host", backend="gpu")
     inputs, A, B = get_op("ag-gemm").inputs(p, list(range(W)), DEV, seed=1)
     r = IMPLS[0].prepare(p, ctx, inputs)
-    main_s = torch.cuda.current_stream()
     host = torch.cat([r._host_A[q] for q in range(1, W)])  # one pinned block, same bytes
     host = host.pin_memory()
     dev = torch.empty_like(host, device=DEV)
     print(f"M={M} N={N} K={K} ce_slices={r.ce_slices}: {len(r.ce_entries)} releases, {r.ce_copies} copies, {host.numel() * 2 / 1e6:.0f} MB")
     print(f"  one memcpy                      {timed(lambda: dev.copy_(host, non_blocking=True)):8.1f} us")
-    def plan():
-        ev = torch.cuda.Event()
-        ev.record(main_s)
-        for cs in r.ce_streams:
-            cs.wait_event(ev)
-        r._ce_enqueue(1)
-        for cs in r.ce_streams:
-            main_s.wait_stream(cs)
+    plan = r.run_ce_plan_alone
 
     print(f"  plan: copies + flag releases     {timed(plan):8.1f} us")
     m_loc = M // W

@@ -57,15 +57,7 @@ def main() -> None:
         os.environ["KOSMOS_CE_TAIL_GROUPS"] = "1"
         alone = IMPLS[0].prepare(p, ctx, inputs, ce_slices=8)  # never launched: its CE plan alone
         runners.append(alone)
-        main_s = torch.cuda.current_stream()
-
-        def plan_alone(r=alone):
-            r.ce_ready.record(main_s)
-            for cs in r.ce_streams:
-                cs.wait_event(r.ce_ready)
-            r._ce_enqueue(1)
-            for cs in r.ce_streams:
-                main_s.wait_stream(cs)
+        plan_alone = alone.run_ce_plan_alone
 
         fns["plan8"] = plan_alone
         ov = nccl_impls.NcclBaseline("nccl-overlap", True)

@@ -407,12 +407,14 @@ def test_sm90_k_slice_wait_has_a_watchdog():
     try:
         last = max(i for i, e in enumerate(runner.ce_entries) if e.mult > 1)  # final slice release of a band
         runner.ce_back[last] += 1
+        runner._ce_commit()
         t0 = time.perf_counter()
         runner.run()
         with pytest.raises(WatchdogError, match="builder item"):
             runner.check()
         assert time.perf_counter() - t0 < 5.5
         runner.ce_back[last] -= 1
+        runner._ce_commit()
         wrong, err, same = run_checked(p, runner, A, B, calls=2)
         assert wrong == 0 and same, (wrong, err)
     finally:

@@ -33,6 +33,7 @@ item, t0_ns, t1_ns; t0 relative to the call's first record); ``info`` holds extr
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -241,8 +242,9 @@ class KosmosRunner:
             raise ValueError(f"ce_slices={self.ce_slices}: expected >= 1 (KOSMOS_CE_SLICE_MB >= 0)")
         self.k_stream = self.mover == "ce" and self.sm90 is not None and (self.ce_slices > 1 or self.ce_slice_bytes > 0)
         self.calls = 0  # completed launches since the last reset (epoch of the next = calls + 1)
-        self.ce_plan: list = []
+        self.ce_plan = None  # C handle (kosmos_ce_plan_create) when the copy engine moves
         dev_index = self.dev.index if self.dev.index is not None else torch.cuda.current_device()
+        self.dev_index = dev_index
         with torch.cuda.device(dev_index):
             mx = ctypes.c_int(0)
             if self.sm90 is not None:
@@ -534,55 +536,63 @@ class KosmosRunner:
             cols["height"].append(e.rows)
             cols["pitch"].append(pitch)
             cols["flag"].append(flag_base + 4 * e.flag)
-        self.ce_plan = [np.ascontiguousarray(np.array(cols[n], dtype=np.uint64)) for n in cols]
         self.ce_entries, self.ce_work = entries, work
-        self.ce_mult = np.array([e.mult for e in entries], dtype=np.int64)
-        self.ce_back = np.array([e.back for e in entries], dtype=np.int64)
-        copies = [i for i, e in enumerate(entries) if e.rows]
-        self.ce_head = copies[1] if len(copies) > 1 else len(entries)  # the first copy and its releases
         self.ce_copies = sum(1 for e in entries if e.rows)
+        copies = [i for i, e in enumerate(entries) if e.rows]
+        head = copies[1] if len(copies) > 1 else len(entries)  # the first copy and its releases
         self.ce_streams = [torch.cuda.Stream(self.dev) for _ in range(2)]  # copies, flag releases
-        self.ce_ready = torch.cuda.Event()
+        self.ce_cols = [np.ascontiguousarray(np.array(cols[n], dtype=np.uint64)) for n in cols]
+        self.ce_mult = np.array([e.mult for e in entries], dtype=np.uint32)
+        self.ce_back = np.array([e.back for e in entries], dtype=np.uint32)  # a test holds one release back
+        self.ce_head = head
+        self._ce_commit()
 
-    def _ce_enqueue(self, epoch: int, lo: int = 0, hi: int | None = None) -> None:
-        """Enqueue plan entries [lo, hi) of this call (epoch) on the copy-engine streams."""
-        hi = len(self.ce_entries) if hi is None else hi
-        if hi <= lo:
-            return
-        u64 = ctypes.POINTER(ctypes.c_uint64)
-        values = np.ascontiguousarray(((self.ce_mult[lo:hi] * epoch - self.ce_back[lo:hi]) & 0xFFFFFFFF)
-                                      .astype(np.uint32))
-        copy_s, flag_s = (ctypes.c_void_p(cs.cuda_stream) for cs in self.ce_streams)
-        self._call(self.lib.kosmos_ce_enqueue(copy_s, flag_s, hi - lo, *(a[lo:].ctypes.data_as(u64) for a in self.ce_plan),
-                                              values.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32))),
-                   "kosmos_ce_enqueue")
+    def _ce_commit(self) -> None:
+        """(Re)create the C plan from ce_cols / ce_mult / ce_back (copied in)."""
+        u64, u32 = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+        if self.ce_plan:
+            self.lib.kosmos_ce_plan_destroy(self.ce_plan)
+            self.ce_plan = None
+        h = self.lib.kosmos_ce_plan_create(ctypes.c_void_p(self.ce_streams[0].cuda_stream),
+                                           ctypes.c_void_p(self.ce_streams[1].cuda_stream), len(self.ce_mult),
+                                           *(a.ctypes.data_as(u64) for a in self.ce_cols),
+                                           self.ce_mult.ctypes.data_as(u32), self.ce_back.ctypes.data_as(u32),
+                                           self.ce_head)
+        if not h:
+            from .. import kernels
+
+            raise RuntimeError(f"kosmos_ce_plan_create failed: {kernels.last_error(self.lib)}")
+        self.ce_plan = h
 
     def _launch(self, params) -> None:
         import torch
 
-        main = torch.cuda.current_stream(self.dev)
-        stream = main.cuda_stream
+        main = torch.cuda.current_stream(self.dev).cuda_stream
         epoch = self.calls + 1
-        with torch.cuda.device(self.dev):
+        ctx = contextlib.nullcontext() if torch.cuda.current_device() == self.dev_index else \
+            torch.cuda.device(self.dev_index)
+        with ctx:
+            # The first copy goes in before the kernel launch and the rest after it:
+            # enqueueing a whole plan from Python used to delay the first band by ~100 us.
             if self.ce_plan:
-                # The copies wait only for what preceded the kernel on `main` (earlier readers of
-                # the gathered buffer), never for the kernel, which waits for them. The first
-                # copy goes in before the kernel launch: enqueueing the whole plan takes the host
-                # ~100 us, which used to delay the first band by that much on copy-bound shapes.
-                self.ce_ready.record(main)
-                for cs in self.ce_streams:
-                    cs.wait_event(self.ce_ready)
-                self._ce_enqueue(epoch, 0, self.ce_head)
+                self._call(self.lib.kosmos_ce_plan_begin(self.ce_plan, main, epoch), "kosmos_ce_plan_begin")
             if self.sm90 is not None:
-                self._call(self.sm90.kosmos_sm90_ag_launch(ctypes.c_void_p(self.sm90_handle), ctypes.byref(params),
-                                                           ctypes.c_void_p(stream)), "kosmos_sm90_ag_launch")
+                self._call(self.sm90.kosmos_sm90_ag_launch(self.sm90_handle, ctypes.byref(params), main),
+                           "kosmos_sm90_ag_launch")
             else:
-                self._call(self.lib.kosmos_launch(ctypes.byref(params), ctypes.c_void_p(stream)), "kosmos_launch")
+                self._call(self.lib.kosmos_launch(ctypes.byref(params), main), "kosmos_launch")
             if self.ce_plan:
-                self._ce_enqueue(epoch, self.ce_head)
-                for cs in self.ce_streams:
-                    main.wait_stream(cs)
+                self._call(self.lib.kosmos_ce_plan_end(self.ce_plan, main, epoch), "kosmos_ce_plan_end")
         self.calls += 1
+
+    def run_ce_plan_alone(self, epoch: int = 1) -> None:
+        """The copy-engine plan of one call without the kernel (timing its copies; scripts/).
+        Its flag releases make the next kernel call of this runner wrong: use a spare runner."""
+        import torch
+
+        main = torch.cuda.current_stream(self.dev).cuda_stream
+        self._call(self.lib.kosmos_ce_plan_begin(self.ce_plan, main, epoch), "kosmos_ce_plan_begin")
+        self._call(self.lib.kosmos_ce_plan_end(self.ce_plan, main, epoch), "kosmos_ce_plan_end")
 
     def _raise_if_timed_out(self) -> None:
         import torch
@@ -708,6 +718,9 @@ class KosmosRunner:
         if self.sm90_handle:
             self.sm90.kosmos_sm90_ag_destroy(ctypes.c_void_p(self.sm90_handle))
             self.sm90_handle = None
+        if self.ce_plan:
+            self.lib.kosmos_ce_plan_destroy(self.ce_plan)
+            self.ce_plan = None
         self._keep.clear()
         self.outputs = {}
 
