@@ -13,4 +13,5 @@ sed -e 's/policy: \[self, fixed:8, fixed:16, fixed:32\]/policy: [self]/' -e 's/m
 KOSMOS_CE_SLICES=1 timeout 100 kosmos-bench sweep "$Y" --trace -o "$OUT/host-ce-whole" 2>&1 | grep -E "^ag-gemm|^# verd"
 timeout 100 kosmos-bench sweep "$Y" --trace -o "$OUT/host-ce-k8" 2>&1 | grep -E "^ag-gemm|^# verd"
 CE_VARIANTS=1,4,8 timeout 240 python3 scripts/device_ce_variants.py "$OUT/ce_variants.parquet" 9 2>&1 | grep -v Warn | tail -7
+timeout 60 python3 scripts/device_clock_probe.py 8192 106496 16384 1.5 2>&1 | grep -v Warn | tail -9
 (cd "$OUT" && tar czf runs.tgz */*/points */*/manifest.json */*/traces)
