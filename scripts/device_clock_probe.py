@@ -6,6 +6,7 @@ kernel's tile rate below cuBLAS's because of the schedule or because of the powe
 """
 from __future__ import annotations
 
+import datetime
 import subprocess
 import sys
 import time
@@ -38,7 +39,7 @@ def main() -> None:
     for f in fns.values():
         f()
     torch.cuda.synchronize()
-    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits",
                             "-lms", "20"], stdout=subprocess.PIPE, text=True)
     phases = []
     for name, f in list(fns.items()) * 2:
@@ -57,11 +58,16 @@ def main() -> None:
     time.sleep(0.1)
     smi.terminate()
     out = smi.communicate()[0].strip().splitlines()
-    # nvidia-smi prints one line per sample; timestamps by arrival are not available, so map
-    # samples to phases by their share of the wall time (20 ms period)
-    t_start, t_end = phases[0][1] - 0.5, phases[-1][2]
-    vals = np.array([[float(x) for x in line.split(",")] for line in out if line.count(",") == 1])
-    ts = np.linspace(t_start, t_end, len(vals))
+    rows = []
+    for line in out:  # "2026/12/03 01:20:00.123, 1980, 650.12"
+        parts = [x.strip() for x in line.split(",")]
+        try:
+            t = datetime.datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            rows.append((t, float(parts[1]), float(parts[2])))
+        except (ValueError, IndexError):
+            continue
+    vals = np.array([r[1:] for r in rows]).reshape(-1, 2)
+    ts = np.array([r[0] for r in rows])
     print(f"M={M} N={N} K={K}: {len(vals)} samples")
     for name, t0, t1, us in phases:
         sel = vals[(ts >= t0) & (ts <= t1)]
