@@ -393,14 +393,17 @@ def band_groups(num_bands: int, builders: int, ramp: bool = False, tail: int = 1
     band and double, so the first arrivals are not held back by a whole group. ``tail``: the
     smallest group the halving goes down to (streamed K-slices, ``stream_k``: the last group
     is one wave of tiles that all start on its first slice, not one band)."""
+    last = []
+    if tail > 1 and num_bands > tail:  # exactly `tail` bands last (a smaller remainder would end it)
+        num_bands, last = num_bands - tail, [slice(num_bands - tail, num_bands)]
     g = max(1, int(round(math.sqrt(max(1, builders)))))
     out, b, grow = [], 0, 1 if ramp else g
     while b < num_bands:
-        size = min(grow, g, max(1, tail, (num_bands - b + 1) // 2))
+        size = min(grow, g, num_bands - b, max(1, tail, (num_bands - b + 1) // 2))
         out.append(slice(b, b + size))
         b += size
         grow *= 2
-    return out
+    return out + last
 
 
 def _order(natural: list[int], demand: list[int], queue_order: str, rng: np.random.Generator) -> list[int]:

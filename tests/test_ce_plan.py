@@ -91,6 +91,9 @@ def test_stream_k_groups_end_at_one_wave_of_tiles():
     sch = _sched(8192, 57344, 8192, 8, 0, stream_k=True)  # 28 N tiles: 132 // 28 = 4 bands
     sizes = [len(g) for g in sch.meta["remote_groups"]]
     assert sizes[-1] == 4 and sum(sizes) == 56
+    for M in (16384, 8192 + 8 * 128 * 3):  # no smaller remainder after the one-wave group
+        sizes = [len(g) for g in _sched(M, 57344, 8192, 8, 0, stream_k=True).meta["remote_groups"]]
+        assert sizes[-1] == 4 and sum(sizes) == 7 * M // 8 // 128, sizes
     plain = _sched(8192, 57344, 8192, 8, 0)
     assert [len(g) for g in plain.meta["remote_groups"]][-1] == 1
 

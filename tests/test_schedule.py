@@ -271,3 +271,14 @@ def test_c_abi_constants_match_python():
     assert fields("KosmosParams") == [f for f, _ in abi.Params._fields_]
     assert fields("KosmosErrorRecord") == [f for f, _ in abi.ErrorRecord._fields_]
     assert S.ROLE_NAMES == ("MOVE", "BUILD", "REDUCE", "WAIT")  # trace.cuh Role enum order
+
+
+def test_band_groups_with_a_tail_end_on_exactly_tail_bands():
+    for n in (1, 3, 4, 5, 9, 56, 77, 112):
+        for tail in (2, 4, 26):
+            sizes = [g.stop - g.start for g in S.band_groups(n, 132, ramp=True, tail=tail)]
+            assert sum(sizes) == n and all(s >= 1 for s in sizes), (n, tail, sizes)
+            groups = S.band_groups(n, 132, ramp=True, tail=tail)
+            assert [i for g in groups for i in range(g.start, g.stop)] == list(range(n))
+            if n > tail:
+                assert sizes[-1] == tail, (n, tail, sizes)
