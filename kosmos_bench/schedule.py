@@ -506,7 +506,8 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
         for seg in ([r], ring) if local_first else (ring, [r]):  # local bands ready at entry, remote as they arrive
             bands = [(p, mt) for p in seg for mt in range(mt_n)]
             builders_n = num_wgs - (k_movers or 0)
-            tail = max(1, builders_n // nt_n) if (stream_k and seg is ring) else 1
+            # one wave of tiles, at most a regular group (~sqrt(builders) bands)
+            tail = min(max(1, builders_n // nt_n), max(1, round(math.sqrt(builders_n)))) if (stream_k and seg is ring) else 1
             groups = band_groups(len(bands), builders_n, ramp=seg is ring, tail=tail)
             b_demand += [build_id[p, mt, nt] for grp in groups for nt in range(nt_n) for p, mt in bands[grp]]
             if seg is ring:  # tile rows of the remote bands needed together (copy-engine movers copy them together)
