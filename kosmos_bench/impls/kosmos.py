@@ -46,7 +46,7 @@ from .base import common_unsupported
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("KOSMOS_TIMEOUT_S", "5"))
 DEFAULT_TRACE_CAP = 4096
-DEFAULT_CE_SLICES = 8  # K-slices of the last remote group (copy-engine movers + sm90 builders)
+DEFAULT_CE_SLICES = 1  # K-slices of the last remote group (sm90 + ce): 1 = whole bands (measured as fast, simpler)
 
 
 class WatchdogError(RuntimeError):
@@ -539,7 +539,16 @@ class KosmosRunner:
         self.ce_entries, self.ce_work = entries, work
         self.ce_copies = sum(1 for e in entries if e.rows)
         copies = [i for i, e in enumerate(entries) if e.rows]
-        head = copies[1] if len(copies) > 1 else len(entries)  # the first copy and its releases
+        # Entries enqueued before the kernel launch: copies until KOSMOS_CE_HEAD_MB (default 8 MB,
+        # ~150 us of PCIe) so the engine stays busy while the host launches the kernel (32 KB
+        # of parameters) and enqueues the rest; at least the first copy.
+        head_bytes = float(os.environ.get("KOSMOS_CE_HEAD_MB", "8")) * 2 ** 20
+        head, acc = len(entries), 0
+        for j, i in enumerate(copies):
+            if j > 0 and acc >= head_bytes:
+                head = i
+                break
+            acc += entries[i].rows * entries[i].cols * 2
         self.ce_streams = [torch.cuda.Stream(self.dev) for _ in range(2)]  # copies, flag releases
         self.ce_cols = [np.ascontiguousarray(np.array(cols[n], dtype=np.uint64)) for n in cols]
         self.ce_mult = np.array([e.mult for e in entries], dtype=np.uint32)
