@@ -539,10 +539,10 @@ class KosmosRunner:
         self.ce_entries, self.ce_work = entries, work
         self.ce_copies = sum(1 for e in entries if e.rows)
         copies = [i for i, e in enumerate(entries) if e.rows]
-        # Entries enqueued before the kernel launch: copies until KOSMOS_CE_HEAD_MB (default 8 MB,
-        # ~150 us of PCIe) so the engine stays busy while the host launches the kernel (32 KB
-        # of parameters) and enqueues the rest; at least the first copy.
-        head_bytes = float(os.environ.get("KOSMOS_CE_HEAD_MB", "8")) * 2 ** 20
+        # Entries enqueued before the kernel launch: copies until KOSMOS_CE_HEAD_MB (default 0: the
+        # first copy only; more keeps the engine busy while the host launches the kernel (32 KB
+        # of parameters) and enqueues the rest: not yet measured on the device).
+        head_bytes = float(os.environ.get("KOSMOS_CE_HEAD_MB", "0")) * 2 ** 20
         head, acc = len(entries), 0
         for j, i in enumerate(copies):
             if j > 0 and acc >= head_bytes:
