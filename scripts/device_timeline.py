@@ -1,0 +1,143 @@
+"""Where the time of one host-fabric AG+GEMM call goes, from the GPU's own activity records
+(CUPTI through torch.profiler): the same interleaved loop as timing.bench (L2 flush, event,
+call, event) for kosmos (self, ce movers, one runner per KOSMOS_CE_HEAD_MB value), nccl-overlap,
+GEMM alone and copy alone, each call wrapped in an annotation so its GPU work is found by
+correlation id.
+
+Per function (medians over the profiled reps, us): the event-timed duration; the GPU span
+from the flush's end to the last GPU activity of the call; when the first copy and the kernel
+start after the flush; the kernel's duration; the last copy's end relative to the kernel's
+end; the host's lead (GPU start of the call minus the host time its launch was issued: < 0
+means the GPU waited for the host).
+
+    KOSMOS_BENCH_CACHE=$PWD/.kb-cache python3 scripts/device_timeline.py OUT_DIR [MxNxK,...]
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import defaultdict
+
+import numpy as np
+import pandas as pd
+import torch
+
+from kosmos_bench import timing
+from kosmos_bench.impls import nccl as nccl_impls
+from kosmos_bench.impls.base import RankCtx
+from kosmos_bench.impls.kosmos import IMPLS
+from kosmos_bench.ops import get_op
+from kosmos_bench.point import Point
+from kosmos_bench.runtime import numa
+
+W = 8
+HEADS = [h for h in os.environ.get("TL_HEADS", "0,8").split(",") if h]
+
+
+def profiled_loop(fns: dict, dev, reps: int):
+    """timing.bench's timed loop under the profiler; returns (event-timed us per fn, trace path)."""
+    flush = timing.l2_flush_buffer(dev)
+    ev = {k: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+          for k in fns}
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        for i in range(reps):
+            for k, fn in fns.items():
+                with torch.profiler.record_function(f"flush|{i}|{k}"):
+                    flush.zero_()
+                ev[k][i][0].record()
+                with torch.profiler.record_function(f"call|{i}|{k}"):
+                    fn()
+                ev[k][i][1].record()
+        torch.cuda.synchronize(dev)
+    path = f"/tmp/timeline-{os.getpid()}.json"
+    prof.export_chrome_trace(path)
+    return {k: np.array([s.elapsed_time(e) * 1e3 for s, e in ev[k]]) for k in fns}, path
+
+
+def analyse(path: str, timed: dict) -> pd.DataFrame:
+    tr = json.load(open(path))["traceEvents"]
+    ann = [e for e in tr if e.get("cat") == "user_annotation" and "|" in e.get("name", "")]
+    runtime = [e for e in tr if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})]
+    gpu = [e for e in tr if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    by_corr = defaultdict(list)
+    for g in gpu:
+        by_corr[g["args"].get("correlation")].append(g)
+    rows = []
+    for a in ann:
+        what, i, k = a["name"].split("|")
+        t0, t1 = a["ts"], a["ts"] + a["dur"]
+        calls = [r for r in runtime if t0 <= r["ts"] <= t1]
+        work = [(r, g) for r in calls for g in by_corr.get(r["args"]["correlation"], [])]
+        if not work:
+            continue
+        kern = [g for _, g in work if g["cat"] == "kernel"]
+        cps = [g for _, g in work if g["cat"] == "gpu_memcpy"]
+        rows.append(dict(what=what, rep=int(i), fn=k, host_us=a["dur"], gpu_start=min(g["ts"] for _, g in work),
+                         gpu_end=max(g["ts"] + g["dur"] for _, g in work),
+                         lead_us=min(g["ts"] - r["ts"] for r, g in work),
+                         k_start=min((g["ts"] for g in kern), default=np.nan),
+                         k_end=max((g["ts"] + g["dur"] for g in kern), default=np.nan),
+                         c_start=min((g["ts"] for g in cps), default=np.nan),
+                         c_end=max((g["ts"] + g["dur"] for g in cps), default=np.nan), n_copies=len(cps),
+                         n_kernels=len(kern)))
+    df = pd.DataFrame(rows)
+    fl = df[df.what == "flush"].set_index(["rep", "fn"])["gpu_end"]
+    c = df[df.what == "call"].copy()
+    c["flush_end"] = [fl.get((r, f), np.nan) for r, f in zip(c.rep, c.fn)]
+    c["timed_us"] = [timed[f][r] for r, f in zip(c.rep, c.fn)]
+    for col in ("gpu_end", "k_start", "k_end", "c_start", "c_end"):
+        c[col + "_rel"] = c[col] - c["flush_end"]
+    c["kernel_us"] = c.k_end - c.k_start
+    c["copy_span_us"] = c.c_end - c.c_start
+    return c
+
+
+def main() -> None:
+    out = sys.argv[1] if len(sys.argv) > 1 else "/tmp/timeline"
+    os.makedirs(out, exist_ok=True)
+    shapes = [tuple(int(v) for v in s.split("x")) for s in (sys.argv[2] if len(sys.argv) > 2 else
+                                                           "8192x57344x8192,8192x106496x16384").split(",")]
+    reps = int(os.environ.get("TL_REPS", "6"))
+    dev = torch.device("cuda", 0)
+    print(f"numa node {numa.bind_near(0)}", flush=True)
+    frames = []
+    for M, N, K in shapes:
+        p = Point(op="ag-gemm", impl="kosmos", M=M, N=N, K=K, world=W, fabric="host", policy="self", seed=0,
+                  builder="sm90", mover="ce")
+        ctx = RankCtx(rank=0, world=W, procs=1, device=dev, fabric="host", backend="gpu")
+        inputs, A, B = get_op("ag-gemm").inputs(p, list(range(W)), dev, seed=1)
+        del A, B
+        fns, runners = {}, []
+        for h in HEADS:
+            os.environ["KOSMOS_CE_HEAD_MB"] = h
+            r = IMPLS[0].prepare(p, ctx, inputs)
+            runners.append(r)
+            fns[f"kosmos-h{h}"] = r.run
+        os.environ.pop("KOSMOS_CE_HEAD_MB", None)
+        po = Point(op="ag-gemm", impl="nccl-overlap", M=M, N=N, K=K, world=W, fabric="host", seed=0)
+        fns["nccl-overlap"] = nccl_impls.NcclBaseline("nccl-overlap", True).prepare(po, ctx, inputs).run
+        fns["gemm"] = nccl_impls.gemm_alone(p, ctx, inputs)
+        fns["copy"] = nccl_impls.comm_alone(p, ctx, inputs)
+        # unprofiled first: the numbers the sweep would report, then the same loop profiled
+        plain = timing.bench(fns, device=dev, warmup=3, reps=reps)
+        timed, path = profiled_loop(fns, dev, reps)
+        for r in runners:
+            r.check()
+        c = analyse(path, timed).assign(M=M, N=N, K=K)
+        c["plain_us"] = [float(np.median(plain[f])) for f in c.fn]
+        frames.append(c)
+        print(f"\n{M}x{N}x{K}: medians (us), times after the flush's end")
+        cols = ["plain_us", "timed_us", "gpu_end_rel", "c_start_rel", "k_start_rel", "kernel_us", "c_end_rel",
+                "k_end_rel", "copy_span_us", "host_us", "lead_us", "n_copies"]
+        print(c.groupby("fn", sort=False)[cols].median().round(1).to_string())
+        for r in runners:
+            r.close()
+        del fns, runners, inputs
+        torch.cuda.empty_cache()
+    pd.concat(frames).to_parquet(f"{out}/timeline.parquet")
+
+
+if __name__ == "__main__":
+    main()
