@@ -21,6 +21,7 @@ from .impls.base import RankCtx
 from .ops import get_op
 from .ops.base import check_output
 from .point import Point
+from .runtime import nvml
 
 # Largest op (2*M*N*K FLOPs) the cpu backend runs; bigger points are skipped with a reason.
 CPU_MAX_FLOPS = 4e10
@@ -94,16 +95,26 @@ def _allreduce(vals: list[float], ctx: RankCtx, op: str) -> list[float]:
     return t.tolist()
 
 
-def _bench(fns: dict, p: Point, ctx: RankCtx) -> dict[str, np.ndarray]:
+def _bench(fns: dict, p: Point, ctx: RankCtx) -> tuple[dict[str, np.ndarray], dict[str, float | None]]:
     before = agree = None
     if ctx.group is not None and ctx.procs > 1:
         import torch.distributed as dist
 
         before = lambda: dist.barrier(group=ctx.group)  # noqa: E731 - align ranks per rep
         agree = lambda more: bool(_allreduce([float(more)], ctx, "max")[0])  # noqa: E731
-    s = timing.bench(fns, device=ctx.device, warmup=p.warmup, reps=p.reps, before_rep=before, agree=agree)
-    # a rep takes as long as its slowest rank
-    return {k: np.array(_allreduce(list(v), ctx, "max")) for k, v in s.items()}
+    windows: dict = {}
+    with nvml.ClockSampler(_gpu_uuid(ctx.device)) as clock:
+        s = timing.bench(fns, device=ctx.device, warmup=p.warmup, reps=p.reps, before_rep=before, agree=agree,
+                         windows_out=windows)
+    # a rep takes as long as its slowest rank; the clocks are this rank's GPU's
+    return {k: np.array(_allreduce(list(v), ctx, "max")) for k, v in s.items()}, nvml.per_window(clock.samples, windows)
+
+
+def _gpu_uuid(device) -> str | None:
+    if device.type != "cuda":
+        return None
+    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    return str(uuid) if uuid is not None else None
 
 
 def _check(runner, p: Point, ctx: RankCtx, A, B) -> tuple[int, float, bool]:
@@ -160,10 +171,11 @@ def run_point(p: Point, *, rank: int, procs: int) -> tuple[dict, object]:
         comm = nccl_impls.comm_alone(p, ctx, inputs)
         if comm is not None:
             fns["comm"] = comm
-        samples = _bench(fns, p, ctx)
+        samples, mhz = _bench(fns, p, ctx)
         row.update(timing.stats(samples["op"]))
         row["t_gemm_us"] = float(np.median(samples["gemm"]))
         row["t_comm_us"] = float(np.median(samples["comm"])) if comm is not None else None
+        row.update(sm_mhz=mhz.get("op"), sm_mhz_gemm=mhz.get("gemm"), sm_mhz_comm=mhz.get("comm"))
         if p.trace and hasattr(runner, "run_traced"):
             trace = runner.run_traced()
             if trace is not None:

@@ -104,7 +104,7 @@ def derive(df: pd.DataFrame) -> pd.DataFrame:
 _COLS = [  # (title, width, align)
     ("op", 8, "<"), ("variant", 30, "<"), ("world", 5, ">"), ("M", 7, ">"), ("N", 7, ">"), ("K", 7, ">"),
     ("time(us)", 10, ">"), ("TFLOP/s", 9, ">"), ("busbw(GB/s)", 11, ">"), ("speedup", 8, ">"),
-    ("ovl-eff", 7, ">"), ("wrong", 6, ">"), ("status", 8, "<"),
+    ("ovl-eff", 7, ">"), ("MHz op/gemm", 11, ">"), ("wrong", 6, ">"), ("status", 8, "<"),
 ]
 
 
@@ -129,6 +129,14 @@ def column_header() -> str:
     return ("#" + " ".join(_fit(t, w - (1 if i == 0 else 0), a) for i, (t, w, a) in enumerate(_COLS))).rstrip()
 
 
+def _clocks(op, gemm) -> str:
+    """SM clock of the op / of its GEMM alone (NVML), or '-': a power-limited GPU clocks them
+    differently, which overlap efficiency alone does not show."""
+    if not _isnum(op) and not _isnum(gemm):
+        return "-"
+    return f"{_num(op, '.0f')}/{_num(gemm, '.0f')}"
+
+
 def row_text(row: dict) -> str:
     """One fixed-width line for a result row (a dict with RESULT_COLUMNS; derived ones may be missing)."""
     g = row.get
@@ -139,7 +147,8 @@ def row_text(row: dict) -> str:
         g("op") or "-", g("variant") or g("impl") or "-", g("world") if _isnum(g("world")) else "-",
         *(int(g(k)) if _isnum(g(k)) else "-" for k in ("M", "N", "K")),
         time_s, _num(g("tflops"), ".2f"), _num(g("busbw_gbs"), ".2f"), _num(g("speedup_vs_seq"), ".2f", "x"),
-        _num(g("overlap_efficiency"), ".2f"), int(wrong) if _isnum(wrong) else "-", g("status") or "-",
+        _num(g("overlap_efficiency"), ".2f"), _clocks(g("sm_mhz"), g("sm_mhz_gemm")),
+        int(wrong) if _isnum(wrong) else "-", g("status") or "-",
     ]
     vals[2] = int(vals[2]) if _isnum(vals[2]) else vals[2]
     line = " ".join(_fit(v, w, a) for v, (_, w, a) in zip(vals, _COLS)).rstrip()

@@ -30,7 +30,8 @@ def l2_flush_buffer(device: torch.device) -> torch.Tensor | None:
 
 def bench(fns: dict[str, Callable[[], None]], *, device: torch.device, warmup: int, reps: int,
           flush_l2: bool = True, before_rep: Callable[[], None] | None = None,
-          min_warmup_s: float = 0.2, agree: Callable[[bool], bool] | None = None) -> dict[str, np.ndarray]:
+          min_warmup_s: float = 0.2, agree: Callable[[bool], bool] | None = None,
+          windows_out: dict[str, list[tuple[float, float]]] | None = None) -> dict[str, np.ndarray]:
     """Time several functions *interleaved*, rep by rep; returns per-call microseconds each.
 
     Interleaving puts every function under the same clock and thermal state (a GPU that
@@ -40,6 +41,9 @@ def bench(fns: dict[str, Callable[[], None]], *, device: torch.device, warmup: i
     before_rep runs before each timed call, outside the timed region (e.g. a barrier);
     agree(more) makes ranks agree on warming up once more (any rank wants more -> all do),
     since ranks that call collectives a different number of times deadlock.
+    windows_out, if given, receives each function's (start, end) per rep on the host's
+    perf_counter clock (device events mapped through one reference event recorded on the
+    idle device), for attributing sampled clocks (runtime.nvml).
     """
     t0, n = time.perf_counter(), 0
     while True:
@@ -58,6 +62,9 @@ def bench(fns: dict[str, Callable[[], None]], *, device: torch.device, warmup: i
         flush = l2_flush_buffer(device) if flush_l2 else None
         ev = {k: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
               for k in names}
+        ref = torch.cuda.Event(enable_timing=True)
+        ref.record()  # the device is idle (synchronized above): it stamps this at once
+        t_ref = time.perf_counter()
         for i in range(reps):
             for k in names:
                 if flush is not None:
@@ -68,6 +75,10 @@ def bench(fns: dict[str, Callable[[], None]], *, device: torch.device, warmup: i
                 fns[k]()
                 ev[k][i][1].record()
         torch.cuda.synchronize(device)
+        if windows_out is not None:
+            for k in names:
+                windows_out[k] = [(t_ref + ref.elapsed_time(s) * 1e-3, t_ref + ref.elapsed_time(e) * 1e-3)
+                                  for s, e in ev[k]]
         return {k: np.array([s.elapsed_time(e) * 1e3 for s, e in ev[k]]) for k in names}
     out = {k: np.empty(reps) for k in names}
     for i in range(reps):
@@ -76,7 +87,10 @@ def bench(fns: dict[str, Callable[[], None]], *, device: torch.device, warmup: i
                 before_rep()
             t = time.perf_counter()
             fns[k]()
-            out[k][i] = (time.perf_counter() - t) * 1e6
+            t1 = time.perf_counter()
+            out[k][i] = (t1 - t) * 1e6
+            if windows_out is not None:
+                windows_out.setdefault(k, []).append((t, t1))
     return out
 
 

@@ -29,7 +29,7 @@ from kosmos_bench.impls.base import RankCtx
 from kosmos_bench.impls.kosmos import IMPLS
 from kosmos_bench.ops import get_op
 from kosmos_bench.point import Point
-from kosmos_bench.runtime import numa
+from kosmos_bench.runtime import numa, nvml
 
 W = 8
 HEADS = [h for h in os.environ.get("TL_HEADS", "0,8").split(",") if h]
@@ -121,15 +121,19 @@ def main() -> None:
         fns["gemm"] = nccl_impls.gemm_alone(p, ctx, inputs)
         fns["copy"] = nccl_impls.comm_alone(p, ctx, inputs)
         # unprofiled first: the numbers the sweep would report, then the same loop profiled
-        plain = timing.bench(fns, device=dev, warmup=3, reps=reps)
+        windows: dict = {}
+        with nvml.ClockSampler(str(torch.cuda.get_device_properties(dev).uuid)) as clock:
+            plain = timing.bench(fns, device=dev, warmup=3, reps=reps, windows_out=windows)
+        mhz = nvml.per_window(clock.samples, windows)
         timed, path = profiled_loop(fns, dev, reps)
         for r in runners:
             r.check()
         c = analyse(path, timed).assign(M=M, N=N, K=K)
         c["plain_us"] = [float(np.median(plain[f])) for f in c.fn]
+        c["sm_mhz"] = [mhz.get(f) for f in c.fn]
         frames.append(c)
         print(f"\n{M}x{N}x{K}: medians (us), times after the flush's end")
-        cols = ["plain_us", "timed_us", "gpu_end_rel", "c_start_rel", "k_start_rel", "kernel_us", "c_end_rel",
+        cols = ["plain_us", "sm_mhz", "timed_us", "gpu_end_rel", "c_start_rel", "k_start_rel", "kernel_us", "c_end_rel",
                 "k_end_rel", "copy_span_us", "host_us", "lead_us", "n_copies"]
         print(c.groupby("fn", sort=False)[cols].median().round(1).to_string())
         for r in runners:

@@ -76,6 +76,9 @@ def test_row_text_fixed_width():
         assert line[end - 1] != " " and line[end] == " "
     failed = row_text(row("kosmos", status="failed", error="CUDA error: out of memory\nmore"))
     assert "failed" in failed and failed.endswith("CUDA error: out of memory") and " - " in failed
+    clocked = row_text(row("kosmos", 80.0) | {"sm_mhz": 1350.4, "sm_mhz_gemm": 1425.0})
+    assert " 1350/1425 " in clocked and " - " in lines[1]  # no clock sampled: '-'
+    assert row_text(row("kosmos", 80.0) | {"sm_mhz": 1350.0, "sm_mhz_gemm": None}).count("1350/-") == 1
     long = row_text(row("kosmos", policy="fixed:16", queue_order="random", local_first=False, chunk=8))
     assert "~" in long and len(long.split("  ")[0]) <= len(hdr)
 

@@ -1,0 +1,88 @@
+"""SM-clock attribution: samples -> the host-time windows of each timed function."""
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from kosmos_bench import timing
+from kosmos_bench.runtime import nvml
+
+
+def test_per_window_takes_the_median_inside_each_functions_windows():
+    samples = [(0.5, 1980.0), (1.5, 1400.0), (2.5, 1980.0), (3.5, 1350.0), (4.5, 1985.0), (5.5, 1420.0)]
+    windows = {"copy": [(0.0, 1.0), (2.0, 3.0), (4.0, 5.0)], "gemm": [(1.0, 2.0), (3.0, 4.0), (5.0, 6.0)],
+               "never": [(10.0, 11.0)]}
+    got = nvml.per_window(samples, windows)
+    assert got["copy"] == 1980.0
+    assert got["gemm"] == 1400.0
+    assert got["never"] is None  # no sample inside: unknown, not 0
+
+
+def test_per_window_without_samples_or_below_min_samples_is_none():
+    assert nvml.per_window([], {"op": [(0.0, 1.0)]}) == {"op": None}
+    assert nvml.per_window([(0.5, 1500.0)], {"op": [(0.0, 1.0)]}, min_samples=2) == {"op": None}
+
+
+def test_sampler_without_a_gpu_is_inert():
+    with nvml.ClockSampler(None, period_s=0.001) as s:
+        time.sleep(0.01)
+    assert not s.active and s.samples == [] and s.read() is None
+
+
+def test_sampler_with_a_fake_library_records_timestamped_samples(monkeypatch):
+    class FakeNvml:  # the three entry points the sampler uses, NVML's calling convention
+        def nvmlInit_v2(self):
+            return 0
+
+        def nvmlDeviceGetHandleByUUID(self, uuid, handle):
+            assert uuid == b"GPU-abc"
+            return 0
+
+        def nvmlDeviceGetClockInfo(self, handle, kind, out):
+            assert kind == nvml.NVML_CLOCK_SM
+            out._obj.value = 1755
+            return 0
+
+    monkeypatch.setattr(nvml, "_lib", lambda: FakeNvml())
+    t0 = time.perf_counter()
+    with nvml.ClockSampler("abc", period_s=0.001) as s:
+        time.sleep(0.03)
+    t1 = time.perf_counter()
+    assert s.active and len(s.samples) >= 3
+    ts = [t for t, _ in s.samples]
+    assert ts == sorted(ts) and t0 <= ts[0] and ts[-1] <= t1
+    assert {v for _, v in s.samples} == {1755.0}
+    assert nvml.per_window(s.samples, {"all": [(t0, t1)]}) == {"all": 1755.0}
+
+
+def test_bench_reports_each_reps_host_window_in_order():
+    def slow():
+        time.sleep(0.002)
+
+    windows: dict = {}
+    out = timing.bench({"a": slow, "b": slow}, device=torch.device("cpu"), warmup=1, reps=3, min_warmup_s=0.0,
+                       windows_out=windows)
+    assert set(windows) == {"a", "b"} and all(len(w) == 3 for w in windows.values())
+    flat = [w for i in range(3) for k in ("a", "b") for w in [windows[k][i]]]  # interleaved a, b per rep
+    assert all(a < b for a, b in flat) and all(flat[i][1] <= flat[i + 1][0] for i in range(len(flat) - 1))
+    for k in ("a", "b"):
+        dur = np.array([(b - a) * 1e6 for a, b in windows[k]])
+        assert np.allclose(dur, out[k], rtol=0.05, atol=50)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bench_windows_on_the_device_follow_the_events_and_the_clock_is_read():
+    dev = torch.device("cuda", 0)
+    x = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
+    windows: dict = {}
+    with nvml.ClockSampler(str(torch.cuda.get_device_properties(dev).uuid), period_s=0.0005) as s:
+        t0 = time.perf_counter()
+        out = timing.bench({"mm": lambda: x @ x}, device=dev, warmup=3, reps=20, windows_out=windows)
+        t1 = time.perf_counter()
+    (w,) = windows.values()
+    assert len(w) == 20 and all(t0 <= a < b <= t1 + 0.01 for a, b in w)
+    assert np.allclose([(b - a) * 1e6 for a, b in w], out["mm"], rtol=1e-3, atol=2)
+    assert s.active, "NVML missing on a CUDA machine"
+    mhz = nvml.per_window(s.samples, {"all": [(t0, t1)]})["all"]
+    assert mhz is not None and 200 < mhz < 4000
