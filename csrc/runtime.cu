@@ -143,21 +143,16 @@ int kosmos_stream_write_u32(void* stream, void* dev_ptr, uint32_t value) {
 // height[i] rows of width[i] bytes (row pitch pitch[i] on both sides; one cudaMemcpyAsync when
 // width == pitch, else cudaMemcpy2DAsync, a K-slice of a band) and/or releases
 // *flag[i] = mult[i] * epoch - back[i]. Entries with width 0 release further flags after the
-// latest copy. Copy c runs on copy stream c % streams, followed by an event; the flag stream
-// waits for those events in plan order and releases (fenced writes: ~2 us each in the front
-// end, kept off the copy engine's path). With one copy stream every signalled copy drains the
-// engine before the next starts (its event needs all of its bytes landed); with two, one
-// stream's drain overlaps the other's transfer. The arrays are copied in at creation, so a
-// call costs the host two C calls around the kernel launch (begin: entries [0, head), end:
-// the rest).
+// latest copy. Copies run back to back on the copy stream, each followed by an event; the
+// flag stream waits for that event and releases (fenced writes: ~2 us each in the front end,
+// kept off the copy engine's path). The arrays are copied in at creation, so a call costs the
+// host two C calls around the kernel launch (begin: entries [0, head), end: the rest).
 struct CePlan {
   std::vector<uint64_t> dst, src, width, height, pitch, flag;
   std::vector<uint32_t> mult, back;
   int head = 0;
-  std::vector<cudaStream_t> cs;  // copy streams
-  cudaStream_t fs = nullptr;
-  cudaEvent_t ready = nullptr, flags_done = nullptr;
-  std::vector<cudaEvent_t> copies_done;  // one per copy stream
+  cudaStream_t cs = nullptr, fs = nullptr;
+  cudaEvent_t ready = nullptr, copies_done = nullptr, flags_done = nullptr;
   std::vector<cudaEvent_t> events;  // one per copy; a wait captures the record, so reuse is safe
 };
 
@@ -169,12 +164,11 @@ static int ce_enqueue(CePlan& P, int lo, int hi, uint32_t epoch) {
     if (P.width[i] > 0) {
       void* d = reinterpret_cast<void*>(P.dst[i]);
       const void* s_ = reinterpret_cast<const void*>(P.src[i]);
-      cudaStream_t cs = P.cs[copy % P.cs.size()];
       if (P.width[i] == P.pitch[i])
-        KOSMOS_CUDA(cudaMemcpyAsync(d, s_, P.width[i] * P.height[i], cudaMemcpyDefault, cs));
+        KOSMOS_CUDA(cudaMemcpyAsync(d, s_, P.width[i] * P.height[i], cudaMemcpyDefault, P.cs));
       else
-        KOSMOS_CUDA(cudaMemcpy2DAsync(d, P.pitch[i], s_, P.pitch[i], P.width[i], P.height[i], cudaMemcpyDefault, cs));
-      KOSMOS_CUDA(cudaEventRecord(P.events[copy], cs));
+        KOSMOS_CUDA(cudaMemcpy2DAsync(d, P.pitch[i], s_, P.pitch[i], P.width[i], P.height[i], cudaMemcpyDefault, P.cs));
+      KOSMOS_CUDA(cudaEventRecord(P.events[copy], P.cs));
       KOSMOS_CUDA(cudaStreamWaitEvent(P.fs, P.events[copy], 0));
       ++copy;
     }
@@ -186,32 +180,21 @@ static int ce_enqueue(CePlan& P, int lo, int hi, uint32_t epoch) {
 void kosmos_ce_plan_destroy(void* h) {
   CePlan* P = static_cast<CePlan*>(h);
   if (!P) return;
-  for (cudaEvent_t e : P->events)
-    if (e) cudaEventDestroy(e);
-  for (cudaEvent_t e : P->copies_done)
-    if (e) cudaEventDestroy(e);
-  for (cudaEvent_t e : {P->ready, P->flags_done})
+  for (cudaEvent_t e : P->events) cudaEventDestroy(e);
+  for (cudaEvent_t e : {P->ready, P->copies_done, P->flags_done})
     if (e) cudaEventDestroy(e);
   delete P;
 }
 
 // head: entries [0, head) go in before the kernel launch (the first copy and its releases).
-// copy_streams: n_copy_streams distinct streams, copies dealt round-robin.
-void* kosmos_ce_plan_create(void* const* copy_streams, int n_copy_streams, void* flag_stream, int n,
-                            const uint64_t* dst, const uint64_t* src, const uint64_t* width, const uint64_t* height,
-                            const uint64_t* pitch, const uint64_t* flag, const uint32_t* mult, const uint32_t* back,
-                            int head) {
-  if (!copy_streams || n_copy_streams < 1 || n_copy_streams > 8 || !flag_stream || n < 1 || head < 0 || head > n ||
-      !dst || !src || !width || !height || !pitch || !flag || !mult || !back) {
+void* kosmos_ce_plan_create(void* copy_stream, void* flag_stream, int n, const uint64_t* dst, const uint64_t* src,
+                            const uint64_t* width, const uint64_t* height, const uint64_t* pitch,
+                            const uint64_t* flag, const uint32_t* mult, const uint32_t* back, int head) {
+  if (!copy_stream || !flag_stream || n < 1 || head < 0 || head > n || !dst || !src || !width || !height || !pitch ||
+      !flag || !mult || !back) {
     fail(KOSMOS_ERR_INVALID, "bad CE plan");
     return nullptr;
   }
-  for (int i = 0; i < n_copy_streams; ++i)
-    for (int j = 0; j <= i; ++j)
-      if (!copy_streams[i] || copy_streams[i] == flag_stream || (j < i && copy_streams[j] == copy_streams[i])) {
-        fail(KOSMOS_ERR_INVALID, "CE plan: copy stream %d is null, repeated or the flag stream", i);
-        return nullptr;
-      }
   if (width[0] == 0 || (head < n && width[head] == 0)) {
     fail(KOSMOS_ERR_INVALID, "CE plan: the first entry and the entry at head must copy");
     return nullptr;
@@ -235,16 +218,14 @@ void* kosmos_ce_plan_create(void* const* copy_streams, int n_copy_streams, void*
   P->mult.assign(mult, mult + n);
   P->back.assign(back, back + n);
   P->head = head;
-  for (int i = 0; i < n_copy_streams; ++i) P->cs.push_back(static_cast<cudaStream_t>(copy_streams[i]));
+  P->cs = static_cast<cudaStream_t>(copy_stream);
   P->fs = static_cast<cudaStream_t>(flag_stream);
   size_t copies = 0;
   for (int i = 0; i < n; ++i) copies += width[i] > 0;
   P->events.assign(copies, nullptr);
   bool ok = true;
   for (cudaEvent_t& e : P->events) ok = ok && cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess;
-  P->copies_done.assign(n_copy_streams, nullptr);
-  for (cudaEvent_t& e : P->copies_done) ok = ok && cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess;
-  for (cudaEvent_t* e : {&P->ready, &P->flags_done})
+  for (cudaEvent_t* e : {&P->ready, &P->copies_done, &P->flags_done})
     ok = ok && cudaEventCreateWithFlags(e, cudaEventDisableTiming) == cudaSuccess;
   if (!ok) {
     fail(KOSMOS_ERR_CUDA, "CE plan: cudaEventCreate failed");
@@ -261,7 +242,7 @@ int kosmos_ce_plan_begin(void* h, void* main_stream, uint32_t epoch) {
   if (!h) return fail(KOSMOS_ERR_INVALID, "null CE plan");
   CePlan& P = *static_cast<CePlan*>(h);
   KOSMOS_CUDA(cudaEventRecord(P.ready, static_cast<cudaStream_t>(main_stream)));
-  for (cudaStream_t cs : P.cs) KOSMOS_CUDA(cudaStreamWaitEvent(cs, P.ready, 0));
+  KOSMOS_CUDA(cudaStreamWaitEvent(P.cs, P.ready, 0));
   KOSMOS_CUDA(cudaStreamWaitEvent(P.fs, P.ready, 0));
   return ce_enqueue(P, 0, P.head, epoch);
 }
@@ -272,11 +253,9 @@ int kosmos_ce_plan_end(void* h, void* main_stream, uint32_t epoch) {
   CePlan& P = *static_cast<CePlan*>(h);
   if (int rc = ce_enqueue(P, P.head, static_cast<int>(P.dst.size()), epoch)) return rc;
   cudaStream_t m = static_cast<cudaStream_t>(main_stream);
-  for (size_t i = 0; i < P.cs.size(); ++i) {
-    KOSMOS_CUDA(cudaEventRecord(P.copies_done[i], P.cs[i]));
-    KOSMOS_CUDA(cudaStreamWaitEvent(m, P.copies_done[i], 0));
-  }
+  KOSMOS_CUDA(cudaEventRecord(P.copies_done, P.cs));
   KOSMOS_CUDA(cudaEventRecord(P.flags_done, P.fs));
+  KOSMOS_CUDA(cudaStreamWaitEvent(m, P.copies_done, 0));
   KOSMOS_CUDA(cudaStreamWaitEvent(m, P.flags_done, 0));
   return KOSMOS_OK;
 }

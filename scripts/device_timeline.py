@@ -1,6 +1,6 @@
 """Where the time of one host-fabric AG+GEMM call goes, from the GPU's own activity records
 (CUPTI through torch.profiler): the same interleaved loop as timing.bench (L2 flush, event,
-call, event) for kosmos (self, ce movers, one runner per TL_VARIANTS entry), nccl-overlap,
+call, event) for kosmos (self, ce movers, one runner per KOSMOS_CE_HEAD_MB value), nccl-overlap,
 GEMM alone and copy alone, each call wrapped in an annotation so its GPU work is found by
 correlation id.
 
@@ -32,33 +32,7 @@ from kosmos_bench.point import Point
 from kosmos_bench.runtime import numa, nvml
 
 W = 8
-# kosmos variants: "h<MB>" = KOSMOS_CE_HEAD_MB, then optionally ".s<S>" = ce_slices S (K-slices of
-# the last group; default whole bands) and ".c<C>" = C copy streams, e.g. TL_VARIANTS=h0,h0.c2,h0.s4.c2
-VARIANTS = [v for v in os.environ.get("TL_VARIANTS", "h0,h0.c2").split(",") if v]
-
-
-def variant(v: str) -> tuple[str, int, int]:
-    parts = v.split(".")
-    kw = {q[0]: q[1:] for q in parts[1:]}
-    return parts[0].removeprefix("h"), int(kw.get("s", 1)), int(kw.get("c", 1))
-
-
-def copy_two_streams(p, ctx, inputs):
-    """Copy alone with the peers' shards dealt to two streams (can two engines beat one?)."""
-    host, m = nccl_impls.host_peers(p, ctx, inputs), p.M // W
-    dst = torch.empty((p.M, p.K), dtype=inputs.A[0].dtype, device=ctx.device)
-    side = [torch.cuda.Stream(ctx.device) for _ in range(2)]
-
-    def run():
-        main = torch.cuda.current_stream()
-        for q in range(1, W):
-            s = side[q % 2]
-            s.wait_stream(main)
-            with torch.cuda.stream(s):
-                dst[q * m:(q + 1) * m].copy_(host.shards[q], non_blocking=True)
-        for s in side:
-            main.wait_stream(s)
-    return run
+HEADS = [h for h in os.environ.get("TL_HEADS", "0,8").split(",") if h]
 
 
 def profiled_loop(fns: dict, dev, reps: int):
@@ -117,7 +91,6 @@ def analyse(path: str, timed: dict) -> pd.DataFrame:
         c[col + "_rel"] = c[col] - c["flush_end"]
     c["kernel_us"] = c.k_end - c.k_start
     c["copy_span_us"] = c.c_end - c.c_start
-    c["tail_us"] = c.k_end - c.c_end  # kernel time after the last copied byte
     return c
 
 
@@ -137,18 +110,16 @@ def main() -> None:
         inputs, A, B = get_op("ag-gemm").inputs(p, list(range(W)), dev, seed=1)
         del A, B
         fns, runners = {}, []
-        for v in VARIANTS:
-            head, slices, streams = variant(v)
-            os.environ["KOSMOS_CE_HEAD_MB"] = head
-            r = IMPLS[0].prepare(p, ctx, inputs, ce_slices=slices, ce_streams=streams)
+        for h in HEADS:
+            os.environ["KOSMOS_CE_HEAD_MB"] = h
+            r = IMPLS[0].prepare(p, ctx, inputs)
             runners.append(r)
-            fns[f"kosmos-{v}"] = r.run
+            fns[f"kosmos-h{h}"] = r.run
         os.environ.pop("KOSMOS_CE_HEAD_MB", None)
         po = Point(op="ag-gemm", impl="nccl-overlap", M=M, N=N, K=K, world=W, fabric="host", seed=0)
         fns["nccl-overlap"] = nccl_impls.NcclBaseline("nccl-overlap", True).prepare(po, ctx, inputs).run
         fns["gemm"] = nccl_impls.gemm_alone(p, ctx, inputs)
         fns["copy"] = nccl_impls.comm_alone(p, ctx, inputs)
-        fns["copy2"] = copy_two_streams(p, ctx, inputs)
         # unprofiled first: the numbers the sweep would report, then the same loop profiled
         windows: dict = {}
         with nvml.ClockSampler(str(torch.cuda.get_device_properties(dev).uuid)) as clock:
@@ -163,7 +134,7 @@ def main() -> None:
         frames.append(c)
         print(f"\n{M}x{N}x{K}: medians (us), times after the flush's end")
         cols = ["plain_us", "sm_mhz", "timed_us", "gpu_end_rel", "c_start_rel", "k_start_rel", "kernel_us", "c_end_rel",
-                "k_end_rel", "copy_span_us", "tail_us", "lead_us", "n_copies"]
+                "k_end_rel", "copy_span_us", "host_us", "lead_us", "n_copies"]
         print(c.groupby("fn", sort=False)[cols].median().round(1).to_string())
         for r in runners:
             r.close()

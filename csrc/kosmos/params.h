@@ -6,7 +6,7 @@
 #pragma once
 #include <stdint.h>
 
-#define KOSMOS_ABI_VERSION 3
+#define KOSMOS_ABI_VERSION 2
 #define KOSMOS_MAX_WORLD 8
 #define KOSMOS_ITEM_STRIDE 10
 #define KOSMOS_NUM_CTR 8       // uint32 counters per rank in Params.state (after 4 globals)  // int32 words per item row (schedule.ITEM_FIELDS)
@@ -110,10 +110,9 @@ int kosmos_alloc_mapped(uint64_t bytes, void** host, void** dev);
 int kosmos_free_mapped(void* host);
 int kosmos_smem_bytes(int op);
 int kosmos_stream_write_u32(void* stream, void* dev_ptr, uint32_t value);
-void* kosmos_ce_plan_create(void* const* copy_streams, int n_copy_streams, void* flag_stream, int n,
-                            const uint64_t* dst, const uint64_t* src, const uint64_t* width, const uint64_t* height,
-                            const uint64_t* pitch, const uint64_t* flag, const uint32_t* mult, const uint32_t* back,
-                            int head);
+void* kosmos_ce_plan_create(void* copy_stream, void* flag_stream, int n, const uint64_t* dst, const uint64_t* src,
+                            const uint64_t* width, const uint64_t* height, const uint64_t* pitch,
+                            const uint64_t* flag, const uint32_t* mult, const uint32_t* back, int head);
 int kosmos_ce_plan_begin(void* plan, void* main_stream, uint32_t epoch);
 int kosmos_ce_plan_end(void* plan, void* main_stream, uint32_t epoch);
 void kosmos_ce_plan_destroy(void* plan);

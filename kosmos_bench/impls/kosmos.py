@@ -20,9 +20,7 @@ fabric: that emulated rank never signals; the watchdog test), ``trace_cap`` (rec
 ``mover_bulk`` (ag-gemm movers use TMA bulk copies; default ``$KOSMOS_MOVER_BULK`` or off),
 ``mover`` ('sm' default; 'ce': host-fabric ag-gemm bands move by the copy engine, flags
 released by stream memory operations, every WG builds; default ``$KOSMOS_MOVER``; as a
-Point knob ``mover``), ``ce_slices`` / ``ce_streams`` (mover 'ce': K-slices of the last
-remote group, default ``$KOSMOS_CE_SLICES`` or 1; copy streams the band copies are dealt
-to, default ``$KOSMOS_CE_STREAMS`` or 1),
+Point knob ``mover``),
 ``builder`` ('mma': the portable mma.sync builder, 256-thread WGs, 128x128 tiles; 'sm90':
 ag-gemm, the Hopper wgmma+TMA builder in 384-thread CTAs, one per SM, 128x256 tiles,
 csrc/ag_gemm_sm90.cu; default ``$KOSMOS_BUILDER``, else picked by device: sm90 for ag-gemm
@@ -48,7 +46,6 @@ from .base import common_unsupported
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("KOSMOS_TIMEOUT_S", "5"))
 DEFAULT_TRACE_CAP = 4096
-DEFAULT_CE_STREAMS = 1  # copy streams of the CE plan (KOSMOS_CE_STREAMS)
 DEFAULT_CE_SLICES = 1  # K-slices of the last remote group (sm90 + ce): 1 = whole bands (measured as fast, simpler)
 
 
@@ -192,7 +189,7 @@ class KosmosRunner:
     def __init__(self, point: Point, ctx, inputs, *, num_wgs: int | None = None, timeout_s: float | None = None,
                  debug_skip_rank: int | None = None, trace_cap: int = DEFAULT_TRACE_CAP,
                  max_inflight: int | None = None, mover_bulk: bool | None = None, mover: str | None = None,
-                 builder: str | None = None, ce_slices: int | None = None, ce_streams: int | None = None):
+                 builder: str | None = None, ce_slices: int | None = None):
         import torch
 
         from .. import kernels
@@ -243,12 +240,6 @@ class KosmosRunner:
         self.ce_tail_groups = int(os.environ.get("KOSMOS_CE_TAIL_GROUPS", "1"))  # groups sliced at the end
         if self.ce_slices < 1 or self.ce_slice_bytes < 0:
             raise ValueError(f"ce_slices={self.ce_slices}: expected >= 1 (KOSMOS_CE_SLICE_MB >= 0)")
-        # Copy streams the CE plan deals its copies to (round-robin): with one, each signalled
-        # copy drains the engine before the next starts; two overlap one's drain with the other's transfer.
-        self.ce_copy_streams = int(ce_streams if ce_streams is not None else
-                                   os.environ.get("KOSMOS_CE_STREAMS", DEFAULT_CE_STREAMS))
-        if not 1 <= self.ce_copy_streams <= 8:
-            raise ValueError(f"ce_streams={self.ce_copy_streams}: expected 1..8")
         self.k_stream = self.mover == "ce" and self.sm90 is not None and (self.ce_slices > 1 or self.ce_slice_bytes > 0)
         self.calls = 0  # completed launches since the last reset (epoch of the next = calls + 1)
         self.ce_plan = None  # C handle (kosmos_ce_plan_create) when the copy engine moves
@@ -444,7 +435,6 @@ class KosmosRunner:
                      "mover": self.mover, "builder": self.builder,
                      "ce_copies": int(getattr(self, "ce_copies", 0)),
                      "ce_slices": self.ce_slices if self.k_stream else (1 if self.mover == "ce" else 0),
-                     "ce_streams": self.ce_copy_streams if self.mover == "ce" else 0,
                      "ce_slice_mb": self.ce_slice_bytes / 2 ** 20 if self.k_stream else 0.0,
                      "ce_tail_groups": self.ce_tail_groups if self.k_stream else 0,
                      "kosmos_policy": _policy(point), "trace_dropped": 0}
@@ -559,7 +549,7 @@ class KosmosRunner:
                 head = i
                 break
             acc += entries[i].rows * entries[i].cols * 2
-        self.ce_streams = [torch.cuda.Stream(self.dev) for _ in range(self.ce_copy_streams + 1)]  # copies..., flags
+        self.ce_streams = [torch.cuda.Stream(self.dev) for _ in range(2)]  # copies, flag releases
         self.ce_cols = [np.ascontiguousarray(np.array(cols[n], dtype=np.uint64)) for n in cols]
         self.ce_mult = np.array([e.mult for e in entries], dtype=np.uint32)
         self.ce_back = np.array([e.back for e in entries], dtype=np.uint32)  # a test holds one release back
@@ -572,9 +562,8 @@ class KosmosRunner:
         if self.ce_plan:
             self.lib.kosmos_ce_plan_destroy(self.ce_plan)
             self.ce_plan = None
-        copy_streams = (ctypes.c_void_p * self.ce_copy_streams)(*(s.cuda_stream for s in self.ce_streams[:-1]))
-        h = self.lib.kosmos_ce_plan_create(copy_streams, self.ce_copy_streams,
-                                           ctypes.c_void_p(self.ce_streams[-1].cuda_stream), len(self.ce_mult),
+        h = self.lib.kosmos_ce_plan_create(ctypes.c_void_p(self.ce_streams[0].cuda_stream),
+                                           ctypes.c_void_p(self.ce_streams[1].cuda_stream), len(self.ce_mult),
                                            *(a.ctypes.data_as(u64) for a in self.ce_cols),
                                            self.ce_mult.ctypes.data_as(u32), self.ce_back.ctypes.data_as(u32),
                                            self.ce_head)

@@ -1,9 +1,9 @@
-"""ctypes mirror of csrc/kosmos/params.h (KOSMOS_ABI_VERSION 3). Change both together."""
+"""ctypes mirror of csrc/kosmos/params.h (KOSMOS_ABI_VERSION 2). Change both together."""
 from __future__ import annotations
 
 import ctypes as C
 
-ABI_VERSION = 3
+ABI_VERSION = 2
 MAX_WORLD = 8
 NUM_CTR = 8  # per-rank counters in the state buffer (KOSMOS_NUM_CTR)
 OP_CODES = {"ag-gemm": 0, "gemm-rs": 1}
@@ -80,8 +80,7 @@ def declare(lib: C.CDLL) -> C.CDLL:
     lib.kosmos_stream_write_u32.argtypes = [P, P, C.c_uint32]
     U64 = C.POINTER(C.c_uint64)
     U32 = C.POINTER(C.c_uint32)
-    lib.kosmos_ce_plan_create.argtypes = [C.POINTER(P), C.c_int, P, C.c_int, U64, U64, U64, U64, U64, U64, U32, U32,
-                                          C.c_int]
+    lib.kosmos_ce_plan_create.argtypes = [P, P, C.c_int, U64, U64, U64, U64, U64, U64, U32, U32, C.c_int]
     lib.kosmos_ce_plan_create.restype = P
     lib.kosmos_ce_plan_begin.argtypes = [P, P, C.c_uint32]
     lib.kosmos_ce_plan_end.argtypes = [P, P, C.c_uint32]
