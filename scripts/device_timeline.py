@@ -1,6 +1,6 @@
 """Where the time of one host-fabric AG+GEMM call goes, from the GPU's own activity records
 (CUPTI through torch.profiler): the same interleaved loop as timing.bench (L2 flush, event,
-call, event) for kosmos (self, ce movers, one runner per KOSMOS_CE_HEAD_MB value), nccl-overlap,
+call, event) for kosmos (self, ce movers, one runner per TL_VARIANTS entry), nccl-overlap,
 GEMM alone and copy alone, each call wrapped in an annotation so its GPU work is found by
 correlation id.
 
@@ -32,7 +32,49 @@ from kosmos_bench.point import Point
 from kosmos_bench.runtime import numa, nvml
 
 W = 8
-HEADS = [h for h in os.environ.get("TL_HEADS", "0,8").split(",") if h]
+# kosmos variants: "h<MB>" = KOSMOS_CE_HEAD_MB, then optionally ".s<S>" = ce_slices S (K-slices of
+# the last group; default whole bands), e.g. TL_VARIANTS=h0,h0.s2,h0.s4
+VARIANTS = [v for v in os.environ.get("TL_VARIANTS", "h0,h0.s2").split(",") if v]
+
+
+def variant(v: str) -> tuple[str, int]:
+    parts = v.split(".")
+    kw = {q[0]: q[1:] for q in parts[1:]}
+    return parts[0].removeprefix("h"), int(kw.get("s", 1))
+
+
+def plan_copies_only(r, M: int):
+    """The whole-band CE plan's copies, same order and sizes, one stream, no flag releases."""
+    m, side = M // W, torch.cuda.Stream(r.dev)
+    cps = [(r.ce_work[e.peer * m + e.row0:e.peer * m + e.row0 + e.rows], r._host_A[e.peer][e.row0:e.row0 + e.rows])
+           for e in r.ce_entries if e.rows]
+
+    def run():
+        main = torch.cuda.current_stream()
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            for d, s in cps:
+                d.copy_(s, non_blocking=True)
+        main.wait_stream(side)
+    return run
+
+
+def copy_two_streams(p, ctx, inputs):
+    """Copy alone with the peers' shards dealt to two streams (can two engines beat one?)."""
+    host, m = nccl_impls.host_peers(p, ctx, inputs), p.M // W
+    dst = torch.empty((p.M, p.K), dtype=inputs.A[0].dtype, device=ctx.device)
+    side = [torch.cuda.Stream(ctx.device) for _ in range(2)]
+
+    def run():
+        main = torch.cuda.current_stream()
+        for q in range(1, W):
+            s = side[q % 2]
+            s.wait_stream(main)
+            with torch.cuda.stream(s):
+                dst[q * m:(q + 1) * m].copy_(host.shards[q], non_blocking=True)
+        for s in side:
+            main.wait_stream(s)
+    return run
 
 
 def profiled_loop(fns: dict, dev, reps: int):
@@ -91,6 +133,7 @@ def analyse(path: str, timed: dict) -> pd.DataFrame:
         c[col + "_rel"] = c[col] - c["flush_end"]
     c["kernel_us"] = c.k_end - c.k_start
     c["copy_span_us"] = c.c_end - c.c_start
+    c["tail_us"] = c.k_end - c.c_end  # kernel time after the last copied byte
     return c
 
 
@@ -110,16 +153,21 @@ def main() -> None:
         inputs, A, B = get_op("ag-gemm").inputs(p, list(range(W)), dev, seed=1)
         del A, B
         fns, runners = {}, []
-        for h in HEADS:
-            os.environ["KOSMOS_CE_HEAD_MB"] = h
-            r = IMPLS[0].prepare(p, ctx, inputs)
+        for v in VARIANTS:
+            head, slices = variant(v)
+            os.environ["KOSMOS_CE_HEAD_MB"] = head
+            r = IMPLS[0].prepare(p, ctx, inputs, ce_slices=slices)
             runners.append(r)
-            fns[f"kosmos-h{h}"] = r.run
+            fns[f"kosmos-{v}"] = r.run
+        spare = IMPLS[0].prepare(p, ctx, inputs, ce_slices=1)  # never launched: its plan alone
+        fns["plan"] = spare.run_ce_plan_alone  # copies + flag releases, no kernel
+        fns["plan-copies"] = plan_copies_only(spare, M)  # the same copies, no releases
         os.environ.pop("KOSMOS_CE_HEAD_MB", None)
         po = Point(op="ag-gemm", impl="nccl-overlap", M=M, N=N, K=K, world=W, fabric="host", seed=0)
         fns["nccl-overlap"] = nccl_impls.NcclBaseline("nccl-overlap", True).prepare(po, ctx, inputs).run
         fns["gemm"] = nccl_impls.gemm_alone(p, ctx, inputs)
         fns["copy"] = nccl_impls.comm_alone(p, ctx, inputs)
+        fns["copy2"] = copy_two_streams(p, ctx, inputs)
         # unprofiled first: the numbers the sweep would report, then the same loop profiled
         windows: dict = {}
         with nvml.ClockSampler(str(torch.cuda.get_device_properties(dev).uuid)) as clock:
@@ -128,13 +176,14 @@ def main() -> None:
         timed, path = profiled_loop(fns, dev, reps)
         for r in runners:
             r.check()
+        runners.append(spare)
         c = analyse(path, timed).assign(M=M, N=N, K=K)
         c["plain_us"] = [float(np.median(plain[f])) for f in c.fn]
         c["sm_mhz"] = [mhz.get(f) for f in c.fn]
         frames.append(c)
         print(f"\n{M}x{N}x{K}: medians (us), times after the flush's end")
         cols = ["plain_us", "sm_mhz", "timed_us", "gpu_end_rel", "c_start_rel", "k_start_rel", "kernel_us", "c_end_rel",
-                "k_end_rel", "copy_span_us", "host_us", "lead_us", "n_copies"]
+                "k_end_rel", "copy_span_us", "tail_us", "lead_us", "n_copies"]
         print(c.groupby("fn", sort=False)[cols].median().round(1).to_string())
         for r in runners:
             r.close()
