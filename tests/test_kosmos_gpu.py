@@ -6,6 +6,7 @@ across repeated calls.
 """
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -360,6 +361,8 @@ def test_sm90_host_fabric_ag_copy_engine_movers(shape):
                                         mover="ce", seed=5)
     try:
         assert runner.info["mover"] == "ce"
+        if "KOSMOS_CE_SLICES" not in os.environ:  # the default: the last group in 2 K-slices
+            assert runner.k_stream and runner.info["ce_slices"] == 2
         wrong, err, same = run_checked(p, runner, A, B, calls=4)
         assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
         assert same
@@ -372,7 +375,7 @@ def test_sm90_host_fabric_ag_copy_engine_movers(shape):
 
 
 @sm90
-@pytest.mark.parametrize("ce_slices", [1, 3, 16])
+@pytest.mark.parametrize("ce_slices", [1, 2, 3, 16])
 @pytest.mark.parametrize("shape", [(8 * 1024, 8 * 2048, 2048), (3000 * 8, 776 * 8, 1000)])
 def test_sm90_copy_engine_streamed_k_slices(shape, ce_slices):
     """The last remote group arrives in K-slices (2-D copies, slice-major) that the builders

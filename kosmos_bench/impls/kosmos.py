@@ -46,7 +46,10 @@ from .base import common_unsupported
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("KOSMOS_TIMEOUT_S", "5"))
 DEFAULT_TRACE_CAP = 4096
-DEFAULT_CE_SLICES = 1  # K-slices of the last remote group (sm90 + ce): 1 = whole bands (measured as fast, simpler)
+# K-slices of the last remote group (sm90 + ce; 1 = whole bands). 2 measured 1.0-1.5% faster than 1
+# and 4/8 on the copy-bound host shapes (results/issue4-h200-20261203/timeline/): the tail after
+# the last byte drops from a tile to half a tile, and rows of K/2 still copy at full speed.
+DEFAULT_CE_SLICES = 2
 
 
 class WatchdogError(RuntimeError):
@@ -233,7 +236,8 @@ class KosmosRunner:
         if self.mover == "ce" and (fabric != "host" or op != "ag-gemm"):
             raise ValueError("mover='ce' is implemented for ag-gemm on the host fabric only")
         # Copy-engine movers + sm90 builders: the last remote group arrives in K-slices that the
-        # builders stream (Params.k_stream; kosmos_bench/ce_plan.py). 1 = whole bands only.
+        # builders stream (Params.k_stream; kosmos_bench/ce_plan.py). 1 = whole bands only; the
+        # mma builder has no slice wait: it always gets whole bands.
         # KOSMOS_CE_SLICE_MB > 0 also streams every other remote group in slices of that size.
         self.ce_slices = int(ce_slices if ce_slices is not None else os.environ.get("KOSMOS_CE_SLICES", DEFAULT_CE_SLICES))
         self.ce_slice_bytes = int(float(os.environ.get("KOSMOS_CE_SLICE_MB", "0")) * 2 ** 20)
