@@ -383,7 +383,7 @@ class _Tab:
         return ItemTable(t, np.asarray(order, dtype=np.int32), np.asarray(self.flops), np.asarray(self.bytes))
 
 
-def band_groups(num_bands: int, builders: int, ramp: bool = False, tail: int = 1) -> list[slice]:
+def band_groups(num_bands: int, builders: int, ramp: bool = False, tail: int = 1, size: int | None = None) -> list[slice]:
     """Consecutive groups of bands whose tiles the ag-gemm demand order rasters column by
     column. A wave of ``builders`` concurrent tiles then reads g A-panels and builders/g
     B-panels (g ~ sqrt(builders)) instead of the whole of B for every band or two (band-major
@@ -392,11 +392,13 @@ def band_groups(num_bands: int, builders: int, ramp: bool = False, tail: int = 1
     one band; with ``ramp`` (bands that arrive one after another) they also start at one
     band and double, so the first arrivals are not held back by a whole group. ``tail``: the
     smallest group the halving goes down to (streamed K-slices, ``stream_k``: the last group
-    is one wave of tiles that all start on its first slice, not one band)."""
+    is one wave of tiles that all start on its first slice, not one band). ``size``: the
+    regular group size instead of ~sqrt(builders) (smaller groups wait less for their last
+    band, larger ones reread B less)."""
     last = []
     if tail > 1 and num_bands > tail:  # exactly `tail` bands last (a smaller remainder would end it)
         num_bands, last = num_bands - tail, [slice(num_bands - tail, num_bands)]
-    g = max(1, int(round(math.sqrt(max(1, builders)))))
+    g = max(1, int(size) if size else int(round(math.sqrt(max(1, builders)))))
     out, b, grow = [], 0, 1 if ramp else g
     while b < num_bands:
         size = min(grow, g, num_bands - b, max(1, tail, (num_bands - b + 1) // 2))
@@ -443,13 +445,14 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
                    chunk: int = 1, num_wgs: int = 132, policy: str = "self", queue_order: str = "demand",
                    seed: int = 0, local_first: bool | None = None, fabric: str = "local",
                    model: dict | None = None, mover_bytes: int = 256 * 1024,
-                   stream_k: bool = False) -> RankSchedule:
+                   stream_k: bool = False, band_group: int | None = None) -> RankSchedule:
     """The schedule of one rank. ``num_wgs`` is the WG count of THIS rank (on the local
     fabric: ``np.diff(wg_starts(G, W))[rank]``). ``local_first`` defaults to True for
     ag-gemm and False (local destination last) for gemm-rs. ``fabric='host'`` adds the
     RS_PROXY items of gemm-rs; other fabrics share one schedule. ``stream_k`` (ag-gemm,
     copy-engine movers delivering the last remote group in K-slices): remote band groups
     halve only down to one wave of tiles (``builders // n_tiles`` bands), not to one band.
+    ``band_group`` (ag-gemm): bands per regular demand-order group (default ~sqrt(builders)).
     """
     why = validate(op, M, N, K, world, BM, BN, chunk)
     if why:
@@ -507,8 +510,9 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
             bands = [(p, mt) for p in seg for mt in range(mt_n)]
             builders_n = num_wgs - (k_movers or 0)
             # one wave of tiles, at most a regular group (~sqrt(builders) bands)
-            tail = min(max(1, builders_n // nt_n), max(1, round(math.sqrt(builders_n)))) if (stream_k and seg is ring) else 1
-            groups = band_groups(len(bands), builders_n, ramp=seg is ring, tail=tail)
+            g = band_group or max(1, round(math.sqrt(builders_n)))
+            tail = min(max(1, builders_n // nt_n), g) if (stream_k and seg is ring) else 1
+            groups = band_groups(len(bands), builders_n, ramp=seg is ring, tail=tail, size=band_group)
             b_demand += [build_id[p, mt, nt] for grp in groups for nt in range(nt_n) for p, mt in bands[grp]]
             if seg is ring:  # tile rows of the remote bands needed together (copy-engine movers copy them together)
                 remote_groups = [[(p, mt) for p, mt in bands[grp]] for grp in groups]

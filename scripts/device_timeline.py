@@ -33,14 +33,15 @@ from kosmos_bench.runtime import numa, nvml
 
 W = 8
 # kosmos variants: "h<MB>" = KOSMOS_CE_HEAD_MB, then optionally ".s<S>" = ce_slices S (K-slices of
-# the last group; default whole bands), e.g. TL_VARIANTS=h0,h0.s2,h0.s4
+# the last group; default whole bands) and ".g<G>" = G bands per group (KOSMOS_BAND_GROUP),
+# e.g. TL_VARIANTS=h0,h0.s2,h0.s2.g4
 VARIANTS = [v for v in os.environ.get("TL_VARIANTS", "h0,h0.s2").split(",") if v]
 
 
-def variant(v: str) -> tuple[str, int]:
+def variant(v: str) -> tuple[str, int, str]:
     parts = v.split(".")
     kw = {q[0]: q[1:] for q in parts[1:]}
-    return parts[0].removeprefix("h"), int(kw.get("s", 1))
+    return parts[0].removeprefix("h"), int(kw.get("s", 1)), kw.get("g", "0")
 
 
 def plan_copies_only(r, M: int):
@@ -154,8 +155,9 @@ def main() -> None:
         del A, B
         fns, runners = {}, []
         for v in VARIANTS:
-            head, slices = variant(v)
+            head, slices, group = variant(v)
             os.environ["KOSMOS_CE_HEAD_MB"] = head
+            os.environ["KOSMOS_BAND_GROUP"] = group  # bands per demand-order group (0: ~sqrt(CTAs))
             r = IMPLS[0].prepare(p, ctx, inputs, ce_slices=slices)
             runners.append(r)
             fns[f"kosmos-{v}"] = r.run
@@ -163,6 +165,7 @@ def main() -> None:
         fns["plan"] = spare.run_ce_plan_alone  # copies + flag releases, no kernel
         fns["plan-copies"] = plan_copies_only(spare, M)  # the same copies, no releases
         os.environ.pop("KOSMOS_CE_HEAD_MB", None)
+        os.environ.pop("KOSMOS_BAND_GROUP", None)
         po = Point(op="ag-gemm", impl="nccl-overlap", M=M, N=N, K=K, world=W, fabric="host", seed=0)
         fns["nccl-overlap"] = nccl_impls.NcclBaseline("nccl-overlap", True).prepare(po, ctx, inputs).run
         fns["gemm"] = nccl_impls.gemm_alone(p, ctx, inputs)

@@ -266,7 +266,7 @@ class KosmosRunner:
         kw = dict(BM=128, BN=ag_sm90.BN if self.sm90 is not None else 128, chunk=point.chunk or 1, policy=_policy(point),
                   queue_order=point.queue_order or "demand", seed=point.seed, local_first=point.local_first,
                   fabric="host" if fabric == "host" else ("local" if fabric == "local" else "nvlink"),
-                  stream_k=self.k_stream)
+                  stream_k=self.k_stream, band_group=int(os.environ.get("KOSMOS_BAND_GROUP", "0")) or None)
         if self.sm90 is not None:  # a mover is the loader warpgroup: half a 256-thread WG's bytes in flight
             base = S.MODEL_DEFAULTS[kw["fabric"]]
             kw["model"] = {"wg_copy_gbs": base["wg_copy_gbs"] * ag_sm90.MOVER_THREADS / 256}
