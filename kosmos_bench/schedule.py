@@ -408,6 +408,31 @@ def band_groups(num_bands: int, builders: int, ramp: bool = False, tail: int = 1
     return out + last
 
 
+BALANCED_GROUP = 3  # bands per demand-order group when link and builders are balanced
+BALANCED_RHO = (0.7, 2.0)  # rho window called balanced (measured: 0.47 -> sqrt, 0.88 -> 3)
+
+
+def link_compute_ratio(n_loc: int, builders: int, fabric: str, model: dict | None = None) -> float:
+    """rho = time all builders need for one band's tiles / time the link needs to bring one
+    band, at the fabric model's nominal rates (``link_gbs``, ``wg_tflops`` per builder):
+    n_loc * link / (builders * tflops). Independent of K and of the band height."""
+    p = _model(fabric, model)
+    return n_loc * p["link_gbs"] * 1e9 / (max(1, builders) * p["wg_tflops"] * 1e12)
+
+
+def demand_group(n_loc: int, builders: int, fabric: str, model: dict | None = None) -> int:
+    """Bands per remote demand-order group. ~sqrt(builders) keeps a wave of tiles on few A
+    and B panels (L2 reuse), but its tiles need the group's last band, which arrives
+    (g - 1) band-copies after its first. That wait only costs when link and builders are
+    balanced (BALANCED_RHO): slower builders have a backlog of arrived bands, a slower link
+    leaves them idle anyway. There the groups are BALANCED_GROUP bands (host fabric, 405b
+    FC1, 1x H200: 3-7% faster than sqrt groups; results/issue4-h200-20261203/timeline/)."""
+    lo, hi = BALANCED_RHO
+    if lo <= link_compute_ratio(n_loc, builders, fabric, model) <= hi:
+        return BALANCED_GROUP
+    return max(1, round(math.sqrt(max(1, builders))))
+
+
 def _order(natural: list[int], demand: list[int], queue_order: str, rng: np.random.Generator) -> list[int]:
     if queue_order == "demand":
         return list(demand)
@@ -452,7 +477,8 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
     RS_PROXY items of gemm-rs; other fabrics share one schedule. ``stream_k`` (ag-gemm,
     copy-engine movers delivering the last remote group in K-slices): remote band groups
     halve only down to one wave of tiles (``builders // n_tiles`` bands), not to one band.
-    ``band_group`` (ag-gemm): bands per regular demand-order group (default ~sqrt(builders)).
+    ``band_group`` (ag-gemm): bands per regular remote demand-order group (default
+    ``demand_group``: ~sqrt(builders), fewer when link and builders are balanced).
     """
     why = validate(op, M, N, K, world, BM, BN, chunk)
     if why:
@@ -510,9 +536,10 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
             bands = [(p, mt) for p in seg for mt in range(mt_n)]
             builders_n = num_wgs - (k_movers or 0)
             # one wave of tiles, at most a regular group (~sqrt(builders) bands)
-            g = band_group or max(1, round(math.sqrt(builders_n)))
+            g = band_group or (demand_group(n_loc, builders_n, fabric, model) if seg is ring
+                               else max(1, round(math.sqrt(builders_n))))
             tail = min(max(1, builders_n // nt_n), g) if (stream_k and seg is ring) else 1
-            groups = band_groups(len(bands), builders_n, ramp=seg is ring, tail=tail, size=band_group)
+            groups = band_groups(len(bands), builders_n, ramp=seg is ring, tail=tail, size=g)
             b_demand += [build_id[p, mt, nt] for grp in groups for nt in range(nt_n) for p, mt in bands[grp]]
             if seg is ring:  # tile rows of the remote bands needed together (copy-engine movers copy them together)
                 remote_groups = [[(p, mt) for p, mt in bands[grp]] for grp in groups]

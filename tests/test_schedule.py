@@ -1,6 +1,8 @@
 """CPU tests of kosmos_bench.schedule: item sets, queue orders, DAG consistency."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -282,3 +284,46 @@ def test_band_groups_with_a_tail_end_on_exactly_tail_bands():
             assert [i for g in groups for i in range(g.start, g.stop)] == list(range(n))
             if n > tail:
                 assert sizes[-1] == tail, (n, tail, sizes)
+
+
+def test_demand_group_small_only_when_link_and_builders_are_balanced():
+    sm90 = {"wg_tflops": 5.3}  # what kosmos.py passes for the Hopper builder CTAs
+    sq = round(math.sqrt(132))
+    # host fabric, W = 8, 132 builder CTAs: 405b FC1 (n_loc 13312) is balanced, 70b FC1 and QKV are link-bound
+    assert 0.8 < S.link_compute_ratio(13312, 132, "host", sm90) < 1.0
+    assert S.demand_group(13312, 132, "host", sm90) == S.BALANCED_GROUP
+    for n_loc in (7168, 2304, 1280):
+        assert S.link_compute_ratio(n_loc, 132, "host", sm90) < S.BALANCED_RHO[0]
+        assert S.demand_group(n_loc, 132, "host", sm90) == sq
+    # NVLink brings a band ~8x faster: the same layer is builder-bound, groups stay ~sqrt
+    assert S.link_compute_ratio(13312, 132, "nvlink", sm90) > S.BALANCED_RHO[1]
+    assert S.demand_group(13312, 132, "nvlink", sm90) == sq
+
+
+def test_ag_schedule_uses_balanced_groups_for_remote_bands_only():
+    W, K, n_loc = 8, 512, 13312
+    kw = dict(BM=128, BN=256, num_wgs=132, fabric="host", model={"wg_tflops": 5.3})
+    sch = S.build_schedule("ag-gemm", 128 * 8 * W, n_loc * W, K, W, 0, **kw)
+    t = sch.builders.table[sch.builders.queue]
+    nt_n = sch.meta["n_tiles"]
+    local = 8 * nt_n
+    # local bands: ~sqrt(132)-band groups (halving at the end), column by column
+    g0 = S.band_groups(8, 132)[0]
+    n0 = g0.stop - g0.start
+    assert [int(x) for x in t[:n0, S.F["m0"]]] == [128 * i for i in range(n0)] and n0 > S.BALANCED_GROUP
+    # remote groups ramp 1, 2, then at most BALANCED_GROUP bands: each N tile covers <= 3 bands
+    remote = t[local:]
+    sizes = [g.stop - g.start for g in S.band_groups(7 * 8, 132, ramp=True, size=S.BALANCED_GROUP)]
+    assert max(sizes) == S.BALANCED_GROUP and sum(sizes) == 56
+    i = 0
+    for size in sizes:
+        block = remote[i:i + size * nt_n]
+        assert len({(int(p), int(m)) for p, m in block[:, [S.F["peer"], S.F["m0"]]]}) == size
+        assert [int(n) for n in block[:size, S.F["n0"]]] == [0] * size  # column by column
+        i += size * nt_n
+    # an explicit band_group wins
+    big = S.build_schedule("ag-gemm", 128 * 8 * W, n_loc * W, K, W, 0, band_group=20, **kw)
+    first = big.builders.table[big.builders.queue][local:]
+    sizes20 = [g.stop - g.start for g in S.band_groups(56, 132, ramp=True, size=20)]
+    assert max(sizes20) > round(math.sqrt(132))  # ramps past the default size
+    assert len({(int(p), int(m)) for p, m in first[:sizes20[0] * nt_n][:, [S.F["peer"], S.F["m0"]]]}) == sizes20[0]

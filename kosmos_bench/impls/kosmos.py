@@ -269,7 +269,8 @@ class KosmosRunner:
                   stream_k=self.k_stream, band_group=int(os.environ.get("KOSMOS_BAND_GROUP", "0")) or None)
         if self.sm90 is not None:  # a mover is the loader warpgroup: half a 256-thread WG's bytes in flight
             base = S.MODEL_DEFAULTS[kw["fabric"]]
-            kw["model"] = {"wg_copy_gbs": base["wg_copy_gbs"] * ag_sm90.MOVER_THREADS / 256}
+            kw["model"] = {"wg_copy_gbs": base["wg_copy_gbs"] * ag_sm90.MOVER_THREADS / 256,
+                           "wg_tflops": ag_sm90.CTA_TFLOPS}
         self.scheds = [S.build_schedule(op, M, N, K, W, r, num_wgs=int(sizes[i]), **kw) for i, r in enumerate(ranks)]
         dt = torch.bfloat16
         m_loc = M // W

@@ -30,6 +30,7 @@ NVCC_FLAGS = ("-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr", "-Xco
               "static", "-Xptxas", "-v")
 BM, BN, BK = 128, 256, 64  # builder tile: the schedule is built with BN = 256 for this variant
 MOVER_THREADS = 128  # a mover item is copied by the loader warpgroup (csrc/ag_gemm_sm90.cu)
+CTA_TFLOPS = 5.3  # one builder CTA's nominal rate for the schedule's model: ~700 TFLOP/s world-1 over 132 SMs
 BUILDERS = ("mma", "sm90")
 
 _LOCK = threading.Lock()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 4 (carry=[".kb-cache"]): kosmos GPU tests, then the host-fabric CE sweep with the
-# default plan (last group in 2 K-slices) against nccl-seq / nccl-overlap, traced, 10 reps.
+# default plan (last group in 2 K-slices, demand_group sizes) against nccl-seq / nccl-overlap, traced, 10 reps.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 KOSMOS_BENCH_CACHE=$PWD/.kb-cache
 OUT=${OUT:-/tmp/kb-out}; mkdir -p "$OUT"
@@ -9,5 +9,5 @@ timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_kosmos_gpu.py te
 Y=$OUT/ce.yaml
 sed -e 's/policy: \[self, fixed:8, fixed:16, fixed:32\]/policy: [self]/' -e 's/mover: \[sm, ce\]/mover: [ce]/' \
     -e 's/reps: 5/reps: 10/' sweeps/h200-host-ag-gemm-sm90.yaml > "$Y"
-timeout 200 kosmos-bench sweep "$Y" --trace -o "$OUT/host-ce-s2" 2>&1 | grep -E "^ag-gemm|^# verd|^#op"
+timeout 200 kosmos-bench sweep "$Y" --trace -o "$OUT/${RUN_NAME:-host-ce}" 2>&1 | grep -E "^ag-gemm|^# verd|^#op"
 (cd "$OUT" && tar czf runs.tgz */*/points */*/manifest.json */*/traces)
