@@ -330,6 +330,29 @@ def test_sm90_watchdog_missing_peer():
 
 
 @sm90
+@pytest.mark.parametrize("mover", ["sm", "ce"])
+@pytest.mark.parametrize("shape", [(8 * 1024, 8 * 13312 // 4, 1024), (3000 * 8, 776 * 8, 1000)])
+def test_sm90_host_fabric_ag_balanced_demand_groups(shape, mover, monkeypatch):
+    """Small remote demand groups (what schedule.demand_group picks when link and builders are
+    balanced; forced here with KOSMOS_BAND_GROUP): correct and bitwise stable for both movers."""
+    from kosmos_bench import schedule as S
+
+    monkeypatch.setenv("KOSMOS_BAND_GROUP", str(S.BALANCED_GROUP))
+    W = 8
+    M, N, K = shape
+    p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90",
+                                        mover=mover, seed=11)
+    try:
+        sizes = [len(g) for g in runner.scheds[0].meta["remote_groups"]]
+        assert max(sizes) == S.BALANCED_GROUP and sum(sizes) == 7 * -(-(M // W) // 128)
+        wrong, err, same = run_checked(p, runner, A, B, calls=3)
+        assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
+        assert same
+    finally:
+        runner.close()
+
+
+@sm90
 @pytest.mark.parametrize("shape", [(8 * 1024, 4096, 2048), (3000 * 8, 776 * 8, 1000)])
 def test_sm90_host_fabric_ag(shape):
     W = 8

@@ -8,8 +8,11 @@ function ran at lets a reader tell a slower kernel from a lower clock.
 
 A background thread polls the SM clock every `period_s` (host perf_counter timestamps);
 `per_window` attributes the samples to the host-time windows of each function's reps
-(timing.bench maps its device events onto the host clock). Without NVML (CPU machines, ROCm)
-the sampler is inert and every attribution is None.
+(timing.bench maps its device events onto the host clock). The driver refreshes the reading
+every few ms, so for interleaved calls of a few ms each the per-function medians blur into
+each other; what they show reliably is the point's clock regime (1980 MHz = not power
+limited on the H200; 1600-1850 on the 405b FC1 host points). Without NVML (CPU machines,
+ROCm) the sampler is inert and every attribution is None.
 """
 from __future__ import annotations
 
