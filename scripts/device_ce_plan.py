@@ -11,13 +11,10 @@ import sys
 import numpy as np
 import torch
 
-from kosmos_bench.impls.base import RankCtx
 from kosmos_bench.impls.kosmos import IMPLS
-from kosmos_bench.ops import get_op
-from kosmos_bench.point import Point
+from _host_point import W, host_ce_point  # scripts/: shared host-fabric set-up
 
 DEV = torch.device("cuda", 0)
-W = 8
 
 
 def timed(fn, reps=5, warm=2):
@@ -35,10 +32,7 @@ def timed(fn, reps=5, warm=2):
 
 def main() -> None:
     M, N, K = (int(x) for x in sys.argv[1:4]) if len(sys.argv) >= 4 else (16384, 10240, 8192)
-    p = Point(op="ag-gemm", impl="kosmos", M=M, N=N, K=K, world=W, fabric="host", policy="self", seed=0,
-              builder="sm90", mover="ce")
-    ctx = RankCtx(rank=0, world=W, procs=1, device=DEV, fabric="host", backend="gpu")
-    inputs, A, B = get_op("ag-gemm").inputs(p, list(range(W)), DEV, seed=1)
+    p, ctx, inputs = host_ce_point(M, N, K, DEV)
     r = IMPLS[0].prepare(p, ctx, inputs)
     host = torch.cat([r._host_A[q] for q in range(1, W)])  # one pinned block, same bytes
     host = host.pin_memory()

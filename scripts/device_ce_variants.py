@@ -21,13 +21,10 @@ import torch
 
 from kosmos_bench import timing
 from kosmos_bench.impls import nccl as nccl_impls
-from kosmos_bench.impls.base import RankCtx
 from kosmos_bench.impls.kosmos import IMPLS
-from kosmos_bench.ops import get_op
-from kosmos_bench.point import Point
 from kosmos_bench.runtime import numa
+from _host_point import host_ce_point, nccl_overlap_run  # scripts/: shared host-fabric set-up
 
-W = 8
 SHAPES = [(8192, 57344, 8192), (16384, 57344, 8192), (8192, 106496, 16384), (16384, 106496, 16384),
           (8192, 10240, 8192), (8192, 18432, 16384)]
 SLICES = os.environ.get("CE_VARIANTS", "1,8,8x3").split(",")  # slices[x tail groups]
@@ -42,11 +39,7 @@ def main() -> None:
     print(f"numa node {numa.bind_near(0)}", flush=True)
     rows = []
     for M, N, K in SHAPES:
-        p = Point(op="ag-gemm", impl="kosmos", M=M, N=N, K=K, world=W, fabric="host", policy="self", seed=0,
-                  builder="sm90", mover="ce")
-        ctx = RankCtx(rank=0, world=W, procs=1, device=dev, fabric="host", backend="gpu")
-        inputs, A, B = get_op("ag-gemm").inputs(p, list(range(W)), dev, seed=1)
-        del A, B
+        p, ctx, inputs = host_ce_point(M, N, K, dev)
         fns, runners = {}, []
         for v in SLICES:
             s, _, g = v.partition("x")
@@ -60,9 +53,7 @@ def main() -> None:
         plan_alone = alone.run_ce_plan_alone
 
         fns["plan8"] = plan_alone
-        ov = nccl_impls.NcclBaseline("nccl-overlap", True)
-        po = Point(op="ag-gemm", impl="nccl-overlap", M=M, N=N, K=K, world=W, fabric="host", seed=0)
-        fns["nccl-overlap"] = ov.prepare(po, ctx, inputs).run
+        fns["nccl-overlap"] = nccl_overlap_run(p, ctx, inputs)
         fns["gemm"] = nccl_impls.gemm_alone(p, ctx, inputs)
         fns["copy"] = nccl_impls.comm_alone(p, ctx, inputs)
         samples = timing.bench(fns, device=dev, warmup=3, reps=reps)

@@ -15,26 +15,18 @@ import numpy as np
 import torch
 
 from kosmos_bench.impls import nccl as nccl_impls
-from kosmos_bench.impls.base import RankCtx
 from kosmos_bench.impls.kosmos import IMPLS
-from kosmos_bench.ops import get_op
-from kosmos_bench.point import Point
+from _host_point import host_ce_point, nccl_overlap_run  # scripts/: shared host-fabric set-up
 
-W = 8
 
 
 def main() -> None:
     M, N, K = (int(x) for x in sys.argv[1:4]) if len(sys.argv) >= 4 else (8192, 106496, 16384)
     secs = float(sys.argv[4]) if len(sys.argv) >= 5 else 1.5
     dev = torch.device("cuda", 0)
-    p = Point(op="ag-gemm", impl="kosmos", M=M, N=N, K=K, world=W, fabric="host", policy="self", seed=0,
-              builder="sm90", mover="ce")
-    ctx = RankCtx(rank=0, world=W, procs=1, device=dev, fabric="host", backend="gpu")
-    inputs, A, B = get_op("ag-gemm").inputs(p, list(range(W)), dev, seed=1)
-    del A, B
+    p, ctx, inputs = host_ce_point(M, N, K, dev)
     fns = {"gemm": nccl_impls.gemm_alone(p, ctx, inputs), "kosmos": IMPLS[0].prepare(p, ctx, inputs).run,
-           "nccl-overlap": nccl_impls.NcclBaseline("nccl-overlap", True).prepare(
-               Point(op="ag-gemm", impl="nccl-overlap", M=M, N=N, K=K, world=W, fabric="host", seed=0), ctx, inputs).run,
+           "nccl-overlap": nccl_overlap_run(p, ctx, inputs),
            "copy": nccl_impls.comm_alone(p, ctx, inputs)}
     for f in fns.values():
         f()

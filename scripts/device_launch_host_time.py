@@ -12,21 +12,15 @@ import time
 import numpy as np
 import torch
 
-from kosmos_bench.impls.base import RankCtx
 from kosmos_bench.impls.kosmos import IMPLS
-from kosmos_bench.ops import get_op
-from kosmos_bench.point import Point
+from _host_point import host_ce_point  # scripts/: shared host-fabric set-up
 
-W = 8
 
 
 def main() -> None:
     M, N, K = (int(x) for x in sys.argv[1:4]) if len(sys.argv) >= 4 else (8192, 57344, 8192)
     dev = torch.device("cuda", 0)
-    p = Point(op="ag-gemm", impl="kosmos", M=M, N=N, K=K, world=W, fabric="host", policy="self", seed=0,
-              builder="sm90", mover="ce")
-    ctx = RankCtx(rank=0, world=W, procs=1, device=dev, fabric="host", backend="gpu")
-    inputs, A, B = get_op("ag-gemm").inputs(p, list(range(W)), dev, seed=1)
+    p, ctx, inputs = host_ce_point(M, N, K, dev)
     r = IMPLS[0].prepare(p, ctx, inputs)
     spent: dict[str, list[float]] = {}
 

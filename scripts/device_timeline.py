@@ -25,13 +25,10 @@ import torch
 
 from kosmos_bench import timing
 from kosmos_bench.impls import nccl as nccl_impls
-from kosmos_bench.impls.base import RankCtx
 from kosmos_bench.impls.kosmos import IMPLS
-from kosmos_bench.ops import get_op
-from kosmos_bench.point import Point
 from kosmos_bench.runtime import numa, nvml
+from _host_point import W, host_ce_point, nccl_overlap_run  # scripts/: shared host-fabric set-up
 
-W = 8
 # kosmos variants: "h<MB>" = KOSMOS_CE_HEAD_MB, then optionally ".s<S>" = ce_slices S (K-slices of
 # the last group; default whole bands) and ".g<G>" = G bands per group (KOSMOS_BAND_GROUP),
 # e.g. TL_VARIANTS=h0,h0.s2,h0.s2.g4
@@ -148,11 +145,7 @@ def main() -> None:
     print(f"numa node {numa.bind_near(0)}", flush=True)
     frames = []
     for M, N, K in shapes:
-        p = Point(op="ag-gemm", impl="kosmos", M=M, N=N, K=K, world=W, fabric="host", policy="self", seed=0,
-                  builder="sm90", mover="ce")
-        ctx = RankCtx(rank=0, world=W, procs=1, device=dev, fabric="host", backend="gpu")
-        inputs, A, B = get_op("ag-gemm").inputs(p, list(range(W)), dev, seed=1)
-        del A, B
+        p, ctx, inputs = host_ce_point(M, N, K, dev)
         fns, runners = {}, []
         for v in VARIANTS:
             head, slices, group = variant(v)
@@ -166,8 +159,7 @@ def main() -> None:
         fns["plan-copies"] = plan_copies_only(spare, M)  # the same copies, no releases
         os.environ.pop("KOSMOS_CE_HEAD_MB", None)
         os.environ.pop("KOSMOS_BAND_GROUP", None)
-        po = Point(op="ag-gemm", impl="nccl-overlap", M=M, N=N, K=K, world=W, fabric="host", seed=0)
-        fns["nccl-overlap"] = nccl_impls.NcclBaseline("nccl-overlap", True).prepare(po, ctx, inputs).run
+        fns["nccl-overlap"] = nccl_overlap_run(p, ctx, inputs)
         fns["gemm"] = nccl_impls.gemm_alone(p, ctx, inputs)
         fns["copy"] = nccl_impls.comm_alone(p, ctx, inputs)
         fns["copy2"] = copy_two_streams(p, ctx, inputs)

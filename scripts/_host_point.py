@@ -1,0 +1,27 @@
+"""Shared set-up of the host-fabric AG+GEMM device scripts: a rank-0 view (W = 8) of one
+shape with copy-engine movers and the Hopper builder, its inputs, and the nccl-overlap
+baseline on the same inputs (so every function reads the same pinned peer shards)."""
+from __future__ import annotations
+
+from kosmos_bench.impls import nccl as nccl_impls
+from kosmos_bench.impls.base import RankCtx
+from kosmos_bench.ops import get_op
+from kosmos_bench.point import Point
+
+W = 8
+
+
+def host_ce_point(M: int, N: int, K: int, dev):
+    """(kosmos Point, RankCtx, inputs) of one host-fabric shape (seed 1 inputs)."""
+    p = Point(op="ag-gemm", impl="kosmos", M=M, N=N, K=K, world=W, fabric="host", policy="self", seed=0,
+              builder="sm90", mover="ce")
+    ctx = RankCtx(rank=0, world=W, procs=1, device=dev, fabric="host", backend="gpu")
+    inputs, A, B = get_op("ag-gemm").inputs(p, list(range(W)), dev, seed=1)
+    del A, B
+    return p, ctx, inputs
+
+
+def nccl_overlap_run(p: Point, ctx: RankCtx, inputs):
+    """The nccl-overlap baseline's call on the same inputs."""
+    po = Point(op="ag-gemm", impl="nccl-overlap", M=p.M, N=p.N, K=p.K, world=W, fabric="host", seed=0)
+    return nccl_impls.NcclBaseline("nccl-overlap", True).prepare(po, ctx, inputs).run
