@@ -82,10 +82,13 @@ def model_params(prof: dict, fabric: str) -> dict:
 
 
 @lru_cache(maxsize=64)
-def _schedule(op, M, N, K, world, rank, BM, BN, chunk, num_wgs, queue_order, seed, local_first, fabric):
+def _schedule(op, M, N, K, world, rank, BM, BN, chunk, num_wgs, queue_order, seed, local_first, fabric,
+              cta_tflops=None):
     # Built with policy='self': the mover count only changes the WG rules, never the queues.
+    # cta_tflops: the sm90 builder's rate in the schedule's model, as impls/kosmos.py passes it.
     return S.build_schedule(op, M, N, K, world, rank, BM=BM, BN=BN, chunk=chunk, num_wgs=num_wgs, policy="self",
-                            queue_order=queue_order, seed=seed, local_first=local_first, fabric=fabric)
+                            queue_order=queue_order, seed=seed, local_first=local_first, fabric=fabric,
+                            model={"wg_tflops": cta_tflops} if cta_tflops else None)
 
 
 def _tables(s):
@@ -97,12 +100,28 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     """The engine problem of a kosmos point. `num_movers` overrides the policy's k (e.g. the
     k a measured run reported); `full` forces (True) or forbids (False) simulating all ranks.
     `predicted` uses the kernel's own cost model (schedule.MODEL_DEFAULTS, as impls/kosmos.py
-    does) unless `model_from_profile`, which feeds it this profile's figures instead."""
+    does) unless `model_from_profile`, which feeds it this profile's figures instead.
+    ``builder='sm90'`` prices tiles with the profile's ``builder_sm90`` figures (tile, rate);
+    ``mover='ce'`` (host ag-gemm, policy self): every WG builds and one extra agent, the
+    copy engine (sm -1 in the timeline), moves the bands one after another in demand order at
+    ``copy_engine_GBps.h2d`` (whole bands: the K-slices of the last group are not modelled)."""
     if p.fabric not in ("host", "nvlink", "local"):
         raise Unsupported(f"the kosmos kernels do not run on the {p.fabric} fabric")
     if p.dtype != "bf16":
         raise Unsupported(f"kosmos kernels are bf16 only (dtype={p.dtype})")
     W = p.world
+    ce = (p.mover or "sm") == "ce"
+    if ce and (p.fabric != "host" or p.op != "ag-gemm" or (p.policy or "self") != "self"):
+        raise Unsupported("mover ce is ag-gemm on the host fabric with policy self only")
+    cta_tflops = None
+    if p.builder == "sm90":
+        b = prof.get("builder_sm90")
+        if not b or p.op != "ag-gemm":
+            raise Unsupported(f"builder sm90: ag-gemm with a profile that has builder_sm90 figures ({prof['name']})")
+        from ..kernels import ag_sm90
+
+        prof = {**prof, "tile_m": b["tile_m"], "tile_n": b["tile_n"], "builder_efficiency": b["efficiency"]}
+        cta_tflops = ag_sm90.CTA_TFLOPS
     BM, BN = int(prof["tile_m"]), int(prof["tile_n"])
     chunk = int(p.chunk or 1)
     order = p.queue_order or "demand"
@@ -138,7 +157,7 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
 
     def sched(r):
         return _schedule(p.op, p.M, p.N, p.K, W, r, BM, BN, chunk, sizes[r], order, p.seed,
-                         p.local_first, sched_fabric)
+                         p.local_first, sched_fabric, cta_tflops)
 
     scheds = {r: sched(r) for r in ranks}
     elem_scale = ELEM_BYTES[p.dtype] / S.ELEM_BYTES
@@ -161,6 +180,8 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     tile_ovh = float(prof.get("tile_overhead_ns", 0.0))
     wg_hbm = float(prof["wg_hbm_GBps"])  # bytes/ns
     links, cap = _links(p, prof, ranks, symmetric)
+    if ce:  # one DMA engine: no per-WG drive limit, no many-reader collapse
+        links, cap = _LinkMap([float(prof["copy_engine_GBps"]["h2d"])], lambda r, kind, peer: (0,)), math.inf
     for r in ranks:
         for qi, t in enumerate(_tables(scheds[r])):
             if not len(t):
@@ -179,7 +200,7 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
             elif qi == S.Q_REDUCE:
                 work[sl] = t.bytes * elem_scale / wg_hbm + tile_ovh
             else:
-                work[sl] = lat
+                work[sl] = 0.0 if ce else lat  # the engine streams copy after copy, no per-item setup
                 nbytes[sl] = t.bytes * elem_scale
                 peers = t.col("peer")
                 for i in range(len(t)):
@@ -249,7 +270,7 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
 
     # ---- queues and WG rules
     queues, wg_rules, sm = [], [], []
-    if num_movers is None:
+    if num_movers is None and not ce:
         rule_sets = [LOOP_RULES[p.op, "self"]]
     else:
         rule_sets = [LOOP_RULES["mover"], LOOP_RULES["builder"]]
@@ -257,17 +278,21 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
         queues.append([E.Queue(name, np.asarray(t.queue, dtype=np.int64) + offset[r, qi])
                        for qi, (name, t) in enumerate(zip(("builder", "mover", "reduce"), _tables(scheds[r])))])
         g = sizes[r]
+        if ce:  # G builders, then the copy engine
+            wg_rules.append(np.append(np.ones(g, dtype=np.int64), 0))
+            sm.append(np.append(np.arange(g) + starts[r], -1))
+            continue
         wr = np.zeros(g, dtype=np.int64)
         if num_movers is not None:
             wr[num_movers:] = 1
         wg_rules.append(wr)
         sm.append(np.arange(g) + starts[r])
-    caps = [int(getattr(scheds[r], "max_inflight", 0) or 0) if num_movers is None else 0 for r in ranks]
+    caps = [int(getattr(scheds[r], "max_inflight", 0) or 0) if num_movers is None and not ce else 0 for r in ranks]
     prob = E.Problem(kind=kind, rank=rank, work_ns=work, nbytes=nbytes, path=path, dep_ptr=dep_ptr,
                      dep_idx=dep_idx, dep_lat_ns=dep_lat, label=label, queues=queues, rule_sets=rule_sets,
                      wg_rules=wg_rules, link_bw=links.bw, floor_ns=floor, flow_cap=cap,
                      claim_ns=float(prof.get("claim_ns", 0.0)), sm=sm, inflight_cap=caps,
-                     collapse=_collapse(prof, p.fabric, len(links.bw)))
+                     collapse=None if ce else _collapse(prof, p.fabric, len(links.bw)))
     overhead = prof["launch_overhead_us"] * 1e3 + (remote_lat if p.fabric != "host" and W > 1 else 0.0)
     return Built(prob, ranks, sizes[0], num_movers, symmetric, overhead, [scheds[r] for r in ranks])
 
