@@ -30,9 +30,8 @@ def main() -> None:
             continue
         M, N, K, W = int(row.M), int(row.N), int(row.K), int(row.world)
         wgs = int(row.get("num_wgs", 132) or 132)
-        model = {"wg_copy_gbs": S.MODEL_DEFAULTS["host"]["wg_copy_gbs"] * ag_sm90.MOVER_THREADS / 256}
         sch = S.build_schedule("ag-gemm", M, N, K, W, 0, BM=ag_sm90.BM, BN=ag_sm90.BN, num_wgs=wgs, fabric="host",
-                               model=model, stream_k=stream_k)
+                               model=ag_sm90.schedule_model("host"), stream_k=stream_k)
         group_of = {key: g for g, grp in enumerate(sch.meta["remote_groups"]) for key in grp}
         tab = sch.builders.table
         b = t[t.role == "BUILD"].copy()

@@ -11,7 +11,7 @@ from kosmos_bench.kernels import ag_sm90
 
 def _sched(M, N, K, W, r, wgs=132, stream_k=False):  # as kosmos.py builds it for the sm90 builder
     return S.build_schedule("ag-gemm", M, N, K, W, r, BM=128, BN=256, num_wgs=wgs, fabric="host",
-                            stream_k=stream_k, model={"wg_tflops": ag_sm90.CTA_TFLOPS})
+                            stream_k=stream_k, model=ag_sm90.schedule_model("host"))
 
 
 def _replay(sch, plan, K, m_loc, epoch=3):

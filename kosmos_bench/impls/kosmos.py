@@ -267,10 +267,8 @@ class KosmosRunner:
                   queue_order=point.queue_order or "demand", seed=point.seed, local_first=point.local_first,
                   fabric="host" if fabric == "host" else ("local" if fabric == "local" else "nvlink"),
                   stream_k=self.k_stream, band_group=int(os.environ.get("KOSMOS_BAND_GROUP", "0")) or None)
-        if self.sm90 is not None:  # a mover is the loader warpgroup: half a 256-thread WG's bytes in flight
-            base = S.MODEL_DEFAULTS[kw["fabric"]]
-            kw["model"] = {"wg_copy_gbs": base["wg_copy_gbs"] * ag_sm90.MOVER_THREADS / 256,
-                           "wg_tflops": ag_sm90.CTA_TFLOPS}
+        if self.sm90 is not None:  # loader-warpgroup movers, CTA builders
+            kw["model"] = ag_sm90.schedule_model(kw["fabric"])
         self.scheds = [S.build_schedule(op, M, N, K, W, r, num_wgs=int(sizes[i]), **kw) for i, r in enumerate(ranks)]
         dt = torch.bfloat16
         m_loc = M // W

@@ -31,6 +31,16 @@ NVCC_FLAGS = ("-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr", "-Xco
 BM, BN, BK = 128, 256, 64  # builder tile: the schedule is built with BN = 256 for this variant
 MOVER_THREADS = 128  # a mover item is copied by the loader warpgroup (csrc/ag_gemm_sm90.cu)
 CTA_TFLOPS = 5.3  # one builder CTA's nominal rate for the schedule's model: ~700 TFLOP/s world-1 over 132 SMs
+
+
+def schedule_model(fabric: str) -> dict:
+    """The schedule-model overrides of this builder (schedule.MODEL_DEFAULTS otherwise): a
+    mover item is the 128-thread loader warpgroup's, a builder is one CTA at CTA_TFLOPS.
+    Everything that rebuilds the kernel's schedule (runner, simulator, trace analysis) uses it."""
+    from .. import schedule as S
+
+    base = S.MODEL_DEFAULTS.get(fabric, S.MODEL_DEFAULTS["host"])
+    return {"wg_copy_gbs": base["wg_copy_gbs"] * MOVER_THREADS / 256, "wg_tflops": CTA_TFLOPS}
 BUILDERS = ("mma", "sm90")
 
 _LOCK = threading.Lock()

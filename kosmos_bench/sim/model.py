@@ -83,12 +83,14 @@ def model_params(prof: dict, fabric: str) -> dict:
 
 @lru_cache(maxsize=64)
 def _schedule(op, M, N, K, world, rank, BM, BN, chunk, num_wgs, queue_order, seed, local_first, fabric,
-              cta_tflops=None):
+              sm90=False):
     # Built with policy='self': the mover count only changes the WG rules, never the queues.
-    # cta_tflops: the sm90 builder's rate in the schedule's model, as impls/kosmos.py passes it.
+    # sm90: the Hopper builder's schedule model, as impls/kosmos.py builds it.
+    from ..kernels import ag_sm90
+
     return S.build_schedule(op, M, N, K, world, rank, BM=BM, BN=BN, chunk=chunk, num_wgs=num_wgs, policy="self",
                             queue_order=queue_order, seed=seed, local_first=local_first, fabric=fabric,
-                            model={"wg_tflops": cta_tflops} if cta_tflops else None)
+                            model=ag_sm90.schedule_model(fabric) if sm90 else None)
 
 
 def _tables(s):
@@ -113,15 +115,12 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     ce = (p.mover or "sm") == "ce"
     if ce and (p.fabric != "host" or p.op != "ag-gemm" or (p.policy or "self") != "self"):
         raise Unsupported("mover ce is ag-gemm on the host fabric with policy self only")
-    cta_tflops = None
-    if p.builder == "sm90":
+    sm90 = p.builder == "sm90"
+    if sm90:
         b = prof.get("builder_sm90")
         if not b or p.op != "ag-gemm":
             raise Unsupported(f"builder sm90: ag-gemm with a profile that has builder_sm90 figures ({prof['name']})")
-        from ..kernels import ag_sm90
-
         prof = {**prof, "tile_m": b["tile_m"], "tile_n": b["tile_n"], "builder_efficiency": b["efficiency"]}
-        cta_tflops = ag_sm90.CTA_TFLOPS
     BM, BN = int(prof["tile_m"]), int(prof["tile_n"])
     chunk = int(p.chunk or 1)
     order = p.queue_order or "demand"
@@ -157,7 +156,7 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
 
     def sched(r):
         return _schedule(p.op, p.M, p.N, p.K, W, r, BM, BN, chunk, sizes[r], order, p.seed,
-                         p.local_first, sched_fabric, cta_tflops)
+                         p.local_first, sched_fabric, sm90)
 
     scheds = {r: sched(r) for r in ranks}
     elem_scale = ELEM_BYTES[p.dtype] / S.ELEM_BYTES
