@@ -401,9 +401,9 @@ def band_groups(num_bands: int, builders: int, ramp: bool = False, tail: int = 1
     g = max(1, int(size) if size else int(round(math.sqrt(max(1, builders)))))
     out, b, grow = [], 0, 1 if ramp else g
     while b < num_bands:
-        size = min(grow, g, num_bands - b, max(1, tail, (num_bands - b + 1) // 2))
-        out.append(slice(b, b + size))
-        b += size
+        n = min(grow, g, num_bands - b, max(1, tail, (num_bands - b + 1) // 2))
+        out.append(slice(b, b + n))
+        b += n
         grow *= 2
     return out + last
 
