@@ -14,10 +14,8 @@ means the GPU waited for the host).
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
-from collections import defaultdict
 
 import numpy as np
 import pandas as pd
@@ -27,6 +25,7 @@ from kosmos_bench import timing
 from kosmos_bench.impls import nccl as nccl_impls
 from kosmos_bench.impls.kosmos import IMPLS
 from kosmos_bench.runtime import numa, nvml
+from kosmos_bench.trace import gpu_work_per_range
 from _host_point import W, host_ce_point, nccl_overlap_run  # scripts/: shared host-fabric set-up
 
 # kosmos variants: "h<MB>" = KOSMOS_CE_HEAD_MB, then optionally ".s<S>" = ce_slices S (K-slices of
@@ -97,32 +96,9 @@ def profiled_loop(fns: dict, dev, reps: int):
 
 
 def analyse(path: str, timed: dict) -> pd.DataFrame:
-    tr = json.load(open(path))["traceEvents"]
-    ann = [e for e in tr if e.get("cat") == "user_annotation" and "|" in e.get("name", "")]
-    runtime = [e for e in tr if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})]
-    gpu = [e for e in tr if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    by_corr = defaultdict(list)
-    for g in gpu:
-        by_corr[g["args"].get("correlation")].append(g)
-    rows = []
-    for a in ann:
-        what, i, k = a["name"].split("|")
-        t0, t1 = a["ts"], a["ts"] + a["dur"]
-        calls = [r for r in runtime if t0 <= r["ts"] <= t1]
-        work = [(r, g) for r in calls for g in by_corr.get(r["args"]["correlation"], [])]
-        if not work:
-            continue
-        kern = [g for _, g in work if g["cat"] == "kernel"]
-        cps = [g for _, g in work if g["cat"] == "gpu_memcpy"]
-        rows.append(dict(what=what, rep=int(i), fn=k, host_us=a["dur"], gpu_start=min(g["ts"] for _, g in work),
-                         gpu_end=max(g["ts"] + g["dur"] for _, g in work),
-                         lead_us=min(g["ts"] - r["ts"] for r, g in work),
-                         k_start=min((g["ts"] for g in kern), default=np.nan),
-                         k_end=max((g["ts"] + g["dur"] for g in kern), default=np.nan),
-                         c_start=min((g["ts"] for g in cps), default=np.nan),
-                         c_end=max((g["ts"] + g["dur"] for g in cps), default=np.nan), n_copies=len(cps),
-                         n_kernels=len(kern)))
-    df = pd.DataFrame(rows)
+    df = gpu_work_per_range(path)
+    df[["what", "rep", "fn"]] = df["name"].str.split("|", expand=True)
+    df["rep"] = df["rep"].astype(int)
     fl = df[df.what == "flush"].set_index(["rep", "fn"])["gpu_end"]
     c = df[df.what == "call"].copy()
     c["flush_end"] = [fl.get((r, f), np.nan) for r, f in zip(c.rep, c.fn)]

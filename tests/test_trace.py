@@ -222,3 +222,38 @@ def test_torch_profile_cpu(tmp_path):
     obj = json.loads(path.read_text())
     names = {e.get("name") for e in obj["traceEvents"]}
     assert "kosmos-bench step 0" in names and "kosmos-bench step 1" in names
+
+
+def test_gpu_work_per_range_follows_correlation_ids_not_time(tmp_path):
+    """Each annotated range owns the GPU work its runtime calls launched, on any stream and
+    whenever it ran; work launched outside every range is nobody's."""
+    from kosmos_bench.trace import gpu_work_per_range
+
+    ev, corr = [], [0]
+
+    def x(cat, name, ts, dur, c=None, **args):
+        ev.append({"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur,
+                   "args": ({"correlation": c} if c is not None else {}) | args})
+
+    def call(name, ts, gpu_cat, gpu_ts, gpu_dur, stream):
+        corr[0] += 1
+        x("cuda_runtime", name, ts, 2, corr[0])
+        x(gpu_cat, name, gpu_ts, gpu_dur, corr[0], stream=stream)
+
+    x("user_annotation", "call|0|kosmos", 100, 50)
+    call("cudaMemcpyAsync", 105, "gpu_memcpy", 1000, 300, 14)     # head copy, side stream
+    call("cudaLaunchCooperativeKernel", 110, "kernel", 1005, 400, 7)
+    call("cudaMemcpyAsync", 140, "gpu_memcpy", 1300, 100, 14)     # rest of the plan
+    x("user_annotation", "call|0|gemm", 200, 10)
+    call("cudaLaunchKernel", 205, "kernel", 1410, 80, 7)          # runs after kosmos on the GPU
+    call("cudaLaunchKernel", 500, "kernel", 1600, 5, 7)           # outside every range
+    x("user_annotation", "call|1|idle", 600, 10)                  # launched nothing
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    df = gpu_work_per_range(path).set_index("name")
+    assert list(df.index) == ["call|0|kosmos", "call|0|gemm"]
+    k = df.loc["call|0|kosmos"]
+    assert (k.gpu_start, k.gpu_end, k.k_start, k.k_end, k.c_start, k.c_end) == (1000, 1405, 1005, 1405, 1000, 1400)
+    assert (k.n_copies, k.n_kernels, k.host_us, k.lead_us) == (2, 1, 50, 895)
+    g = df.loc["call|0|gemm"]
+    assert (g.gpu_start, g.gpu_end, g.n_copies, g.n_kernels) == (1410, 1490, 0, 1) and np.isnan(g.c_start)

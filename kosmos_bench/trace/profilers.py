@@ -40,6 +40,50 @@ def torch_profile(fn: Callable[[], object], out_path: Path | str, steps: int = 3
     return out_path
 
 
+def gpu_work_per_range(trace_path: Path | str, sep: str = "|") -> pd.DataFrame:
+    """The GPU work each annotated host range launched, from a torch.profiler Chrome trace.
+
+    A range is a ``record_function`` whose name contains `sep`; its GPU work is every kernel,
+    memcpy and memset whose correlation id belongs to a CUDA runtime/driver call issued
+    inside the range (so work on any stream counts, and work of other ranges does not).
+    One row per range that launched GPU work (times in us on the trace's clock): name,
+    host_us (range duration), gpu_start / gpu_end (first start, last end of its work),
+    lead_us (smallest GPU start minus the issuing call's host time: small means the GPU
+    waited for the host), k_start / k_end (kernels), c_start / c_end and
+    n_copies (memcpys), n_kernels.
+    """
+    import json
+    from collections import defaultdict
+
+    events = json.loads(Path(trace_path).read_text())["traceEvents"]
+    ranges = [e for e in events if e.get("cat") == "user_annotation" and sep in e.get("name", "")]
+    calls = sorted((e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")
+                    and "correlation" in e.get("args", {})), key=lambda e: e["ts"])
+    call_ts = np.array([c["ts"] for c in calls], dtype=float)
+    by_corr = defaultdict(list)
+    for g in events:
+        if g.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            by_corr[g.get("args", {}).get("correlation")].append(g)
+    rows = []
+    for a in ranges:
+        lo = int(np.searchsorted(call_ts, a["ts"], side="left"))
+        hi = int(np.searchsorted(call_ts, a["ts"] + a["dur"], side="right"))
+        work = [(c, g) for c in calls[lo:hi] for g in by_corr.get(c["args"]["correlation"], [])]
+        if not work:
+            continue
+        kern = [g for _, g in work if g["cat"] == "kernel"]
+        cps = [g for _, g in work if g["cat"] == "gpu_memcpy"]
+        rows.append(dict(name=a["name"], host_us=float(a["dur"]), gpu_start=min(g["ts"] for _, g in work),
+                         gpu_end=max(g["ts"] + g["dur"] for _, g in work),
+                         lead_us=min(g["ts"] - c["ts"] for c, g in work),
+                         k_start=min((g["ts"] for g in kern), default=np.nan),
+                         k_end=max((g["ts"] + g["dur"] for g in kern), default=np.nan),
+                         c_start=min((g["ts"] for g in cps), default=np.nan),
+                         c_end=max((g["ts"] + g["dur"] for g in cps), default=np.nan),
+                         n_copies=len(cps), n_kernels=len(kern)))
+    return pd.DataFrame(rows)
+
+
 def rocprofv3_available() -> tuple[bool, str]:
     """(True, path) when `rocprofv3` is on PATH, else (False, why)."""
     exe = shutil.which("rocprofv3")
