@@ -154,6 +154,10 @@ def _cmd(args: list[str]) -> str | None:
 
 
 def git_info() -> dict:
+    """git_sha / git_dirty of this checkout. KOSMOS_GIT_SHA overrides them (git_dirty None):
+    a working tree copied to a GPU box may carry a stale .git, whose HEAD is not what ran."""
+    if os.environ.get("KOSMOS_GIT_SHA"):
+        return {"git_sha": os.environ["KOSMOS_GIT_SHA"], "git_dirty": None, "git_sha_from": "KOSMOS_GIT_SHA"}
     here = Path(__file__).resolve().parent.parent
     sha = _cmd(["git", "-C", str(here), "rev-parse", "HEAD"])
     dirty = _cmd(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"])

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Issue 4 (carry=[".kb-cache"]): kosmos GPU tests, then the host-fabric CE sweep with the
 # default plan (last group in 2 K-slices, demand_group sizes) against nccl-seq / nccl-overlap, traced, 10 reps.
+# Pass the commit from the machine that holds the repo (the device copy's .git can be stale):
+#   KOSMOS_GIT_SHA=<git rev-parse HEAD here> RUN_NAME=... bash scripts/device_issue4_sweep.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 KOSMOS_BENCH_CACHE=$PWD/.kb-cache
 OUT=${OUT:-/tmp/kb-out}; mkdir -p "$OUT"

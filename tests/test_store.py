@@ -3,7 +3,7 @@ import os
 import pandas as pd
 
 from kosmos_bench.point import Point
-from kosmos_bench.store import RESULT_COLUMNS, RunStore, load_rows
+from kosmos_bench.store import RESULT_COLUMNS, RunStore, git_info, load_rows
 
 
 def _row(p: Point, status="ok", **kw):
@@ -62,6 +62,16 @@ def test_manifest_records_environment_and_history(tmp_path):
         assert k in m
     st.write_manifest()
     assert len(st.manifest()["previous"]) == 1
+
+
+def test_git_sha_override_for_copied_trees(tmp_path, monkeypatch):
+    monkeypatch.setenv("KOSMOS_GIT_SHA", "0123abcd")
+    st = RunStore.create(tmp_path, "run")
+    st.write_manifest()
+    m = st.manifest()
+    assert m["git_sha"] == "0123abcd" and m["git_dirty"] is None and m["git_sha_from"] == "KOSMOS_GIT_SHA"
+    monkeypatch.delenv("KOSMOS_GIT_SHA")
+    assert git_info().get("git_sha_from") is None
 
 
 def test_create_never_reuses_a_directory(tmp_path):
