@@ -426,9 +426,11 @@ def demand_group(n_loc: int, builders: int, fabric: str, model: dict | None = No
     (g - 1) band-copies after its first. That wait only costs when link and builders are
     balanced (BALANCED_RHO): slower builders have a backlog of arrived bands, a slower link
     leaves them idle anyway. There the groups are BALANCED_GROUP bands (host fabric, 405b
-    FC1, 1x H200: 3-7% faster than sqrt groups; results/issue4-h200-20261203/timeline/)."""
+    FC1, 1x H200: 3-7% faster than sqrt groups; results/issue4-h200-20261203/timeline/).
+    Host fabric only so far: on NVLink a band arrives in ~6 us, so an 11-band group waits
+    ~60 us, and whether that beats the L2 reuse is unmeasured (no multi-GPU box yet)."""
     lo, hi = BALANCED_RHO
-    if lo <= link_compute_ratio(n_loc, builders, fabric, model) <= hi:
+    if fabric == "host" and lo <= link_compute_ratio(n_loc, builders, fabric, model) <= hi:
         return BALANCED_GROUP
     return max(1, round(math.sqrt(max(1, builders))))
 

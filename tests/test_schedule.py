@@ -298,6 +298,9 @@ def test_demand_group_small_only_when_link_and_builders_are_balanced():
     # NVLink brings a band ~8x faster: the same layer is builder-bound, groups stay ~sqrt
     assert S.link_compute_ratio(13312, 132, "nvlink", sm90) > S.BALANCED_RHO[1]
     assert S.demand_group(13312, 132, "nvlink", sm90) == sq
+    # balanced on NVLink (a QKV-sized n_loc) but unmeasured there: ~sqrt groups
+    assert S.BALANCED_RHO[0] <= S.link_compute_ratio(2304, 132, "nvlink", sm90) <= S.BALANCED_RHO[1]
+    assert S.demand_group(2304, 132, "nvlink", sm90) == sq
 
 
 def test_ag_schedule_uses_balanced_groups_for_remote_bands_only():
