@@ -81,6 +81,7 @@ int kosmos_launch(const KosmosParams* params, void* stream) {
   if (p.grid < p.num_ranks) return fail(KOSMOS_ERR_INVALID, "grid %d smaller than num_ranks %d", p.grid, p.num_ranks);
   if (!p.ranks || !p.state || !p.err) return fail(KOSMOS_ERR_INVALID, "null ranks/state/err pointer");
   if (p.trace && (!p.trace_count || p.trace_cap < 1)) return fail(KOSMOS_ERR_INVALID, "trace without counts/cap");
+  if (p.spin_ns < 0 || p.spin_ns > 1000000) return fail(KOSMOS_ERR_INVALID, "spin_ns %d outside 0..1000000", p.spin_ns);
   if (p.k_stream) return fail(KOSMOS_ERR_INVALID, "k_stream (builders streaming K-slices) is the sm90 variant's only");
   int rc = prepare_kernel(k);
   if (rc) return rc;
@@ -271,4 +272,4 @@ int kosmos_free_mapped(void* host) {
 static_assert(sizeof(KosmosRankArgs) == 8 * (3 + 3 + 8 + 5 * KOSMOS_MAX_WORLD) + 4 * 10, "RankArgs layout");
 static_assert(sizeof(KosmosErrorRecord) == 48, "ErrorRecord layout");
 static_assert(sizeof(KosmosTraceRecord) == 24, "TraceRecord layout");
-static_assert(sizeof(KosmosParams) == 6 * 8 + 12 * 4, "Params layout");
+static_assert(sizeof(KosmosParams) == 6 * 8 + 14 * 4, "Params layout");

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from kosmos_bench import schedule as S
 from kosmos_bench import timing
 from kosmos_bench.impls import nccl as nccl_impls
 from kosmos_bench.impls.kosmos import IMPLS
@@ -28,16 +29,23 @@ from kosmos_bench.runtime import numa, nvml
 from kosmos_bench.trace import gpu_work_per_range
 from _host_point import W, host_ce_point, nccl_overlap_run  # scripts/: shared host-fabric set-up
 
-# kosmos variants: "h<MB>" = KOSMOS_CE_HEAD_MB, then optionally ".s<S>" = ce_slices S (K-slices of
-# the last group; default whole bands) and ".g<G>" = G bands per group (KOSMOS_BAND_GROUP),
-# e.g. TL_VARIANTS=h0,h0.s2,h0.s2.g4
+# kosmos variants: "h<MB>" = KOSMOS_CE_HEAD_MB, then optional ".<key><value>" parts: s = ce_slices
+# (K-slices of the last group), g = bands per group (KOSMOS_BAND_GROUP, 0: the default),
+# t = sliced groups at the end (KOSMOS_CE_TAIL_GROUPS), b = flag-spin sleep in ns (KOSMOS_SPIN_NS),
+# e.g. TL_VARIANTS=h0,h0.s2,h0.s2.g4,h0.s2.b1024
 VARIANTS = [v for v in os.environ.get("TL_VARIANTS", "h0,h0.s2").split(",") if v]
+VARIANT_ENV = {"h": "KOSMOS_CE_HEAD_MB", "g": "KOSMOS_BAND_GROUP", "t": "KOSMOS_CE_TAIL_GROUPS", "b": "KOSMOS_SPIN_NS"}
+# reference functions besides kosmos, nccl-overlap, GEMM and copy alone (TL_EXTRA="" drops them)
+EXTRA = [f for f in os.environ.get("TL_EXTRA", "plan,plan-copies,copy2").split(",") if f]
 
 
-def variant(v: str) -> tuple[str, int, str]:
-    parts = v.split(".")
-    kw = {q[0]: q[1:] for q in parts[1:]}
-    return parts[0].removeprefix("h"), int(kw.get("s", 1)), kw.get("g", "0")
+def variant(v: str) -> tuple[dict[str, str], int]:
+    """(environment of the runner, ce_slices) of one TL_VARIANTS entry."""
+    kw = {q[0]: q[1:] for q in v.split(".")}
+    unknown = set(kw) - set(VARIANT_ENV) - {"s"}
+    if unknown or "h" not in kw:
+        raise SystemExit(f"TL_VARIANTS entry {v!r}: expected h<MB>[.s<S>][.g<G>][.t<T>][.b<ns>]")
+    return {VARIANT_ENV[k]: val for k, val in kw.items() if k != "s"}, int(kw.get("s", 1))
 
 
 def plan_copies_only(r, M: int):
@@ -124,21 +132,25 @@ def main() -> None:
         p, ctx, inputs = host_ce_point(M, N, K, dev)
         fns, runners = {}, []
         for v in VARIANTS:
-            head, slices, group = variant(v)
-            os.environ["KOSMOS_CE_HEAD_MB"] = head
-            os.environ["KOSMOS_BAND_GROUP"] = group  # bands per demand-order group (0: ~sqrt(CTAs))
-            r = IMPLS[0].prepare(p, ctx, inputs, ce_slices=slices)
+            env, slices = variant(v)
+            os.environ.update(env)
+            try:
+                r = IMPLS[0].prepare(p, ctx, inputs, ce_slices=slices)
+            finally:
+                for k in env:
+                    os.environ.pop(k)
             runners.append(r)
             fns[f"kosmos-{v}"] = r.run
         spare = IMPLS[0].prepare(p, ctx, inputs, ce_slices=1)  # never launched: its plan alone
-        fns["plan"] = spare.run_ce_plan_alone  # copies + flag releases, no kernel
-        fns["plan-copies"] = plan_copies_only(spare, M)  # the same copies, no releases
-        os.environ.pop("KOSMOS_CE_HEAD_MB", None)
-        os.environ.pop("KOSMOS_BAND_GROUP", None)
+        if "plan" in EXTRA:
+            fns["plan"] = spare.run_ce_plan_alone  # copies + flag releases, no kernel
+        if "plan-copies" in EXTRA:
+            fns["plan-copies"] = plan_copies_only(spare, M)  # the same copies, no releases
         fns["nccl-overlap"] = nccl_overlap_run(p, ctx, inputs)
         fns["gemm"] = nccl_impls.gemm_alone(p, ctx, inputs)
         fns["copy"] = nccl_impls.comm_alone(p, ctx, inputs)
-        fns["copy2"] = copy_two_streams(p, ctx, inputs)
+        if "copy2" in EXTRA:
+            fns["copy2"] = copy_two_streams(p, ctx, inputs)
         # unprofiled first: the numbers the sweep would report, then the same loop profiled
         windows: dict = {}
         with nvml.ClockSampler(str(torch.cuda.get_device_properties(dev).uuid)) as clock:
@@ -147,6 +159,14 @@ def main() -> None:
         timed, path = profiled_loop(fns, dev, reps)
         for r in runners:
             r.check()
+        if os.environ.get("TL_TRACE"):  # role trace of the first variant's call, after a flush
+            timing.l2_flush_buffer(dev).zero_()
+            tr = runners[0].run_traced()
+            tab = runners[0].scheds[0].builders.table
+            b = tr.role == "BUILD"
+            for f in ("peer", "m0", "n0"):
+                tr.loc[b, f] = tab[tr.item[b].values, S.F[f]]
+            tr.assign(M=M, N=N, K=K, variant=VARIANTS[0]).to_parquet(f"{out}/trace-{M}x{N}x{K}.parquet")
         runners.append(spare)
         c = analyse(path, timed).assign(M=M, N=N, K=K)
         c["plain_us"] = [float(np.median(plain[f])) for f in c.fn]

@@ -6,7 +6,7 @@
 #pragma once
 #include <stdint.h>
 
-#define KOSMOS_ABI_VERSION 2
+#define KOSMOS_ABI_VERSION 3
 #define KOSMOS_MAX_WORLD 8
 #define KOSMOS_ITEM_STRIDE 10
 #define KOSMOS_NUM_CTR 8       // uint32 counters per rank in Params.state (after 4 globals)  // int32 words per item row (schedule.ITEM_FIELDS)
@@ -96,6 +96,8 @@ typedef struct KosmosParams {
                                 //    movers: band flag = mult*(e-1) + slices there, mult = slices per
                                 //    band); a builder claims a tile once slice 0 of its band is there and
                                 //    waits for the others inside the tile (sm90 variant only)
+  int32_t spin_ns;              // sleep between two polls of a flag spin (ns, >= 0)
+  int32_t reserved0;            // keeps the struct a multiple of 8 bytes; 0
 } KosmosParams;
 
 #ifdef __cplusplus

@@ -258,7 +258,8 @@ __device__ __forceinline__ int rank_index_of(const KosmosParams& p, int block) {
 
 __device__ __forceinline__ Wg make_wg(const KosmosParams& p, const KosmosRankArgs& ra, int block) {
   const uint32_t epoch = ld_relaxed(p.state) + 1;
-  return Wg{p, ra, SyncCtx{epoch, p.state, p.err, p.timeout_ns, p.sys_scope != 0, ra.rank, block - ra.wg_begin},
+  return Wg{p, ra, SyncCtx{epoch, p.state, p.err, p.timeout_ns, p.sys_scope != 0, ra.rank, block - ra.wg_begin,
+                    static_cast<uint32_t>(p.spin_ns)},
             make_tracer(p, block), block - ra.wg_begin, ra.wg_end - ra.wg_begin};
 }
 

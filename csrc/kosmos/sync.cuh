@@ -25,6 +25,7 @@ struct SyncCtx {
   bool sys;
   int rank;
   int wg;
+  uint32_t spin_ns;  // sleep between polls (Params.spin_ns)
 };
 
 __device__ __forceinline__ bool flag_ready(uint32_t v, uint32_t target) {
@@ -71,7 +72,7 @@ __device__ __forceinline__ bool wait_flag(const SyncCtx& c, const uint32_t* f, u
         return false;
       }
     }
-    backoff_ns(32);
+    backoff_ns(c.spin_ns);
   }
 }
 

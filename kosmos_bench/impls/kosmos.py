@@ -50,6 +50,8 @@ DEFAULT_TRACE_CAP = 4096
 # and 4/8 on the copy-bound host shapes (results/issue4-h200-20261203/timeline/): the tail after
 # the last byte drops from a tile to half a tile, and rows of K/2 still copy at full speed.
 DEFAULT_CE_SLICES = 2
+# Sleep between two polls of a flag spin (Params.spin_ns; KOSMOS_SPIN_NS).
+DEFAULT_SPIN_NS = 32
 
 
 class WatchdogError(RuntimeError):
@@ -245,6 +247,9 @@ class KosmosRunner:
         if self.ce_slices < 1 or self.ce_slice_bytes < 0:
             raise ValueError(f"ce_slices={self.ce_slices}: expected >= 1 (KOSMOS_CE_SLICE_MB >= 0)")
         self.k_stream = self.mover == "ce" and self.sm90 is not None and (self.ce_slices > 1 or self.ce_slice_bytes > 0)
+        self.spin_ns = int(os.environ.get("KOSMOS_SPIN_NS", DEFAULT_SPIN_NS))
+        if not 0 <= self.spin_ns <= 1_000_000:
+            raise ValueError(f"KOSMOS_SPIN_NS={self.spin_ns}: expected 0..1000000 ns")
         self.calls = 0  # completed launches since the last reset (epoch of the next = calls + 1)
         self.ce_plan = None  # C handle (kosmos_ce_plan_create) when the copy engine moves
         dev_index = self.dev.index if self.dev.index is not None else torch.cuda.current_device()
@@ -440,6 +445,7 @@ class KosmosRunner:
                      "ce_slices": self.ce_slices if self.k_stream else (1 if self.mover == "ce" else 0),
                      "ce_slice_mb": self.ce_slice_bytes / 2 ** 20 if self.k_stream else 0.0,
                      "ce_tail_groups": self.ce_tail_groups if self.k_stream else 0,
+                     "spin_ns": self.spin_ns,
                      "kosmos_policy": _policy(point), "trace_dropped": 0}
         torch.cuda.synchronize(self.dev)
 
@@ -516,6 +522,7 @@ class KosmosRunner:
         p.grid = self.grid
         p.mover_bulk = 1 if self.mover_bulk else 0
         p.k_stream = 1 if self.k_stream else 0
+        p.spin_ns = self.spin_ns
         return p
 
     def _ce_plan(self, sch, work, flag_base: int, m_loc: int, K: int) -> None:
