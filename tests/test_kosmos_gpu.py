@@ -424,6 +424,27 @@ def test_sm90_copy_engine_streamed_k_slices(shape, ce_slices):
 
 
 @sm90
+@pytest.mark.parametrize("spin_ns", [0, 4096])
+def test_sm90_copy_engine_flag_spin_sleep(monkeypatch, spin_ns):
+    """Params.spin_ns (KOSMOS_SPIN_NS): builders that poll a band flag without sleeping or
+    every ~4 us still see every release: correct and bitwise stable; bad values refused."""
+    monkeypatch.setenv("KOSMOS_SPIN_NS", str(spin_ns))
+    W, M, N, K = 8, 8 * 1024, 8 * 2048, 2048
+    p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90",
+                                        mover="ce", seed=9)
+    try:
+        assert runner.info["spin_ns"] == spin_ns
+        wrong, err, same = run_checked(p, runner, A, B, calls=3)
+        assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
+        assert same
+    finally:
+        runner.close()
+    monkeypatch.setenv("KOSMOS_SPIN_NS", "-1")
+    with pytest.raises(ValueError, match="KOSMOS_SPIN_NS"):
+        make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90", mover="ce", seed=9)
+
+
+@sm90
 def test_sm90_k_slice_wait_has_a_watchdog():
     """A K-slice that never arrives (its last release held back) times out inside the tile
     (SliceWait), names the builder item, and the runner works again afterwards."""
