@@ -82,6 +82,7 @@ int kosmos_launch(const KosmosParams* params, void* stream) {
   if (!p.ranks || !p.state || !p.err) return fail(KOSMOS_ERR_INVALID, "null ranks/state/err pointer");
   if (p.trace && (!p.trace_count || p.trace_cap < 1)) return fail(KOSMOS_ERR_INVALID, "trace without counts/cap");
   if (p.spin_ns < 0 || p.spin_ns > 1000000) return fail(KOSMOS_ERR_INVALID, "spin_ns %d outside 0..1000000", p.spin_ns);
+  if (p.warm_pages) return fail(KOSMOS_ERR_INVALID, "warm_pages is the sm90 variant's only");
   if (p.k_stream) return fail(KOSMOS_ERR_INVALID, "k_stream (builders streaming K-slices) is the sm90 variant's only");
   int rc = prepare_kernel(k);
   if (rc) return rc;

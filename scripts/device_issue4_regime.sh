@@ -11,4 +11,4 @@ timeout 420 python3 scripts/device_regime.py "$OUT" ${RG_SHAPES:-8192x57344x8192
 echo "== CUDA_DEVICE_MAX_CONNECTIONS=32 (streams on their own hardware queues: false dependencies?)"
 CUDA_DEVICE_MAX_CONNECTIONS=32 timeout 120 python3 scripts/device_regime.py "$OUT/conn32" 8192x57344x8192 2>&1 | grep -v -i warn
 kill $dmon 2>/dev/null
-timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_kosmos_gpu.py -k "spin or copy_engine" 2>&1 | tail -2
+timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_kosmos_gpu.py -k "spin or copy_engine or warm" 2>&1 | tail -2

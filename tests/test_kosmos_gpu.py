@@ -445,6 +445,24 @@ def test_sm90_copy_engine_flag_spin_sleep(monkeypatch, spin_ns):
 
 
 @sm90
+def test_sm90_warm_pages(monkeypatch):
+    """Params.warm_pages (KOSMOS_WARM_PAGES=1): the entry page touches change nothing in the
+    result (correct, bitwise stable over calls), for CE and SM movers."""
+    monkeypatch.setenv("KOSMOS_WARM_PAGES", "1")
+    W, M, N, K = 8, 8 * 1024, 8 * 2048, 2048
+    for mover in ("ce", "sm"):
+        p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90",
+                                            mover=mover, seed=11)
+        try:
+            assert runner.info["warm_pages"] == 1
+            wrong, err, same = run_checked(p, runner, A, B, calls=3)
+            assert wrong == 0, f"{mover}: {wrong} wrong, max_rel_err {err:.3g}"
+            assert same
+        finally:
+            runner.close()
+
+
+@sm90
 def test_sm90_k_slice_wait_has_a_watchdog():
     """A K-slice that never arrives (its last release held back) times out inside the tile
     (SliceWait), names the builder item, and the runner works again afterwards."""
