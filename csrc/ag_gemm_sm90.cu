@@ -108,22 +108,6 @@ struct SliceWait {
   __device__ __forceinline__ int operator()(int k) const { return flag < 0 ? nkb : slice_wait(w, flag, item, nkb, k); }
 };
 
-// Params.warm_pages: one load per 2 MB page of [base, base + bytes), pages dealt to the
-// rank's CTAs and a warp's lanes, so that the GPU's address translations are in place before
-// the tiles' TMA loads and the copy engine's writes need them (after other work evicted them).
-__device__ __forceinline__ uint32_t touch_pages(const void* base, int64_t bytes, int cta, int ctas, int lane) {
-  constexpr int64_t kPage = int64_t(2) << 20;
-  uint32_t acc = 0;
-  if (!base) return acc;
-  const char* b = static_cast<const char*>(base);
-  for (int64_t pg = int64_t(cta) * 32 + lane; pg * kPage < bytes; pg += int64_t(ctas) * 32) {
-    uint32_t v;
-    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(b + pg * kPage));
-    acc ^= v;
-  }
-  return acc;
-}
-
 __device__ __forceinline__ void named_bar_sync(int id, int nthreads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(nthreads) : "memory");
 }
@@ -154,14 +138,6 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
   const int64_t K = p.K;
   const int m_loc = P.m_loc;
   const int n_loc = P.n_loc;
-  if (p.warm_pages && warp_idx == 1) {  // loader warp 1 idles until the first command anyway
-    const int cta = block - ra.wg_begin, ctas = ra.wg_end - ra.wg_begin;
-    uint32_t acc = touch_pages(ra.B, K * n_loc * 2, cta, ctas, lane);
-    acc ^= touch_pages(ra.C, int64_t(p.M) * n_loc * 2, cta, ctas, lane);
-    acc ^= touch_pages(ra.A, int64_t(m_loc) * K * 2, cta, ctas, lane);
-    acc ^= touch_pages(ra.work, int64_t(p.M) * K * 2, cta, ctas, lane);
-    asm volatile("" ::"r"(acc));
-  }
 
   if (role == AgBuilder::Role::kLoader) {
     cutlass::arch::warpgroup_reg_dealloc<kLoaderRegs>();

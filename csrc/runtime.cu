@@ -82,7 +82,6 @@ int kosmos_launch(const KosmosParams* params, void* stream) {
   if (!p.ranks || !p.state || !p.err) return fail(KOSMOS_ERR_INVALID, "null ranks/state/err pointer");
   if (p.trace && (!p.trace_count || p.trace_cap < 1)) return fail(KOSMOS_ERR_INVALID, "trace without counts/cap");
   if (p.spin_ns < 0 || p.spin_ns > 1000000) return fail(KOSMOS_ERR_INVALID, "spin_ns %d outside 0..1000000", p.spin_ns);
-  if (p.warm_pages) return fail(KOSMOS_ERR_INVALID, "warm_pages is the sm90 variant's only");
   if (p.k_stream) return fail(KOSMOS_ERR_INVALID, "k_stream (builders streaming K-slices) is the sm90 variant's only");
   int rc = prepare_kernel(k);
   if (rc) return rc;
@@ -170,8 +169,10 @@ static int ce_enqueue(CePlan& P, int lo, int hi, uint32_t epoch) {
         KOSMOS_CUDA(cudaMemcpyAsync(d, s_, P.width[i] * P.height[i], cudaMemcpyDefault, P.cs));
       else
         KOSMOS_CUDA(cudaMemcpy2DAsync(d, P.pitch[i], s_, P.pitch[i], P.width[i], P.height[i], cudaMemcpyDefault, P.cs));
-      KOSMOS_CUDA(cudaEventRecord(P.events[copy], P.cs));
-      KOSMOS_CUDA(cudaStreamWaitEvent(P.fs, P.events[copy], 0));
+      if (P.fs != P.cs) {  // one stream for both: stream order is enough
+        KOSMOS_CUDA(cudaEventRecord(P.events[copy], P.cs));
+        KOSMOS_CUDA(cudaStreamWaitEvent(P.fs, P.events[copy], 0));
+      }
       ++copy;
     }
     if (int rc = stream_write(P.fs, reinterpret_cast<void*>(P.flag[i]), P.mult[i] * epoch - P.back[i], true)) return rc;

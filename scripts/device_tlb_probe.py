@@ -4,8 +4,8 @@ interleaved loops of kosmos (and of copy alone / nccl-overlap) with one other fu
 a copy, a GEMM, a sparse reader that touches one element per 2 MB page of a 4 GB buffer (GPU
 address translations evicted, almost no bytes moved) and a 1 GB memset (bytes and pages).
 ``kosmos+warm`` first touches one element per 2 MB page of the call's own buffers (gathered
-buffer, B, C, A_r) with torch ops, inside the timed region; ``kosmos+kwarm`` has the kernel
-do it at entry (``KOSMOS_WARM_PAGES=1``, Params.warm_pages).
+buffer, B, C, A_r) with torch ops, inside the timed region. (Commit 2bfd638 also had the kernel do it at
+entry, Params.warm_pages: 5% slower, removed.)
 
     KOSMOS_BENCH_CACHE=$PWD/.kb-cache python3 scripts/device_tlb_probe.py OUT_DIR [MxNxK]
 """
@@ -60,11 +60,7 @@ def main() -> None:
     others = {"copy": nccl_impls.comm_alone(p, ctx, inputs), "gemm": nccl_impls.gemm_alone(p, ctx, inputs),
               "sparse-4GB": sparse, "memset-1GB": lambda: gig.zero_()}
     nccl = nccl_overlap_run(p, ctx, inputs)
-    os.environ["KOSMOS_WARM_PAGES"] = "1"
-    kwarm = IMPLS[0].prepare(p, ctx, inputs)  # the kernel touches its pages at entry (Params.warm_pages)
-    os.environ.pop("KOSMOS_WARM_PAGES")
-    mains = {"kosmos": kosmos, "kosmos+warm": kosmos_warm, "kosmos+kwarm": kwarm.run, "copy": others["copy"],
-             "nccl-overlap": nccl}
+    mains = {"kosmos": kosmos, "kosmos+warm": kosmos_warm, "copy": others["copy"], "nccl-overlap": nccl}
     rows = []
     for mname, mfn in mains.items():
         res = timing.bench({"main": mfn}, device=dev, warmup=3, reps=REPS)
@@ -75,9 +71,8 @@ def main() -> None:
             res = timing.bench({"main": mfn, "other": ofn}, device=dev, warmup=3, reps=REPS)
             rows.append({"main": mname, "with": oname, "median_us": float(np.median(res["main"])),
                          "other_us": float(np.median(res["other"]))})
-    for r in (runner, kwarm):
-        r.check()
-        r.close()
+    runner.check()
+    runner.close()
     df = pd.DataFrame(rows).assign(M=M, N=N, K=K)
     df.to_parquet(f"{out}/tlb.parquet")
     print(f"\n{M}x{N}x{K}: median us of `main` in a 2-function interleaved loop with `with`")

@@ -6,7 +6,7 @@
 #pragma once
 #include <stdint.h>
 
-#define KOSMOS_ABI_VERSION 4
+#define KOSMOS_ABI_VERSION 5
 #define KOSMOS_MAX_WORLD 8
 #define KOSMOS_ITEM_STRIDE 10
 #define KOSMOS_NUM_CTR 8       // uint32 counters per rank in Params.state (after 4 globals)  // int32 words per item row (schedule.ITEM_FIELDS)
@@ -97,9 +97,7 @@ typedef struct KosmosParams {
                                 //    band); a builder claims a tile once slice 0 of its band is there and
                                 //    waits for the others inside the tile (sm90 variant only)
   int32_t spin_ns;              // sleep between two polls of a flag spin (ns, >= 0)
-  int32_t warm_pages;           // 1: at entry each CTA loads one word of its share of the 2 MB pages of
-                                //    B_r, C_r, A_r and the gathered buffer (address translations in
-                                //    place before the tiles and the copy engine need them; sm90 only)
+  int32_t reserved0;            // keeps the struct a multiple of 8 bytes; 0
 } KosmosParams;
 
 #ifdef __cplusplus

@@ -250,8 +250,6 @@ class KosmosRunner:
         self.spin_ns = int(os.environ.get("KOSMOS_SPIN_NS", DEFAULT_SPIN_NS))
         if not 0 <= self.spin_ns <= 1_000_000:
             raise ValueError(f"KOSMOS_SPIN_NS={self.spin_ns}: expected 0..1000000 ns")
-        # KOSMOS_WARM_PAGES=1: the sm90 kernel touches its buffers' 2 MB pages at entry (Params.warm_pages)
-        self.warm_pages = int(os.environ.get("KOSMOS_WARM_PAGES", "0")) if self.sm90 is not None else 0
         self.calls = 0  # completed launches since the last reset (epoch of the next = calls + 1)
         self.ce_plan = None  # C handle (kosmos_ce_plan_create) when the copy engine moves
         dev_index = self.dev.index if self.dev.index is not None else torch.cuda.current_device()
@@ -447,7 +445,7 @@ class KosmosRunner:
                      "ce_slices": self.ce_slices if self.k_stream else (1 if self.mover == "ce" else 0),
                      "ce_slice_mb": self.ce_slice_bytes / 2 ** 20 if self.k_stream else 0.0,
                      "ce_tail_groups": self.ce_tail_groups if self.k_stream else 0,
-                     "spin_ns": self.spin_ns, "warm_pages": self.warm_pages,
+                     "spin_ns": self.spin_ns,
                      "kosmos_policy": _policy(point), "trace_dropped": 0}
         torch.cuda.synchronize(self.dev)
 
@@ -525,7 +523,6 @@ class KosmosRunner:
         p.mover_bulk = 1 if self.mover_bulk else 0
         p.k_stream = 1 if self.k_stream else 0
         p.spin_ns = self.spin_ns
-        p.warm_pages = 1 if self.warm_pages else 0
         return p
 
     def _ce_plan(self, sch, work, flag_base: int, m_loc: int, K: int) -> None:
@@ -562,7 +559,10 @@ class KosmosRunner:
                 head = i
                 break
             acc += entries[i].rows * entries[i].cols * 2
-        self.ce_streams = [torch.cuda.Stream(self.dev) for _ in range(2)]  # copies, flag releases
+        # copies, flag releases; KOSMOS_CE_INLINE_RELEASE=1: both on the copy stream (no events)
+        self.ce_streams = [torch.cuda.Stream(self.dev) for _ in range(2)]
+        if os.environ.get("KOSMOS_CE_INLINE_RELEASE", "0") == "1":
+            self.ce_streams[1] = self.ce_streams[0]
         self.ce_cols = [np.ascontiguousarray(np.array(cols[n], dtype=np.uint64)) for n in cols]
         self.ce_mult = np.array([e.mult for e in entries], dtype=np.uint32)
         self.ce_back = np.array([e.back for e in entries], dtype=np.uint32)  # a test holds one release back

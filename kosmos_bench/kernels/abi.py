@@ -1,9 +1,9 @@
-"""ctypes mirror of csrc/kosmos/params.h (KOSMOS_ABI_VERSION 4). Change both together."""
+"""ctypes mirror of csrc/kosmos/params.h (KOSMOS_ABI_VERSION 5). Change both together."""
 from __future__ import annotations
 
 import ctypes as C
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 MAX_WORLD = 8
 NUM_CTR = 8  # per-rank counters in the state buffer (KOSMOS_NUM_CTR)
 OP_CODES = {"ag-gemm": 0, "gemm-rs": 1}
@@ -58,7 +58,7 @@ class Params(C.Structure):
         ("op", C.c_int32), ("num_ranks", C.c_int32), ("world", C.c_int32),
         ("M", C.c_int32), ("N", C.c_int32), ("K", C.c_int32),
         ("trace_cap", C.c_int32), ("sys_scope", C.c_int32), ("static_peers", C.c_int32), ("grid", C.c_int32),
-        ("mover_bulk", C.c_int32), ("k_stream", C.c_int32), ("spin_ns", C.c_int32), ("warm_pages", C.c_int32),
+        ("mover_bulk", C.c_int32), ("k_stream", C.c_int32), ("spin_ns", C.c_int32), ("reserved0", C.c_int32),
     ]
 
 
