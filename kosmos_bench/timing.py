@@ -28,6 +28,14 @@ def l2_flush_buffer(device: torch.device) -> torch.Tensor | None:
     return _FLUSH[device]
 
 
+def rep_order(names: list[str], i: int) -> list[str]:
+    """The order of rep i: rotation i // 2 of names, reversed on odd reps. Over 2n reps every
+    function is in every position and, for n <= 3, follows every other equally often."""
+    j = (i // 2) % len(names) if names else 0
+    order = names[j:] + names[:j]
+    return order[::-1] if i % 2 else order
+
+
 def bench(fns: dict[str, Callable[[], None]], *, device: torch.device, warmup: int, reps: int,
           flush_l2: bool = True, before_rep: Callable[[], None] | None = None,
           min_warmup_s: float = 0.2, agree: Callable[[bool], bool] | None = None,
@@ -36,7 +44,10 @@ def bench(fns: dict[str, Callable[[], None]], *, device: torch.device, warmup: i
 
     Interleaving puts every function under the same clock and thermal state (a GPU that
     throttles under sustained GEMMs would otherwise favour whichever was timed first), so
-    ratios such as fused / GEMM-alone are honest. Warm-up runs each function `warmup` times
+    ratios such as fused / GEMM-alone are honest. The order changes from rep to rep
+    (rep_order) so that no function always follows the same one: a fixed order made copy
+    alone always follow the GEMM alone, where it ran 5% slower than the same copy after
+    the fused op (results/issue4-h200-20261203/, run20). Warm-up runs each function `warmup` times
     and keeps going until `min_warmup_s` has passed, so clocks have ramped up.
     before_rep runs before each timed call, outside the timed region (e.g. a barrier);
     agree(more) makes ranks agree on warming up once more (any rank wants more -> all do),
@@ -66,7 +77,7 @@ def bench(fns: dict[str, Callable[[], None]], *, device: torch.device, warmup: i
         ref.record()  # the device is idle (synchronized above): it stamps this at once
         t_ref = time.perf_counter()
         for i in range(reps):
-            for k in names:
+            for k in rep_order(names, i):
                 if flush is not None:
                     flush.zero_()
                 if before_rep is not None:
@@ -82,7 +93,7 @@ def bench(fns: dict[str, Callable[[], None]], *, device: torch.device, warmup: i
         return {k: np.array([s.elapsed_time(e) * 1e3 for s, e in ev[k]]) for k in names}
     out = {k: np.empty(reps) for k in names}
     for i in range(reps):
-        for k in names:
+        for k in rep_order(names, i):
             if before_rep is not None:
                 before_rep()
             t = time.perf_counter()

@@ -64,11 +64,26 @@ def test_bench_reports_each_reps_host_window_in_order():
     out = timing.bench({"a": slow, "b": slow}, device=torch.device("cpu"), warmup=1, reps=3, min_warmup_s=0.0,
                        windows_out=windows)
     assert set(windows) == {"a", "b"} and all(len(w) == 3 for w in windows.values())
-    flat = [w for i in range(3) for k in ("a", "b") for w in [windows[k][i]]]  # interleaved a, b per rep
+    assert all(w[i][1] <= w[i + 1][0] for w in windows.values() for i in range(2))  # reps in order
+    flat = sorted(w for k in ("a", "b") for w in windows[k])  # interleaved: one after the other
     assert all(a < b for a, b in flat) and all(flat[i][1] <= flat[i + 1][0] for i in range(len(flat) - 1))
     for k in ("a", "b"):
         dur = np.array([(b - a) * 1e6 for a, b in windows[k]])
         assert np.allclose(dur, out[k], rtol=0.05, atol=50)
+
+
+def test_bench_varies_the_order_so_each_function_follows_each_other_equally():
+    calls: list[str] = []
+    fns = {k: (lambda k=k: calls.append(k)) for k in ("op", "gemm", "comm")}
+    timing.bench(fns, device=torch.device("cpu"), warmup=1, reps=6, min_warmup_s=0.0)
+    timed = calls[-18:]  # after the warm-up round(s)
+    assert timed[:9] == ["op", "gemm", "comm", "comm", "gemm", "op", "gemm", "comm", "op"]
+    follows = {(a, b): 0 for a in fns for b in fns if a != b}
+    for a, b in zip(timed, timed[1:]):
+        if a != b:
+            follows[a, b] += 1
+    assert min(follows.values()) >= 2 and max(follows.values()) - min(follows.values()) <= 2, follows
+    assert all(timed.count(k) == 6 for k in fns)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
