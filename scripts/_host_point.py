@@ -11,6 +11,24 @@ from kosmos_bench.point import Point
 W = 8
 
 
+def script_args(default_out: str, default_shapes: str = "8192x57344x8192"):
+    """A device script's `OUT_DIR [MxNxK,...]` arguments: (output dir, made; [(M, N, K)];
+    cuda:0), after binding this process to the GPU's NUMA node (pinned peer pages)."""
+    import os
+    import sys
+
+    import torch
+
+    from kosmos_bench.runtime import numa
+
+    out = sys.argv[1] if len(sys.argv) > 1 else default_out
+    os.makedirs(out, exist_ok=True)
+    spec = sys.argv[2] if len(sys.argv) > 2 else default_shapes
+    shapes = [tuple(int(v) for v in s.split("x")) for s in spec.split(",")]
+    print(f"numa node {numa.bind_near(0)}", flush=True)
+    return out, shapes, torch.device("cuda", 0)
+
+
 def host_ce_point(M: int, N: int, K: int, dev):
     """(kosmos Point, RankCtx, inputs) of one host-fabric shape (seed 1 inputs)."""
     p = Point(op="ag-gemm", impl="kosmos", M=M, N=N, K=K, world=W, fabric="host", policy="self", seed=0,

@@ -16,7 +16,6 @@ the NVML SM clock per regime; writes regime.parquet.
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 import numpy as np
@@ -26,8 +25,8 @@ import torch
 from kosmos_bench import timing
 from kosmos_bench.impls import nccl as nccl_impls
 from kosmos_bench.impls.kosmos import IMPLS
-from kosmos_bench.runtime import numa, nvml
-from _host_point import host_ce_point, nccl_overlap_run  # scripts/: shared host-fabric set-up
+from kosmos_bench.runtime import nvml
+from _host_point import host_ce_point, nccl_overlap_run, script_args  # scripts/: shared host-fabric set-up
 
 REPS = int(os.environ.get("RG_REPS", "10"))
 
@@ -49,12 +48,7 @@ def timed(fn, dev, reps: int, *, sync: bool, rest_s: float = 0.0) -> np.ndarray:
 
 
 def main() -> None:
-    out = sys.argv[1] if len(sys.argv) > 1 else "/tmp/regime"
-    os.makedirs(out, exist_ok=True)
-    shapes = [tuple(int(v) for v in s.split("x")) for s in (sys.argv[2] if len(sys.argv) > 2 else
-                                                           "8192x57344x8192").split(",")]
-    dev = torch.device("cuda", 0)
-    print(f"numa node {numa.bind_near(0)}", flush=True)
+    out, shapes, dev = script_args("/tmp/regime")
     rows = []
     uuid = str(torch.cuda.get_device_properties(dev).uuid)
     for M, N, K in shapes:

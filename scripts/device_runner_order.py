@@ -9,27 +9,20 @@ and in the sweep's loop (call, GEMM alone, copy alone); then all in one interlea
 from __future__ import annotations
 
 import os
-import sys
 
 import numpy as np
 import pandas as pd
-import torch
 
 from kosmos_bench import timing
 from kosmos_bench.impls import nccl as nccl_impls
 from kosmos_bench.impls.kosmos import IMPLS
-from kosmos_bench.runtime import numa
-from _host_point import host_ce_point, nccl_overlap_run  # scripts/: shared host-fabric set-up
+from _host_point import host_ce_point, nccl_overlap_run, script_args  # scripts/: shared host-fabric set-up
 
 REPS = int(os.environ.get("RO_REPS", "10"))
 
 
 def main() -> None:
-    out = sys.argv[1] if len(sys.argv) > 1 else "/tmp/runner-order"
-    os.makedirs(out, exist_ok=True)
-    M, N, K = (int(v) for v in (sys.argv[2] if len(sys.argv) > 2 else "8192x57344x8192").split("x"))
-    dev = torch.device("cuda", 0)
-    print(f"numa node {numa.bind_near(0)}", flush=True)
+    out, ((M, N, K), *_), dev = script_args("/tmp/runner-order")
     p, ctx, inputs = host_ce_point(M, N, K, dev)
     runners = {k: IMPLS[0].prepare(p, ctx, inputs) for k in ("A", "B", "C")}
     os.environ["KOSMOS_CE_INLINE_RELEASE"] = "1"

@@ -15,7 +15,6 @@ means the GPU waited for the host).
 from __future__ import annotations
 
 import os
-import sys
 
 import numpy as np
 import pandas as pd
@@ -25,9 +24,9 @@ from kosmos_bench import schedule as S
 from kosmos_bench import timing
 from kosmos_bench.impls import nccl as nccl_impls
 from kosmos_bench.impls.kosmos import IMPLS
-from kosmos_bench.runtime import numa, nvml
+from kosmos_bench.runtime import nvml
 from kosmos_bench.trace import gpu_work_per_range
-from _host_point import W, host_ce_point, nccl_overlap_run  # scripts/: shared host-fabric set-up
+from _host_point import W, host_ce_point, nccl_overlap_run, script_args  # scripts/: shared host-fabric set-up
 
 # kosmos variants: "h<MB>" = KOSMOS_CE_HEAD_MB, then optional ".<key><value>" parts: s = ce_slices
 # (K-slices of the last group), g = bands per group (KOSMOS_BAND_GROUP, 0: the default),
@@ -120,13 +119,8 @@ def analyse(path: str, timed: dict) -> pd.DataFrame:
 
 
 def main() -> None:
-    out = sys.argv[1] if len(sys.argv) > 1 else "/tmp/timeline"
-    os.makedirs(out, exist_ok=True)
-    shapes = [tuple(int(v) for v in s.split("x")) for s in (sys.argv[2] if len(sys.argv) > 2 else
-                                                           "8192x57344x8192,8192x106496x16384").split(",")]
+    out, shapes, dev = script_args("/tmp/timeline", "8192x57344x8192,8192x106496x16384")
     reps = int(os.environ.get("TL_REPS", "6"))
-    dev = torch.device("cuda", 0)
-    print(f"numa node {numa.bind_near(0)}", flush=True)
     frames = []
     for M, N, K in shapes:
         p, ctx, inputs = host_ce_point(M, N, K, dev)
