@@ -146,7 +146,8 @@ int kosmos_stream_write_u32(void* stream, void* dev_ptr, uint32_t value) {
 // *flag[i] = mult[i] * epoch - back[i]. Entries with width 0 release further flags after the
 // latest copy. Copies run back to back on the copy stream, each followed by an event; the
 // flag stream waits for that event and releases (fenced writes: ~2 us each in the front end,
-// kept off the copy engine's path). The arrays are copied in at creation, so a call costs the
+// kept off the copy engine's path; given one stream for both, releases follow their copy in
+// stream order, no events: 5% slower, results/issue4-h200-20261203 t9). The arrays are copied in at creation, so a call costs the
 // host two C calls around the kernel launch (begin: entries [0, head), end: the rest).
 struct CePlan {
   std::vector<uint64_t> dst, src, width, height, pitch, flag;
