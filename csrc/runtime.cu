@@ -139,16 +139,16 @@ int kosmos_stream_write_u32(void* stream, void* dev_ptr, uint32_t value) {
   return stream_write(stream, dev_ptr, value, true);
 }
 
-// Copy-engine movers (host fabric), entries in mover order. Entry i with bytes[i] > 0 is a
-// Copy-engine mover plan (host fabric, ag-gemm; kosmos_bench/ce_plan.py): entry i copies
-// height[i] rows of width[i] bytes (row pitch pitch[i] on both sides; one cudaMemcpyAsync when
-// width == pitch, else cudaMemcpy2DAsync, a K-slice of a band) and/or releases
-// *flag[i] = mult[i] * epoch - back[i]. Entries with width 0 release further flags after the
-// latest copy. Copies run back to back on the copy stream, each followed by an event; the
-// flag stream waits for that event and releases (fenced writes: ~2 us each in the front end,
-// kept off the copy engine's path; given one stream for both, releases follow their copy in
-// stream order, no events: 5% slower, results/issue4-h200-20261203 t9). The arrays are copied in at creation, so a call costs the
-// host two C calls around the kernel launch (begin: entries [0, head), end: the rest).
+// Copy-engine mover plan (host fabric, ag-gemm; kosmos_bench/ce_plan.py), entries in mover
+// order: entry i copies height[i] rows of width[i] bytes (row pitch pitch[i] on both sides; one
+// cudaMemcpyAsync when width == pitch, else cudaMemcpy2DAsync, a K-slice of a band) and/or
+// releases *flag[i] = mult[i] * epoch - back[i]. Entries with width 0 release further flags
+// after the latest copy. Copies run back to back on the copy stream, each followed by an
+// event; the flag stream waits for that event and releases (fenced writes: ~2 us each in the
+// front end, kept off the copy engine's path). Given one stream for both, releases follow
+// their copy in stream order with no events (5% slower: results/issue4-h200-20261203, t9).
+// The arrays are copied in at creation, so a call costs the host two C calls around the
+// kernel launch (begin: entries [0, head), end: the rest).
 struct CePlan {
   std::vector<uint64_t> dst, src, width, height, pitch, flag;
   std::vector<uint32_t> mult, back;
