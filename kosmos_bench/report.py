@@ -250,6 +250,41 @@ def geomean_speedups(df: pd.DataFrame) -> dict[str, tuple[float, int]]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1][0]))
 
 
+SPREAD_NOTE = 0.03  # alone times of one problem further apart than this across points get a note
+
+# The alone times efficiencies divide by, and what makes two of them the same problem.
+_ALONE = (("t_comm_us", ("op", "world", "fabric", "dtype", "comm_bytes"), "collective alone"),
+          ("t_gemm_us", ("op", "world", "fabric", "dtype", "M", "N", "K"), "GEMM alone"))
+
+
+def alone_spread(df: pd.DataFrame) -> list[str]:
+    """Notes on the GEMM- and collective-alone times: each point measures its own, interleaved
+    with its fused op, so the same problem is measured in several points; when two of them
+    differ by more than SPREAD_NOTE, the largest such spread is named (overlap efficiencies
+    inherit it: e.g. a copy alone timed after a long GEMM alone ran 5% slower)."""
+    ok = df[df["status"].astype(str) == "ok"] if "status" in df.columns else df
+    lines = []
+    for col, keys, what in _ALONE:
+        if col not in ok.columns or not set(keys) <= set(ok.columns):
+            continue
+        t = ok.assign(_t=pd.to_numeric(ok[col], errors="coerce")).dropna(subset=["_t"])
+        if t.empty:
+            continue
+        g = t.groupby(list(keys))["_t"].agg(["min", "max", "count"])  # rows missing a key drop out
+        g = g[(g["count"] > 1) & (g["min"] > 0)]
+        if g.empty:
+            continue
+        i = int((g["max"] / g["min"]).to_numpy().argmax())
+        worst, (lo, hi, n) = g.index[i], g.iloc[i]
+        if hi / lo - 1 > SPREAD_NOTE:
+            key = dict(zip(keys, worst if isinstance(worst, tuple) else (worst,)))
+            shape = (f"{float(key['comm_bytes']) / 2 ** 20:g} MiB" if "comm_bytes" in key
+                     else "x".join(str(int(key[k])) for k in ("M", "N", "K")))
+            lines.append(f"# note: {what} of one problem ({shape}) measured {lo:.0f}-{hi:.0f} us "
+                         f"(+{(hi / lo - 1) * 100:.1f}%) across {int(n)} points; efficiencies against it inherit that")
+    return lines
+
+
 def footer_text(df: pd.DataFrame) -> str:
     """Footer lines: verdict counts, geometric-mean speedups per variant, best point, result.
 
@@ -272,6 +307,7 @@ def footer_text(df: pd.DataFrame) -> str:
         bw = pd.to_numeric(df["busbw_gbs"], errors="coerce")[df["status"].astype(str) == "ok"]
         if bw.notna().any():
             lines.append(f"# avg busbw (ok points): {bw.mean():.2f} GB/s")
+    lines += alone_spread(df)
     for col, what in (("trace_dropped", "trace records dropped (per-WG buffer overflow)"),
                       ("trace_clipped", "overlapping trace records clipped")):
         if col in df.columns:

@@ -106,6 +106,23 @@ def test_footer_geomean_and_verdict():
     assert "WARNING: 15 trace records dropped (per-WG buffer overflow) in 2 point(s)" in footer_text(df)
 
 
+def test_footer_notes_alone_times_of_one_problem_that_disagree():
+    """Each point times its own GEMM and collective alone; the same problem measured > 3%
+    apart across points gets a note naming the largest spread (ok rows only)."""
+    df = pd.DataFrame([row("nccl-seq", 100.0, g=60.0, c=50.0), row("kosmos", 80.0, g=66.0, c=51.0),
+                       row("nccl-overlap", 90.0, g=61.0, c=50.5, M=8192),
+                       row("kosmos", 85.0, g=99.0, c=99.0, M=8192, status="failed")])
+    df["run_id"] = "r"
+    df["comm_bytes"] = [1 << 20, 1 << 20, 2 << 20, 2 << 20]
+    f = footer_text(df)
+    assert "# note: GEMM alone of one problem (4096x4096x4096) measured 60-66 us (+10.0%) across 2 points" in f
+    assert "collective alone" not in f  # 50 vs 51 us: 2%, within the note's threshold
+    df.loc[1, "t_comm_us"] = 55.0
+    assert "collective alone of one problem (1 MiB) measured 50-55 us (+10.0%) across 2 points" in footer_text(df)
+    df.loc[1, ["t_gemm_us", "t_comm_us"]] = [61.0, 50.0]
+    assert "# note" not in footer_text(df)
+
+
 def test_report_ok_exit_0(tmp_path, capsys):
     run = make_run(tmp_path, [row("nccl-seq", 100.0), row("kosmos", 80.0), row("nccl-overlap", 90.0),
                               row("kosmos", status="skipped", policy="fixed:4", error="kosmos: no kernel")])
