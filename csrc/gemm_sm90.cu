@@ -34,10 +34,12 @@ namespace sm90 {
 //   0: 128x256x64, 4 stages, staged (coalesced) epilogue      — the production config
 //   1: 128x256x64, 3 stages, staged epilogue                  — more smem left for movers
 //   2: 128x256x64, 4 stages, direct register->global epilogue — reference point
+//   3: variant 0 in 2-CTA clusters along M, B multicast (static pair schedule, no tickets)
 using Builder = BuilderSm90<128, 256, 64, 4, true>;
 using BuilderS3 = BuilderSm90<128, 256, 64, 3, true>;
 using BuilderDirect = BuilderSm90<128, 256, 64, 4, false>;
-constexpr int kNumVariants = 3;
+using BuilderPair = BuilderSm90<128, 256, 64, 4, true, 2>;
+constexpr int kNumVariants = 4;
 constexpr int kClaimDepth = 4;  // tiles in flight between the loader warp and the math warps
 using TileRing = ItemRing<kClaimDepth, int>;  // tile index, -1 = no more work
 
@@ -124,6 +126,50 @@ gemm_sm90_kernel(const __grid_constant__ GemmParams<Builder> params) {
   }
 }
 
+// Variant 3: 2-CTA clusters along M. Cluster c builds the tile pairs c, c + #clusters, ...
+// (static: both CTAs must take the same pairs in the same order, which a shared ticket would
+// need DSMEM to agree on); pair (m_pair, n_blk) in the raster of tile_coords over pairs, CTA
+// rank r of the pair builds m_blk = 2 * m_pair + r (past the last band: zero-filled loads,
+// masked stores, so both CTAs keep the same k-block sequence).
+template <class Builder>
+__global__ void __launch_bounds__(Builder::kNumThreads, 1)
+gemm_sm90_pair_kernel(const __grid_constant__ GemmParams<Builder> params) {
+  static_assert(Builder::kClusterM == 2, "pair kernel needs the 2-CTA builder");
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  GemmShared<Builder>& smem = *reinterpret_cast<GemmShared<Builder>*>(smem_raw);
+  int const warp_idx = cutlass::canonical_warp_idx_sync();
+  auto const role = Builder::role_of(int(threadIdx.x));
+  Builder builder(smem.builder, params.builder, role);
+  if (threadIdx.x == 0) Builder::Mainloop::prefetch_tma_descriptors(params.builder.mainloop);
+  cute::cluster_arrive_relaxed();  // both CTAs' barriers initialised before any multicast or remote release
+  cute::cluster_wait();
+
+  int const rank = int(cute::block_rank_in_cluster());
+  int const cluster = int(blockIdx.x) / 2, clusters = int(gridDim.x) / 2;
+  int const num_m = params.builder.num_m_blk, num_n = params.builder.num_n_blk;
+  int const num_pm = (num_m + 1) / 2;
+  int const pairs = num_pm * num_n;
+  int const group = max(1, params.group_m / 2);
+  if (role == Builder::Role::kLoader) {
+    cutlass::arch::warpgroup_reg_dealloc<Builder::kLoaderRegs>();
+    if (warp_idx == 0) {
+      for (int t = cluster; t < pairs; t += clusters) {
+        int pm, n_blk;
+        tile_coords(t, num_pm, num_n, group, pm, n_blk);
+        builder.produce(2 * pm + rank, n_blk);
+      }
+      builder.produce_tail();
+    }
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Builder::kMathRegs>();
+    for (int t = cluster; t < pairs; t += clusters) {
+      int pm, n_blk;
+      tile_coords(t, num_pm, num_n, group, pm, n_blk);
+      builder.consume(2 * pm + rank, n_blk);
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------ host side
 namespace {
 
@@ -178,6 +224,46 @@ int launch(DeviceState& st, int variant, const void* A, const void* B, void* C, 
   return 0;
 }
 
+int launch_pair(DeviceState& st, const void* A, const void* B, void* C, int M, int N, int K, int group_m,
+                int max_ctas, cudaStream_t stream) {
+  using BuilderT = BuilderPair;
+  constexpr int kSmem = smem_bytes<BuilderT>();
+  static int max_clusters[kMaxDevices] = {};
+  int dev = 0;
+  KB_CUDA(cudaGetDevice(&dev));
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 2;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.blockDim = dim3(BuilderT::kNumThreads);
+  cfg.dynamicSmemBytes = kSmem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  if (!st.attr_set[3]) {
+    KB_CUDA(cudaFuncSetAttribute(gemm_sm90_pair_kernel<BuilderT>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    cfg.gridDim = dim3(st.num_sms);
+    KB_CUDA(cudaOccupancyMaxActiveClusters(&max_clusters[dev], gemm_sm90_pair_kernel<BuilderT>, &cfg));
+    if (max_clusters[dev] < 1) return fail(1, "sm90 gemm: no 2-CTA cluster fits (variant 3)");
+    st.attr_set[3] = true;
+  }
+  GemmParams<BuilderT> p;
+  p.builder = BuilderT::make_params(A, B, C, M, N, K);
+  int const pairs = ((p.builder.num_m_blk + 1) / 2) * p.builder.num_n_blk;
+  p.num_tiles = pairs;
+  p.group_m = group_m;
+  p.ticket = st.ticket;
+  p.ticket_base = 0;
+  int clusters = max_clusters[dev];
+  if (max_ctas > 0 && max_ctas / 2 < clusters) clusters = max_ctas / 2 > 0 ? max_ctas / 2 : 1;
+  if (clusters > pairs) clusters = pairs;
+  cfg.gridDim = dim3(2 * clusters);
+  KB_CUDA(cudaLaunchKernelEx(&cfg, gemm_sm90_pair_kernel<BuilderT>, p));
+  return 0;
+}
+
 int gemm_sm90(const void* A, const void* B, void* C, int M, int N, int K, int group_m, int max_ctas,
               int variant, cudaStream_t stream) {
   if (const char* why = Builder::validate(A, B, C, M, N, K)) return fail(1, why);
@@ -202,6 +288,7 @@ int gemm_sm90(const void* A, const void* B, void* C, int M, int N, int K, int gr
     case 0: return launch<Builder>(st, 0, A, B, C, M, N, K, group_m, max_ctas, stream);
     case 1: return launch<BuilderS3>(st, 1, A, B, C, M, N, K, group_m, max_ctas, stream);
     case 2: return launch<BuilderDirect>(st, 2, A, B, C, M, N, K, group_m, max_ctas, stream);
+    case 3: return launch_pair(st, A, B, C, M, N, K, group_m, max_ctas, stream);
     default: return fail(1, "sm90 gemm: unknown variant");
   }
 }

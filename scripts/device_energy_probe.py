@@ -81,12 +81,16 @@ def main() -> None:
         A = torch.randn((M, K), device=dev).to(torch.bfloat16)
         B = inputs.B[0].contiguous()
         C = torch.empty((M, B.shape[1]), dtype=torch.bfloat16, device=dev)
+        C2 = torch.full_like(C, float("nan"))
         ref = torch.matmul(A, B)
         sm90_gemm.gemm(A, B, out=C)
+        sm90_gemm.gemm(A, B, out=C2, variant=3)
         torch.cuda.synchronize()
-        assert torch.equal(C, ref) or (C.float() - ref.float()).abs().max().item() < 0.05 * ref.float().abs().max().item(), \
-            "sm90 standalone GEMM disagrees with torch.matmul"
+        err = (C.float() - ref.float()).abs().max().item() / ref.float().abs().max().item()
+        print(f"sm90 vs cuBLAS max err {err:.2e} (of max |C|), 2-CTA clusters bitwise = 1-CTA: "
+              f"{torch.equal(C.view(torch.int16), C2.view(torch.int16))}", flush=True)
         fns = {"cublas": cublas, "sm90": lambda: sm90_gemm.gemm(A, B, out=C),
+               "sm90x2": lambda: sm90_gemm.gemm(A, B, out=C2, variant=3),
                "kosmos": IMPLS[0].prepare(p, ctx, inputs).run, "copy": nccl_impls.comm_alone(p, ctx, inputs)}
         for f in fns.values():
             f()

@@ -107,8 +107,16 @@ struct ItemRing {
   typename Pipe::PipelineState pop_state_;
 };
 
-template <int kBM_ = 128, int kBN_ = 256, int kBK_ = 64, int kNumStages_ = 4, bool kStagedEpilogue_ = true>
+// kClusterM_ = 2: the CTA is one of a 2-CTA cluster along M that builds the tiles (2i, n) and
+// (2i+1, n) together, in lock step: each CTA loads half of the shared B tile and TMA multicasts
+// it to both (half the L2->SM traffic for B); the stage's release goes to both CTAs' loaders.
+// The caller must then (a) hand both CTAs tiles of the same column in the same order, (b)
+// cluster-sync after constructing the builder, (c) call produce_tail() before exiting.
+template <int kBM_ = 128, int kBN_ = 256, int kBK_ = 64, int kNumStages_ = 4, bool kStagedEpilogue_ = true,
+          int kClusterM_ = 1>
 struct BuilderSm90 {
+  static constexpr int kClusterM = kClusterM_;
+  static_assert(kClusterM == 1 || kClusterM == 2, "clusters of 1 or 2 CTAs along M");
   static constexpr bool kStagedEpilogue = kStagedEpilogue_;
   static constexpr int kBM = kBM_;
   static constexpr int kBN = kBN_;
@@ -121,7 +129,7 @@ struct BuilderSm90 {
 
   using dtype_t = cutlass::bfloat16_t;
   using TileShape = cute::Shape<cute::Int<kBM>, cute::Int<kBN>, cute::Int<kBK>>;
-  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using ClusterShape = cute::Shape<cute::Int<kClusterM>, cute::_1, cute::_1>;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
@@ -218,8 +226,9 @@ struct BuilderSm90 {
     auto load_inputs = mainloop.load_init(problem, params_.mainloop);
     auto k_tile_iter = cute::make_coord_iterator(cute::shape<3>(cute::get<0>(load_inputs)));
     auto blk_coord = cute::make_coord(m_blk, n_blk, cute::_, 0);
+    uint32_t const rank_in_cluster = kClusterM > 1 ? cute::block_rank_in_cluster() : 0u;
     mainloop.load(params_.mainloop, pipeline_, write_state_, load_inputs, blk_coord, k_tile_iter,
-                  params_.num_k_blk, int(threadIdx.x % 32), 0u, smem_.tensors);
+                  params_.num_k_blk, int(threadIdx.x % 32), rank_in_cluster, smem_.tensors);
     write_state_.advance(params_.num_k_blk);
   }
 
@@ -270,6 +279,7 @@ struct BuilderSm90 {
   template <class KWait = AllThere>
   CUTLASS_DEVICE void produce_at(typename Mainloop::Params const& mp, int rows_a, int batches_a, int m_blk,
                                  int n_blk, int l_a, KWait kwait = {}) {
+    static_assert(kClusterM == 1, "produce_at loads whole tiles (no multicast)");
     using namespace cute;
     if (cute::elect_one_sync()) {
       Tensor sA = make_tensor(make_smem_ptr(smem_.tensors.smem_A.data()), typename Mainloop::SmemLayoutA{});

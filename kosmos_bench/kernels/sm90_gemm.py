@@ -37,6 +37,7 @@ VARIANTS = {
     0: "128x256x64 4-stage, staged epilogue",
     1: "128x256x64 3-stage, staged epilogue",
     2: "128x256x64 4-stage, direct epilogue",
+    3: "128x256x64 4-stage, staged epilogue, 2-CTA clusters (B multicast, static schedule)",
 }
 
 # The TP+SP layer GEMMs of llama3-8b/70b/405b and gpt3-175b, as (K, N); M = tokens.
