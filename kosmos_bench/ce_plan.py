@@ -15,6 +15,11 @@ schedule. Pure: rows and columns, no pointers (the runner turns them into addres
 * Slice s holds k-blocks ``[s*nkb//slices, (s+1)*nkb//slices)`` of ``bk`` columns
   (``nkb = ceil(K/bk)``) — the kernel's ``SliceWait`` (csrc/ag_gemm_sm90.cu) reads them the
   same way.
+* ``split`` (e.g. ``(3, 1)``) copies consecutive slices together: 4 slices in two copies, the
+  first of 3/4 of K (one release: "3 slices there"), the last of 1/4. The work left when the
+  last byte lands is then a quarter of each tile's K, with one copy more per band than whole
+  bands (uniform slices 4 would need four, of narrower rows: 2-D copies of narrow rows run
+  slower). The kernel is unchanged: it sees ``sum(split)`` uniform slices.
 """
 from __future__ import annotations
 
@@ -48,16 +53,40 @@ def slice_cols(K: int, slices: int, bk: int) -> list[tuple[int, int]]:
     return [(lo[s], min(K, lo[s + 1])) for s in range(slices)]
 
 
+def parse_split(spec) -> tuple[int, ...]:
+    """K-slicing of the last groups as slices per copy: an int S (S copies of one slice each),
+    a string "3,1" or a tuple; every part >= 1."""
+    if isinstance(spec, int):
+        parts = (1,) * spec if spec >= 1 else ()
+    elif isinstance(spec, str):
+        try:
+            parts = tuple(int(x) for x in spec.replace(" ", "").split(",") if x)
+        except ValueError:
+            parts = ()
+    else:
+        parts = tuple(int(x) for x in spec)
+    if not parts or min(parts) < 1:
+        raise ValueError(f"K-slice split {spec!r}: expected a slice count >= 1 or parts >= 1 like '3,1'")
+    return parts
+
+
 def build(sch, K: int, slices: int = 1, bk: int = 64, slice_bytes: int = 0,
-          tail_groups: int = 1) -> tuple[list[CeEntry], dict[int, int]]:
+          tail_groups: int = 1, split: tuple[int, ...] | None = None) -> tuple[list[CeEntry], dict[int, int]]:
     """The plan of one rank and the band flags' multiplicities it implies ({flag: mult};
     they replace the schedule's SM-mover counts in the kernel's flag_mult). ``slices``: K-slices
-    of each of the last ``tail_groups`` remote groups; ``slice_bytes`` > 0 also cuts every
+    of each of the last ``tail_groups`` remote groups; ``split``: slices per copy there (sums
+    to ``slices``; default one each); ``slice_bytes`` > 0 also cuts every
     other group into slices of about that many bytes (streams whole groups; each extra copy
     costs the engine setup)."""
     if slices < 1 or slice_bytes < 0 or tail_groups < 1:
         raise ValueError(f"slices={slices}, slice_bytes={slice_bytes}, tail_groups={tail_groups}: expected "
                          "slices >= 1, slice_bytes >= 0, tail_groups >= 1")
+    explicit = split is not None
+    split = parse_split(split) if explicit else (1,) * slices
+    if sum(split) != slices:
+        raise ValueError(f"split {split} does not add up to {slices} slices")
+    if explicit and max(split) > 1 and slices > S.cdiv(K, bk):  # (plain slice counts are clamped to K's k-blocks)
+        raise ValueError(f"split {split}: {slices} slices need K >= {slices * bk} (K = {K})")
     groups = sch.meta["remote_groups"]
     group_of = {key: g for g, grp in enumerate(groups) for key in grp}
     BM, tab = sch.BM, sch.movers.table
@@ -89,14 +118,19 @@ def build(sch, K: int, slices: int = 1, bk: int = 64, slice_bytes: int = 0,
             j += 1
         grp = runs[i:j]
         nbytes = sum(b[2] for run in grp for b in run) * K * 2
-        ks = slices if g is not None and g > last - tail_groups else \
-            (max(1, round(nbytes / slice_bytes)) if slice_bytes else 1)
+        tail = g is not None and g > last - tail_groups
+        ks = slices if tail else (max(1, round(nbytes / slice_bytes)) if slice_bytes else 1)
         ks = max(1, min(ks, nkb))
-        for s, (c0, c1) in enumerate(slice_cols(K, ks, bk)):  # slice-major over the group's runs
+        parts = split if tail and ks == slices else (1,) * ks
+        cols = slice_cols(K, ks, bk)
+        s1 = 0
+        for n_sl in parts:  # slice-major over the group's runs; a copy takes n_sl slices
+            s0, s1 = s1, s1 + n_sl
+            c0, c1 = cols[s0][0], cols[s1 - 1][1]
             for run in grp:
                 for n, b in enumerate(run):
                     rows = sum(x[2] for x in run) if n == 0 else 0
-                    plan.append(CeEntry(run[0][0], run[0][1], rows, c0, c1 - c0, b[3], ks, ks - 1 - s))
+                    plan.append(CeEntry(run[0][0], run[0][1], rows, c0, c1 - c0, b[3], ks, ks - s1))
                     mult[b[3]] = ks
         i = j
     return plan, mult

@@ -113,3 +113,43 @@ def test_bad_slices():
     sch = _sched(1024, 2048, 96, 8, 0)
     with pytest.raises(ValueError, match="slices"):
         ce_plan.build(sch, 96, 0)
+
+
+@pytest.mark.parametrize("split", [(3, 1), (1, 2, 1), (7, 1), (1, 1)])
+@pytest.mark.parametrize("shape", [(8192, 57344, 8192), (1024, 2048, 512)])
+def test_split_merges_slices_into_fewer_copies(shape, split):
+    """split (3, 1): 4 kernel slices, 2 copies per band of the last group: the first carries 3/4
+    of K and releases "3 slices there", the last the final quarter; every byte once."""
+    M, N, K = shape
+    W, r = 8, 5
+    m_loc, n = M // W, sum(split)
+    sch = _sched(M, N, K, W, r, stream_k=True)
+    plan, mult = ce_plan.build(sch, K, n, bk=64, split=split)
+    cover, flags = _replay(sch, plan, K, m_loc)
+    for p in range(W):
+        assert np.all(cover[p * m_loc:(p + 1) * m_loc] == (0 if p == r else 1)), p
+    flag_of = {(int(t[S.F["peer"]]), int(t[S.F["m0"]]) // 128): int(t[S.F["rel_flag"]]) for t in sch.movers.table}
+    last = {flag_of[b] for b in sch.meta["remote_groups"][-1]}
+    cols = ce_plan.slice_cols(K, n, 64)
+    ends = list(np.cumsum(split))
+    for f, vals in flags.items():
+        if f in last:  # one release per copy, each saying how many of the n slices are there
+            assert mult[f] == n and vals == [n * 3 - (n - e) for e in ends]
+        else:
+            assert mult[f] == 1 and vals == [3]
+    tail = [e for e in plan if e.rows and e.flag in last]
+    bounds = [(cols[e0 - s][0], cols[e0 - 1][1]) for s, e0 in zip(split, ends)]
+    assert sorted({(e.col0, e.col0 + e.cols) for e in tail}) == bounds
+
+
+def test_bad_split():
+    sch = _sched(8192, 57344, 8192, 8, 0, stream_k=True)
+    with pytest.raises(ValueError, match="add up"):
+        ce_plan.build(sch, 8192, 4, split=(2, 1))
+    with pytest.raises(ValueError, match="parts >= 1"):
+        ce_plan.parse_split("3,0")
+    with pytest.raises(ValueError, match="parts >= 1"):
+        ce_plan.parse_split("x")
+    with pytest.raises(ValueError, match="need K"):
+        ce_plan.build(_sched(1024, 2048, 128, 8, 0, stream_k=True), 128, 4, split=(3, 1))
+    assert ce_plan.parse_split(3) == (1, 1, 1) and ce_plan.parse_split("3, 1") == (3, 1)

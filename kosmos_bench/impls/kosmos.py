@@ -194,7 +194,7 @@ class KosmosRunner:
     def __init__(self, point: Point, ctx, inputs, *, num_wgs: int | None = None, timeout_s: float | None = None,
                  debug_skip_rank: int | None = None, trace_cap: int = DEFAULT_TRACE_CAP,
                  max_inflight: int | None = None, mover_bulk: bool | None = None, mover: str | None = None,
-                 builder: str | None = None, ce_slices: int | None = None):
+                 builder: str | None = None, ce_slices: int | str | tuple | None = None):
         import torch
 
         from .. import kernels
@@ -241,11 +241,16 @@ class KosmosRunner:
         # builders stream (Params.k_stream; kosmos_bench/ce_plan.py). 1 = whole bands only; the
         # mma builder has no slice wait: it always gets whole bands.
         # KOSMOS_CE_SLICE_MB > 0 also streams every other remote group in slices of that size.
-        self.ce_slices = int(ce_slices if ce_slices is not None else os.environ.get("KOSMOS_CE_SLICES", DEFAULT_CE_SLICES))
+        # ce_slices / KOSMOS_CE_SLICES: a count S (S copies of 1/S of K) or slices per copy,
+        # "3,1": 4 slices in 2 copies (ce_plan.parse_split).
+        from .. import ce_plan
+        spec = ce_slices if ce_slices is not None else os.environ.get("KOSMOS_CE_SLICES", DEFAULT_CE_SLICES)
+        self.ce_split = ce_plan.parse_split(int(spec) if isinstance(spec, str) and spec.strip().isdigit() else spec)
+        self.ce_slices = sum(self.ce_split)
         self.ce_slice_bytes = int(float(os.environ.get("KOSMOS_CE_SLICE_MB", "0")) * 2 ** 20)
         self.ce_tail_groups = int(os.environ.get("KOSMOS_CE_TAIL_GROUPS", "1"))  # groups sliced at the end
-        if self.ce_slices < 1 or self.ce_slice_bytes < 0:
-            raise ValueError(f"ce_slices={self.ce_slices}: expected >= 1 (KOSMOS_CE_SLICE_MB >= 0)")
+        if self.ce_slice_bytes < 0:
+            raise ValueError(f"KOSMOS_CE_SLICE_MB={self.ce_slice_bytes / 2 ** 20}: expected >= 0")
         self.k_stream = self.mover == "ce" and self.sm90 is not None and (self.ce_slices > 1 or self.ce_slice_bytes > 0)
         self.spin_ns = int(os.environ.get("KOSMOS_SPIN_NS", DEFAULT_SPIN_NS))
         if not 0 <= self.spin_ns <= 1_000_000:
@@ -443,6 +448,7 @@ class KosmosRunner:
                      "mover": self.mover, "builder": self.builder,
                      "ce_copies": int(getattr(self, "ce_copies", 0)),
                      "ce_slices": self.ce_slices if self.k_stream else (1 if self.mover == "ce" else 0),
+                     "ce_split": ",".join(map(str, self.ce_split)) if self.k_stream else "",
                      "ce_slice_mb": self.ce_slice_bytes / 2 ** 20 if self.k_stream else 0.0,
                      "ce_tail_groups": self.ce_tail_groups if self.k_stream else 0,
                      "spin_ns": self.spin_ns,
@@ -534,6 +540,7 @@ class KosmosRunner:
         from ..kernels import ag_sm90
 
         entries, self.ce_flag_mult = ce_plan.build(sch, K, self.ce_slices if self.k_stream else 1, bk=ag_sm90.BK,
+                                                   split=self.ce_split if self.k_stream else None,
                                                    slice_bytes=self.ce_slice_bytes if self.k_stream else 0,
                                                    tail_groups=self.ce_tail_groups)
         pitch = K * 2
