@@ -123,6 +123,22 @@ def test_footer_notes_alone_times_of_one_problem_that_disagree():
     assert "# note" not in footer_text(df)
 
 
+def test_eff_best_uses_the_problems_fastest_alone_times():
+    """eff* divides by the fastest GEMM alone / collective alone of the same problem among the
+    ok rows: a point whose own copy alone ran slow does not look better overlapped."""
+    df = pd.DataFrame([row("nccl-overlap", 100.0, g=60.0, c=90.0), row("kosmos", 100.0, g=66.0, c=95.0),
+                       row("kosmos", 100.0, g=40.0, c=92.0, M=8192),  # another GEMM, the same copy
+                       row("nccl-seq", 60.0, g=30.0, c=10.0, status="failed")])  # not ok: never the best
+    df["run_id"] = "r"
+    df["comm_bytes"] = [1 << 20, 1 << 20, 1 << 20, 1 << 20]
+    d = derive(df)
+    assert list(d["overlap_efficiency"][:3]) == pytest.approx([0.90, 0.95, 0.92])
+    assert list(d["eff_best"][:3]) == pytest.approx([0.90, 0.90, 0.90])
+    assert math.isnan(d["eff_best"][3])
+    line = row_text(d.to_dict(orient="records")[1])
+    assert " 0.95  0.90 " in line and "eff*" in column_header()
+
+
 def test_report_ok_exit_0(tmp_path, capsys):
     run = make_run(tmp_path, [row("nccl-seq", 100.0), row("kosmos", 80.0), row("nccl-overlap", 90.0),
                               row("kosmos", status="skipped", policy="fixed:4", error="kosmos: no kernel")])
