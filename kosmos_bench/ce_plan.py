@@ -71,13 +71,16 @@ def parse_split(spec) -> tuple[int, ...]:
 
 
 def build(sch, K: int, slices: int = 1, bk: int = 64, slice_bytes: int = 0,
-          tail_groups: int = 1, split: tuple[int, ...] | None = None) -> tuple[list[CeEntry], dict[int, int]]:
+          tail_groups: int = 1, split: tuple[int, ...] | None = None,
+          merge: bool = False) -> tuple[list[CeEntry], dict[int, int]]:
     """The plan of one rank and the band flags' multiplicities it implies ({flag: mult};
     they replace the schedule's SM-mover counts in the kernel's flag_mult). ``slices``: K-slices
     of each of the last ``tail_groups`` remote groups; ``split``: slices per copy there (sums
     to ``slices``; default one each); ``slice_bytes`` > 0 also cuts every
     other group into slices of about that many bytes (streams whole groups; each extra copy
-    costs the engine setup)."""
+    costs the engine setup). ``merge``: before the sliced groups, a copy takes every contiguous
+    band of one peer regardless of groups (one copy per peer instead of one per group and
+    peer; a group's earlier bands are released with the peer's later ones)."""
     if slices < 1 or slice_bytes < 0 or tail_groups < 1:
         raise ValueError(f"slices={slices}, slice_bytes={slice_bytes}, tail_groups={tail_groups}: expected "
                          "slices >= 1, slice_bytes >= 0, tail_groups >= 1")
@@ -97,28 +100,35 @@ def build(sch, K: int, slices: int = 1, bk: int = 64, slice_bytes: int = 0,
         if key not in seen:
             seen.add(key)
             bands.append((key[0], key[1], int(row[S.F["rows"]]), int(row[S.F["rel_flag"]])))
-    # runs: contiguous bands of one peer inside one group, each run one copy (per slice)
+    last = max(group_of.values(), default=-1)
+    merged = -2  # the segment id of every merged (unsliced) group
+
+    def seg(run_or_band) -> int | None:
+        """Copies never span two segments: a group, or all merged groups."""
+        b = run_or_band[0] if isinstance(run_or_band, list) else run_or_band
+        g = group_of.get((b[0], b[1] // BM))
+        return merged if merge and not slice_bytes and g is not None and g <= last - tail_groups else g
+
+    # runs: contiguous bands of one peer inside one segment, each run one copy (per slice)
     runs: list[list] = []
     for b in bands:
         prev = runs[-1][-1] if runs else None
-        if prev and b[0] == prev[0] and b[1] == prev[1] + prev[2] and \
-                group_of.get((b[0], b[1] // BM)) == group_of.get((prev[0], prev[1] // BM)):
+        if prev and b[0] == prev[0] and b[1] == prev[1] + prev[2] and seg(b) == seg(prev):
             runs[-1].append(b)
         else:
             runs.append([b])
     nkb = S.cdiv(K, bk)
-    last = max(group_of.values(), default=-1)
     plan: list[CeEntry] = []
     mult: dict[int, int] = {}
     i = 0
-    while i < len(runs):  # one group (its runs are consecutive: mover order = demand order)
-        g = group_of.get((runs[i][0][0], runs[i][0][1] // BM))
+    while i < len(runs):  # one segment (its runs are consecutive: mover order = demand order)
+        g = seg(runs[i])
         j = i
-        while j < len(runs) and group_of.get((runs[j][0][0], runs[j][0][1] // BM)) == g:
+        while j < len(runs) and seg(runs[j]) == g:
             j += 1
         grp = runs[i:j]
         nbytes = sum(b[2] for run in grp for b in run) * K * 2
-        tail = g is not None and g > last - tail_groups
+        tail = g is not None and g != merged and g > last - tail_groups
         ks = slices if tail else (max(1, round(nbytes / slice_bytes)) if slice_bytes else 1)
         ks = max(1, min(ks, nkb))
         parts = split if tail and ks == slices else (1,) * ks

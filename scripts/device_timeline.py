@@ -31,9 +31,11 @@ from _host_point import W, host_ce_point, nccl_overlap_run, script_args  # scrip
 # kosmos variants: "h<MB>" = KOSMOS_CE_HEAD_MB, then optional ".<key><value>" parts: s = ce_slices
 # (K-slices of the last group; "s3-1": 4 slices in 2 copies, ce_plan.parse_split), g = bands per group (KOSMOS_BAND_GROUP, 0: the default),
 # t = sliced groups at the end (KOSMOS_CE_TAIL_GROUPS), b = flag-spin sleep in ns (KOSMOS_SPIN_NS),
+# m1 = one copy per peer before the sliced groups (KOSMOS_CE_MERGE),
 # e.g. TL_VARIANTS=h0,h0.s2,h0.s2.g4,h0.s2.b1024
 VARIANTS = [v for v in os.environ.get("TL_VARIANTS", "h0,h0.s2").split(",") if v]
-VARIANT_ENV = {"h": "KOSMOS_CE_HEAD_MB", "g": "KOSMOS_BAND_GROUP", "t": "KOSMOS_CE_TAIL_GROUPS", "b": "KOSMOS_SPIN_NS"}
+VARIANT_ENV = {"h": "KOSMOS_CE_HEAD_MB", "g": "KOSMOS_BAND_GROUP", "t": "KOSMOS_CE_TAIL_GROUPS", "b": "KOSMOS_SPIN_NS",
+               "m": "KOSMOS_CE_MERGE"}
 # reference functions besides kosmos, nccl-overlap, GEMM and copy alone (TL_EXTRA="" drops them)
 EXTRA = [f for f in os.environ.get("TL_EXTRA", "plan,plan-copies,copy2").split(",") if f]
 
@@ -43,7 +45,7 @@ def variant(v: str) -> tuple[dict[str, str], str]:
     kw = {q[0]: q[1:] for q in v.split(".")}
     unknown = set(kw) - set(VARIANT_ENV) - {"s"}
     if unknown or "h" not in kw:
-        raise SystemExit(f"TL_VARIANTS entry {v!r}: expected h<MB>[.s<S>|.s<a>-<b>...][.g<G>][.t<T>][.b<ns>]")
+        raise SystemExit(f"TL_VARIANTS entry {v!r}: expected h<MB>[.s<S>|.s<a>-<b>...][.g<G>][.t<T>][.b<ns>][.m1]")
     return {VARIANT_ENV[k]: val for k, val in kw.items() if k != "s"}, kw.get("s", "1").replace("-", ",")
 
 

@@ -153,3 +153,27 @@ def test_bad_split():
     with pytest.raises(ValueError, match="need K"):
         ce_plan.build(_sched(1024, 2048, 128, 8, 0, stream_k=True), 128, 4, split=(3, 1))
     assert ce_plan.parse_split(3) == (1, 1, 1) and ce_plan.parse_split("3, 1") == (3, 1)
+
+
+@pytest.mark.parametrize("shape", [(8192, 57344, 8192), (16384, 106496, 16384), (3000 * 8, 776 * 8, 1000)])
+def test_merge_copies_each_peer_once_before_the_sliced_groups(shape):
+    """merge: one copy per peer (its bands outside the sliced tail groups), whatever the demand
+    groups; every byte once, every band released once after its bytes; the tail unchanged."""
+    M, N, K = shape
+    W, r = 8, 2
+    m_loc = M // W
+    sch = _sched(M, N, K, W, r, stream_k=True)
+    plan, mult = ce_plan.build(sch, K, 2, bk=64, merge=True)
+    ref, ref_mult = ce_plan.build(sch, K, 2, bk=64)
+    assert mult == ref_mult
+    cover, flags = _replay(sch, plan, K, m_loc)
+    for p in range(W):
+        assert np.all(cover[p * m_loc:(p + 1) * m_loc] == (0 if p == r else 1)), p
+    flag_of = {(int(t[S.F["peer"]]), int(t[S.F["m0"]]) // 128): int(t[S.F["rel_flag"]]) for t in sch.movers.table}
+    tail_flags = {flag_of[b] for b in sch.meta["remote_groups"][-1]}
+    head = [e for e in plan if e.flag not in tail_flags]
+    assert all(flags[e.flag] == [3] for e in head)  # whole bands, one release each
+    copies = [e for e in head if e.rows]
+    assert sorted(e.peer for e in copies) == sorted(p for p in range(W) if p != r)  # one copy per peer
+    assert len([e for e in ref if e.rows and e.flag not in tail_flags]) > len(copies)  # groups: more copies
+    assert [e for e in plan if e.flag in tail_flags] == [e for e in ref if e.flag in tail_flags]

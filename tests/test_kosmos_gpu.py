@@ -447,6 +447,26 @@ def test_sm90_copy_engine_flag_spin_sleep(monkeypatch, spin_ns):
 
 
 @sm90
+@pytest.mark.parametrize("shape", [(8 * 1024, 8 * 2048, 2048), (3000 * 8, 776 * 8, 1000)])
+def test_sm90_copy_engine_merged_peer_copies(monkeypatch, shape):
+    """KOSMOS_CE_MERGE=1: one copy per peer before the sliced groups (flags of a group's early
+    bands released with the peer's later ones): correct and bitwise stable over calls."""
+    monkeypatch.setenv("KOSMOS_CE_MERGE", "1")
+    W, (M, N, K) = 8, shape
+    p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90",
+                                        mover="ce", seed=17)
+    try:
+        assert runner.info["ce_merge"] and runner.k_stream
+        head = [e for e in runner.ce_entries if e.rows and e.cols == K]
+        assert len({e.peer for e in head}) == len(head)  # one whole-K copy per peer
+        wrong, err, same = run_checked(p, runner, A, B, calls=3)
+        assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
+        assert same
+    finally:
+        runner.close()
+
+
+@sm90
 def test_sm90_copy_engine_inline_releases(monkeypatch):
     """KOSMOS_CE_INLINE_RELEASE=1: flag releases on the copy stream itself (stream order, no
     events): correct and bitwise stable over calls, K-slices included."""

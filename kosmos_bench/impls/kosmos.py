@@ -50,6 +50,7 @@ DEFAULT_TRACE_CAP = 4096
 # and 4/8 on the copy-bound host shapes (results/issue4-h200-20261203/timeline/): the tail after
 # the last byte drops from a tile to half a tile, and rows of K/2 still copy at full speed.
 DEFAULT_CE_SLICES = 2
+DEFAULT_CE_MERGE = "0"
 # Sleep between two polls of a flag spin (Params.spin_ns; KOSMOS_SPIN_NS).
 DEFAULT_SPIN_NS = 32
 
@@ -249,6 +250,8 @@ class KosmosRunner:
         self.ce_slices = sum(self.ce_split)
         self.ce_slice_bytes = int(float(os.environ.get("KOSMOS_CE_SLICE_MB", "0")) * 2 ** 20)
         self.ce_tail_groups = int(os.environ.get("KOSMOS_CE_TAIL_GROUPS", "1"))  # groups sliced at the end
+        # KOSMOS_CE_MERGE=1: one copy per peer before the sliced groups (ce_plan.build merge)
+        self.ce_merge = bool(int(os.environ.get("KOSMOS_CE_MERGE", DEFAULT_CE_MERGE)))
         if self.ce_slice_bytes < 0:
             raise ValueError(f"KOSMOS_CE_SLICE_MB={self.ce_slice_bytes / 2 ** 20}: expected >= 0")
         self.k_stream = self.mover == "ce" and self.sm90 is not None and (self.ce_slices > 1 or self.ce_slice_bytes > 0)
@@ -451,6 +454,7 @@ class KosmosRunner:
                      "ce_split": ",".join(map(str, self.ce_split)) if self.k_stream else "",
                      "ce_slice_mb": self.ce_slice_bytes / 2 ** 20 if self.k_stream else 0.0,
                      "ce_tail_groups": self.ce_tail_groups if self.k_stream else 0,
+                     "ce_merge": self.ce_merge if self.mover == "ce" else False,
                      "spin_ns": self.spin_ns,
                      "kosmos_policy": _policy(point), "trace_dropped": 0}
         torch.cuda.synchronize(self.dev)
@@ -542,7 +546,7 @@ class KosmosRunner:
         entries, self.ce_flag_mult = ce_plan.build(sch, K, self.ce_slices if self.k_stream else 1, bk=ag_sm90.BK,
                                                    split=self.ce_split if self.k_stream else None,
                                                    slice_bytes=self.ce_slice_bytes if self.k_stream else 0,
-                                                   tail_groups=self.ce_tail_groups)
+                                                   tail_groups=self.ce_tail_groups, merge=self.ce_merge)
         pitch = K * 2
         cols = {n: [] for n in ("dst", "src", "width", "height", "pitch", "flag")}
         for e in entries:
