@@ -374,18 +374,23 @@ def test_sm90_host_fabric_ag(shape):
 
 
 @sm90
-@pytest.mark.parametrize("shape", [(8 * 1024, 4096, 2048), (3000 * 8, 776 * 8, 1000)])
+@pytest.mark.parametrize("shape", [(8 * 1024, 4096, 2048), (3000 * 8, 776 * 8, 1000), (8 * 1024, 40960, 1024)])
 def test_sm90_host_fabric_ag_copy_engine_movers(shape):
     """builder sm90 + mover ce: the copy engine moves every band (enqueued after the kernel
-    launch), all CTAs build; correct, bitwise stable, epochs in step across traced calls."""
+    launch), all CTAs build; correct, bitwise stable, epochs in step across traced calls.
+    Defaults by regime: copy-bound (N/W small) = per-peer copies, 1-band groups, 4 K-slices;
+    otherwise demand groups and 2 K-slices."""
     W = 8
     M, N, K = shape
     p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90",
                                         mover="ce", seed=5)
     try:
         assert runner.info["mover"] == "ce"
-        if "KOSMOS_CE_SLICES" not in os.environ:  # the default: the last group in 2 K-slices
-            assert runner.k_stream and runner.info["ce_slices"] == 2
+        if not any(k in os.environ for k in ("KOSMOS_CE_SLICES", "KOSMOS_CE_MERGE", "KOSMOS_BAND_GROUP")):
+            bound = N // W < 5000  # rho < COPY_BOUND_RHO at the host model's rates
+            assert runner.k_stream and runner.info["ce_regime"] == ("copy-bound" if bound else "compute")
+            assert runner.info["ce_slices"] == (4 if bound else 2) and runner.info["ce_merge"] == bound
+            assert runner.info["band_group"] == (1 if bound else 0)
         wrong, err, same = run_checked(p, runner, A, B, calls=4)
         assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
         assert same

@@ -51,6 +51,13 @@ DEFAULT_TRACE_CAP = 4096
 # the last byte drops from a tile to half a tile, and rows of K/2 still copy at full speed.
 DEFAULT_CE_SLICES = 2
 DEFAULT_CE_MERGE = "0"
+# Copy-bound shapes (rho = schedule.link_compute_ratio < COPY_BOUND_RHO: the QKV layers on the
+# host fabric, rho <= 0.16; FC1 is 0.47-0.88): the builders wait for the link anyway, so what
+# counts is fewer copies and a short tail: one copy per peer (merge), 1-band groups and the
+# last band in COPY_BOUND_SLICES K-slices. 1.5-2.5% faster than the defaults on the three QKV
+# shapes (timeline/t12-copy-bound.parquet); on FC1 merge costs 1-6% (t11), so only here.
+COPY_BOUND_RHO = 0.3
+COPY_BOUND_SLICES = 4
 # Sleep between two polls of a flag spin (Params.spin_ns; KOSMOS_SPIN_NS).
 DEFAULT_SPIN_NS = 32
 
@@ -245,6 +252,9 @@ class KosmosRunner:
         # ce_slices / KOSMOS_CE_SLICES: a count S (S copies of 1/S of K) or slices per copy,
         # "3,1": 4 slices in 2 copies (ce_plan.parse_split).
         from .. import ce_plan
+        # explicit settings (argument or environment) win over the copy-bound defaults below
+        self._ce_explicit = {"slices": ce_slices is not None or "KOSMOS_CE_SLICES" in os.environ,
+                             "merge": "KOSMOS_CE_MERGE" in os.environ, "group": "KOSMOS_BAND_GROUP" in os.environ}
         spec = ce_slices if ce_slices is not None else os.environ.get("KOSMOS_CE_SLICES", DEFAULT_CE_SLICES)
         self.ce_split = ce_plan.parse_split(int(spec) if isinstance(spec, str) and spec.strip().isdigit() else spec)
         self.ce_slices = sum(self.ce_split)
@@ -276,10 +286,23 @@ class KosmosRunner:
             starts = np.array([0, G], dtype=np.int32)
         self.ranks, self.grid, self.starts = ranks, G, starts
         sizes = np.diff(starts)
+        band_group = int(os.environ.get("KOSMOS_BAND_GROUP", "0")) or None
+        self.ce_regime = ""
+        if self.k_stream and fabric == "host":
+            rho = S.link_compute_ratio(N // W, int(sizes.min()), "host", ag_sm90.schedule_model("host"))
+            self.ce_regime = "copy-bound" if rho < COPY_BOUND_RHO else "compute"
+            if self.ce_regime == "copy-bound":
+                if not self._ce_explicit["slices"]:
+                    self.ce_split = (1,) * COPY_BOUND_SLICES
+                    self.ce_slices = COPY_BOUND_SLICES
+                if not self._ce_explicit["merge"]:
+                    self.ce_merge = True
+                if not self._ce_explicit["group"]:
+                    band_group = 1
         kw = dict(BM=128, BN=ag_sm90.BN if self.sm90 is not None else 128, chunk=point.chunk or 1, policy=_policy(point),
                   queue_order=point.queue_order or "demand", seed=point.seed, local_first=point.local_first,
                   fabric="host" if fabric == "host" else ("local" if fabric == "local" else "nvlink"),
-                  stream_k=self.k_stream, band_group=int(os.environ.get("KOSMOS_BAND_GROUP", "0")) or None)
+                  stream_k=self.k_stream, band_group=band_group)
         if self.sm90 is not None:  # loader-warpgroup movers, CTA builders
             kw["model"] = ag_sm90.schedule_model(kw["fabric"])
         self.scheds = [S.build_schedule(op, M, N, K, W, r, num_wgs=int(sizes[i]), **kw) for i, r in enumerate(ranks)]
@@ -455,6 +478,7 @@ class KosmosRunner:
                      "ce_slice_mb": self.ce_slice_bytes / 2 ** 20 if self.k_stream else 0.0,
                      "ce_tail_groups": self.ce_tail_groups if self.k_stream else 0,
                      "ce_merge": self.ce_merge if self.mover == "ce" else False,
+                     "ce_regime": self.ce_regime, "band_group": int(band_group or 0),
                      "spin_ns": self.spin_ns,
                      "kosmos_policy": _policy(point), "trace_dropped": 0}
         torch.cuda.synchronize(self.dev)
