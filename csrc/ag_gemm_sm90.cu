@@ -36,6 +36,7 @@
 #include <new>
 
 #include "kosmos/builder_sm90.cuh"
+#include "kosmos/host_error.h"
 #include "kosmos/persistent.cuh"
 
 namespace kosmos {
@@ -218,26 +219,12 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
 // ------------------------------------------------------------------------------ host side
 namespace {
 
-thread_local char g_err[512] = "";
-
-int fail(int code, const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(g_err, sizeof(g_err), fmt, ap);
-  va_end(ap);
-  return code;
-}
-
-#define KB_SM90_CUDA(call)                                                                               \
-  do {                                                                                                   \
-    cudaError_t e_ = (call);                                                                             \
-    if (e_ != cudaSuccess) return fail(KOSMOS_ERR_CUDA, "%s failed: %s", #call, cudaGetErrorString(e_)); \
-  } while (0)
+using kosmos::fail;
 
 bool aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 int prepare_kernel() {
-  KB_SM90_CUDA(cudaFuncSetAttribute(ag_gemm_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kAgSmemBytes));
+  KOSMOS_CUDA(cudaFuncSetAttribute(ag_gemm_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kAgSmemBytes));
   return KOSMOS_OK;
 }
 
@@ -260,7 +247,7 @@ extern "C" {
 
 using kosmos::sm90::AgSm90Params;
 
-const char* kosmos_sm90_last_error(void) { return kosmos::sm90::g_err; }
+const char* kosmos_sm90_last_error(void) { return kosmos::g_err; }
 
 // "" when (M, N, K, world) are supported, else why not. No GPU needed.
 const char* kosmos_sm90_ag_validate(int M, int N, int K, int W) {
@@ -299,15 +286,15 @@ int kosmos_sm90_ag_max_wgs(int device, int* out) {
   using namespace kosmos::sm90;
   if (!out) return fail(KOSMOS_ERR_INVALID, "null out");
   int prev = 0, major = 0, per_sm = 0, sms = 0, coop = 0;
-  KB_SM90_CUDA(cudaGetDevice(&prev));
-  KB_SM90_CUDA(cudaSetDevice(device));
-  KB_SM90_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  KOSMOS_CUDA(cudaGetDevice(&prev));
+  KOSMOS_CUDA(cudaSetDevice(device));
+  KOSMOS_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   if (major != 9) return fail(KOSMOS_ERR_INVALID, "sm90 ag-gemm needs an sm_90 GPU (device %d is sm_%dx)", device, major);
   if (int rc = prepare_kernel()) return rc;
-  KB_SM90_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ag_gemm_sm90_kernel, kAgThreads, kAgSmemBytes));
-  KB_SM90_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  KB_SM90_CUDA(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device));
-  KB_SM90_CUDA(cudaSetDevice(prev));
+  KOSMOS_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ag_gemm_sm90_kernel, kAgThreads, kAgSmemBytes));
+  KOSMOS_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  KOSMOS_CUDA(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device));
+  KOSMOS_CUDA(cudaSetDevice(prev));
   if (!coop) return fail(KOSMOS_ERR_INVALID, "device %d does not support cooperative launches", device);
   *out = per_sm * sms;
   return KOSMOS_OK;
@@ -333,13 +320,13 @@ int kosmos_sm90_ag_launch(void* h, const KosmosParams* params, void* stream) {
   // copy and the rest of the plan (kosmos.py), so it stays short.
   static int co_resident[64], per_sm_of[64];
   int dev = 0;
-  KB_SM90_CUDA(cudaGetDevice(&dev));
+  KOSMOS_CUDA(cudaGetDevice(&dev));
   if (dev < 0 || dev >= 64) return fail(KOSMOS_ERR_INVALID, "device %d", dev);
   if (!co_resident[dev]) {
     int per_sm = 0, sms = 0;
     if (int rc = prepare_kernel()) return rc;
-    KB_SM90_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ag_gemm_sm90_kernel, kAgThreads, kAgSmemBytes));
-    KB_SM90_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    KOSMOS_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ag_gemm_sm90_kernel, kAgThreads, kAgSmemBytes));
+    KOSMOS_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     per_sm_of[dev] = per_sm;
     co_resident[dev] = per_sm * sms;
   }
@@ -349,9 +336,9 @@ int kosmos_sm90_ag_launch(void* h, const KosmosParams* params, void* stream) {
                 per_sm, sms);
   P.base = p;
   void* args[] = {&P};
-  KB_SM90_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&ag_gemm_sm90_kernel), dim3(p.grid),
+  KOSMOS_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&ag_gemm_sm90_kernel), dim3(p.grid),
                                            dim3(kAgThreads), args, kAgSmemBytes, static_cast<cudaStream_t>(stream)));
-  KB_SM90_CUDA(cudaGetLastError());
+  KOSMOS_CUDA(cudaGetLastError());
   return KOSMOS_OK;
 }
 

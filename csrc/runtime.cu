@@ -6,6 +6,7 @@
 #include <new>
 #include <vector>
 
+#include "kosmos/host_error.h"
 #include "kosmos/params.h"
 #include "kosmos/persistent.cuh"
 
@@ -16,21 +17,8 @@ const void* gemm_rs_kernel();
 
 namespace {
 
-thread_local char g_err[512] = "";
-
-int fail(int code, const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(g_err, sizeof(g_err), fmt, ap);
-  va_end(ap);
-  return code;
-}
-
-#define KOSMOS_CUDA(call)                                                                              \
-  do {                                                                                                 \
-    cudaError_t e_ = (call);                                                                           \
-    if (e_ != cudaSuccess) return fail(KOSMOS_ERR_CUDA, "%s failed: %s", #call, cudaGetErrorString(e_)); \
-  } while (0)
+using kosmos::fail;
+using kosmos::g_err;
 
 const void* kernel_of(int op) {
   if (op == KOSMOS_OP_AG_GEMM) return kosmos::ag_gemm_kernel();

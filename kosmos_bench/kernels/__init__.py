@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 CSRC = REPO / "csrc"
 SOURCES = ("ag_gemm.cu", "gemm_rs.cu", "runtime.cu")
 HEADERS = ("params.h", "platform.cuh", "sync.cuh", "queue.cuh", "trace.cuh", "mover.cuh", "builder_mma.cuh",
-           "persistent.cuh")
+           "persistent.cuh", "host_error.h")
 NVCC_FLAGS = ("-std=c++17", "-O3", "-DNDEBUG", "-Xcompiler", "-fPIC", "-cudart", "static", "-Xptxas", "-v")
 DEFAULT_ARCH = "sm_90a"
 
