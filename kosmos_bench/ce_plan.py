@@ -70,6 +70,25 @@ def parse_split(spec) -> tuple[int, ...]:
     return parts
 
 
+def halving(run: list) -> list[list]:
+    """A run of bands cut into copies of ..., 4, 2, 1 bands (the first takes the remainder):
+    the tiles a copy releases then finish about when the copies after it land, so the work
+    left after the last byte stays one band's."""
+    sizes, n, k = [], len(run), 1
+    while n > 0:
+        sizes.append(min(k, n))
+        n -= sizes[-1]
+        k *= 2
+    if len(sizes) > 1 and sizes[-1] < sizes[-2]:  # fold a short remainder into the biggest copy
+        rest = sizes.pop()
+        sizes[-1] += rest
+    out, b = [], 0
+    for m in reversed(sizes):
+        out.append(run[b:b + m])
+        b += m
+    return out
+
+
 def build(sch, K: int, slices: int = 1, bk: int = 64, slice_bytes: int = 0,
           tail_groups: int = 1, split: tuple[int, ...] | None = None,
           merge: bool = False) -> tuple[list[CeEntry], dict[int, int]]:
@@ -80,7 +99,8 @@ def build(sch, K: int, slices: int = 1, bk: int = 64, slice_bytes: int = 0,
     other group into slices of about that many bytes (streams whole groups; each extra copy
     costs the engine setup). ``merge``: before the sliced groups, a copy takes every contiguous
     band of one peer regardless of groups (one copy per peer instead of one per group and
-    peer; a group's earlier bands are released with the peer's later ones)."""
+    peer; a group's earlier bands are released with the peer's later ones), except that the
+    last such run is cut in ``halving`` copies (..., 4, 2, 1 bands)."""
     if slices < 1 or slice_bytes < 0 or tail_groups < 1:
         raise ValueError(f"slices={slices}, slice_bytes={slice_bytes}, tail_groups={tail_groups}: expected "
                          "slices >= 1, slice_bytes >= 0, tail_groups >= 1")
@@ -117,6 +137,10 @@ def build(sch, K: int, slices: int = 1, bk: int = 64, slice_bytes: int = 0,
             runs[-1].append(b)
         else:
             runs.append([b])
+    merged_runs = [i for i, run in enumerate(runs) if seg(run) == merged]
+    if merged_runs:  # the last merged copy halves toward the tail: ..., 4, 2, 1 bands
+        i = merged_runs[-1]
+        runs[i:i + 1] = halving(runs[i])
     nkb = S.cdiv(K, bk)
     plan: list[CeEntry] = []
     mult: dict[int, int] = {}

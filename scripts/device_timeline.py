@@ -29,7 +29,8 @@ from kosmos_bench.trace import gpu_work_per_range
 from _host_point import W, host_ce_point, nccl_overlap_run, script_args  # scripts/: shared host-fabric set-up
 
 # kosmos variants: "h<MB>" = KOSMOS_CE_HEAD_MB, then optional ".<key><value>" parts: s = ce_slices
-# (K-slices of the last group; "s3-1": 4 slices in 2 copies, ce_plan.parse_split), g = bands per group (KOSMOS_BAND_GROUP, 0: the default),
+# (K-slices of the last group; "s3-1": 4 slices in 2 copies, ce_plan.parse_split; "sd": the
+# runner's default), g = bands per group (KOSMOS_BAND_GROUP, 0: the default),
 # t = sliced groups at the end (KOSMOS_CE_TAIL_GROUPS), b = flag-spin sleep in ns (KOSMOS_SPIN_NS),
 # m1 = one copy per peer before the sliced groups (KOSMOS_CE_MERGE),
 # e.g. TL_VARIANTS=h0,h0.s2,h0.s2.g4,h0.s2.b1024
@@ -40,13 +41,14 @@ VARIANT_ENV = {"h": "KOSMOS_CE_HEAD_MB", "g": "KOSMOS_BAND_GROUP", "t": "KOSMOS_
 EXTRA = [f for f in os.environ.get("TL_EXTRA", "plan,plan-copies,copy2").split(",") if f]
 
 
-def variant(v: str) -> tuple[dict[str, str], str]:
+def variant(v: str) -> tuple[dict[str, str], str | None]:
     """(environment of the runner, ce_slices) of one TL_VARIANTS entry."""
     kw = {q[0]: q[1:] for q in v.split(".")}
     unknown = set(kw) - set(VARIANT_ENV) - {"s"}
     if unknown or "h" not in kw:
         raise SystemExit(f"TL_VARIANTS entry {v!r}: expected h<MB>[.s<S>|.s<a>-<b>...][.g<G>][.t<T>][.b<ns>][.m1]")
-    return {VARIANT_ENV[k]: val for k, val in kw.items() if k != "s"}, kw.get("s", "1").replace("-", ",")
+    s = kw.get("s", "1")  # "sd": the runner's own default (regime rules included)
+    return {VARIANT_ENV[k]: val for k, val in kw.items() if k != "s"}, None if s == "d" else s.replace("-", ",")
 
 
 def plan_copies_only(r, M: int):

@@ -174,6 +174,15 @@ def test_merge_copies_each_peer_once_before_the_sliced_groups(shape):
     head = [e for e in plan if e.flag not in tail_flags]
     assert all(flags[e.flag] == [3] for e in head)  # whole bands, one release each
     copies = [e for e in head if e.rows]
-    assert sorted(e.peer for e in copies) == sorted(p for p in range(W) if p != r)  # one copy per peer
+    per_peer = {p: [e.rows // 128 for e in copies if e.peer == p] for p in range(W) if p != r}
+    last = copies[-1].peer  # its run before the tail is cut ..., 4, 2, 1 bands; others: one copy
+    assert all(len(v) == 1 for p, v in per_peer.items() if p != last)
+    assert per_peer[last] == [len(x) for x in ce_plan.halving(list(range(sum(per_peer[last]))))]
     assert len([e for e in ref if e.rows and e.flag not in tail_flags]) > len(copies)  # groups: more copies
     assert [e for e in plan if e.flag in tail_flags] == [e for e in ref if e.flag in tail_flags]
+
+
+def test_halving_sizes():
+    sizes = {n: [len(x) for x in ce_plan.halving(list(range(n)))] for n in (1, 2, 3, 7, 8, 15, 16)}
+    assert sizes == {1: [1], 2: [1, 1], 3: [2, 1], 7: [4, 2, 1], 8: [5, 2, 1], 15: [8, 4, 2, 1], 16: [9, 4, 2, 1]}
+    assert sum(ce_plan.halving(list(range(11))), []) == list(range(11))
