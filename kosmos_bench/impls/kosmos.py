@@ -54,8 +54,8 @@ DEFAULT_CE_MERGE = "0"
 # Copy-bound shapes (rho = schedule.link_compute_ratio < COPY_BOUND_RHO: the QKV layers on the
 # host fabric, rho <= 0.16; FC1 is 0.47-0.88): the builders wait for the link anyway, so what
 # counts is fewer copies and a short tail: one copy per peer (merge), 1-band groups and the
-# last band in COPY_BOUND_SLICES K-slices. 1.5-2.5% faster than the defaults on the three QKV
-# shapes (timeline/t12-copy-bound.parquet); on FC1 merge costs 1-6% (t11), so only here.
+# last band in COPY_BOUND_SLICES K-slices. 1.5-3% faster than the defaults on the three QKV
+# shapes (timeline/t12-copy-bound.parquet, t13-halving); on FC1 merge costs 1-6% (t11), so only here.
 COPY_BOUND_RHO = 0.3
 COPY_BOUND_SLICES = 4
 # Sleep between two polls of a flag spin (Params.spin_ns; KOSMOS_SPIN_NS).
