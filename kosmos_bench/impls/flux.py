@@ -27,9 +27,9 @@ from .symm_mem import (
     MULTI_GPU_FABRICS,
     dist_version,
     gpu_nccl_ready,
+    half_precision_unsupported,
     keep_multicast_off,
     module_present,
-    multi_gpu_unsupported,
     probe_import,
     resolve_group,
     set_device,
@@ -70,12 +70,7 @@ class FluxImpl:
         return dist_version("byte-flux", "byte_flux", module=_MODULE)
 
     def unsupported(self, point: Point) -> str | None:
-        why = multi_gpu_unsupported(self, point)
-        if why:
-            return why
-        if point.dtype not in ("bf16", "fp16"):
-            return f"flux's fused kernels run bf16/fp16 (and fp8/int8) GEMMs, not {point.dtype}"
-        return None
+        return half_precision_unsupported(self, point, "flux's fused kernels run bf16/fp16 (and fp8/int8) GEMMs")
 
     def prepare(self, point: Point, ctx: RankCtx, inputs) -> FnRunner:
         """Build the Flux op for this shape and return a runner of one fused call.

@@ -132,6 +132,16 @@ def multi_gpu_unsupported(impl, point: Point) -> str | None:
     return common_unsupported(impl, point)
 
 
+def half_precision_unsupported(impl, point: Point, what: str) -> str | None:
+    """multi_gpu_unsupported, then: `what` runs bf16/fp16 only (te-ub, flux)."""
+    why = multi_gpu_unsupported(impl, point)
+    if why:
+        return why
+    if point.dtype not in ("bf16", "fp16"):
+        return f"{what}, not {point.dtype}"
+    return None
+
+
 def resolve_group(ctx: RankCtx, name: str):
     """The NCCL process group of this point, checked against ctx's rank and world.
 

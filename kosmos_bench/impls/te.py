@@ -35,9 +35,9 @@ from .symm_mem import (
     MULTI_GPU_FABRICS,
     dist_version,
     gpu_nccl_ready,
+    half_precision_unsupported,
     keep_multicast_off,
     module_present,
-    multi_gpu_unsupported,
     probe_import,
     resolve_group,
     set_device,
@@ -75,12 +75,7 @@ class TeUbImpl:
         return dist_version("transformer_engine", "transformer-engine", "transformer_engine_torch", module=_MODULE)
 
     def unsupported(self, point: Point) -> str | None:
-        why = multi_gpu_unsupported(self, point)
-        if why:
-            return why
-        if point.dtype not in ("bf16", "fp16"):
-            return f"te-ub userbuffers overlap runs bf16/fp16 GEMMs, not {point.dtype}"
-        return None
+        return half_precision_unsupported(self, point, "te-ub userbuffers overlap runs bf16/fp16 GEMMs")
 
     def prepare(self, point: Point, ctx: RankCtx, inputs) -> FnRunner:
         """Build the TE layer with userbuffers and return a runner of one forward.
