@@ -383,6 +383,17 @@ class _Tab:
         return ItemTable(t, np.asarray(order, dtype=np.int32), np.asarray(self.flops), np.asarray(self.bytes))
 
 
+def _tiles(m_extent: int, bm: int, n_extent: int, bn: int):
+    """(mt, m0, rows, nt, n0, cols) of every bm x bn tile of an m_extent x n_extent grid, row
+    band by row band; the last band / column tile is partial."""
+    for mt in range(cdiv(m_extent, bm)):
+        m0 = mt * bm
+        rows = min(bm, m_extent - m0)
+        for nt in range(cdiv(n_extent, bn)):
+            n0 = nt * bn
+            yield mt, m0, rows, nt, n0, min(bn, n_extent - n0)
+
+
 def band_groups(num_bands: int, builders: int, ramp: bool = False, tail: int = 1, size: int | None = None) -> list[slice]:
     """Consecutive groups of bands whose tiles the ag-gemm demand order rasters column by
     column. A wave of ``builders`` concurrent tiles then reads g A-panels and builders/g
@@ -524,15 +535,10 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
                                         0, max(0, min(per, nbytes - s * per))) for s in range(S)]
         build_id: dict[tuple[int, int, int], int] = {}
         for p in range(W):
-            for mt in range(mt_n):
-                m0 = mt * BM
-                rows = min(BM, m_loc - m0)
+            for mt, m0, rows, nt, n0, cols in _tiles(m_loc, BM, n_loc, BN):
                 dl = [] if p == r else [lay.band + p * nb + mt // chunk]
-                for nt in range(nt_n):
-                    n0 = nt * BN
-                    cols = min(BN, n_loc - n0)
-                    build_id[p, mt, nt] = bt.add(AG_BUILD, p, m0, rows, n0, cols, dl, deps, -1, -1,
-                                                 2.0 * rows * cols * K, (rows * K + K * cols + rows * cols) * ELEM_BYTES)
+                build_id[p, mt, nt] = bt.add(AG_BUILD, p, m0, rows, n0, cols, dl, deps, -1, -1,
+                                             2.0 * rows * cols * K, (rows * K + K * cols + rows * cols) * ELEM_BYTES)
         b_demand = []
         for seg in ([r], ring) if local_first else (ring, [r]):  # local bands ready at entry, remote as they arrive
             bands = [(p, mt) for p in seg for mt in range(mt_n)]
@@ -565,51 +571,31 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
 
         build_id = {}
         for d in range(W):
-            for mt in range(mt_n):
-                m0 = mt * BM
-                rows = min(BM, m_loc - m0)
-                for nt in range(nt_n):
-                    n0 = nt * BN
-                    cols = min(BN, N - n0)
-                    build_id[d, mt, nt] = bt.add(RS_BUILD, d, m0, rows, n0, cols, [], deps, r, built_flag(d, mt, nt),
-                                                 2.0 * rows * cols * k_loc,
-                                                 (rows * k_loc + k_loc * cols + rows * cols) * ELEM_BYTES)
+            for mt, m0, rows, nt, n0, cols in _tiles(m_loc, BM, N, BN):
+                build_id[d, mt, nt] = bt.add(RS_BUILD, d, m0, rows, n0, cols, [], deps, r, built_flag(d, mt, nt),
+                                             2.0 * rows * cols * k_loc,
+                                             (rows * k_loc + k_loc * cols + rows * cols) * ELEM_BYTES)
         push_id = {}
         for d in range(W):
             if d == r:
                 continue
-            for j in range(nb):
-                m0 = j * band_rows
-                rows = min(band_rows, m_loc - m0)
-                for nt in range(nt_n):
-                    n0 = nt * BN
-                    cols = min(BN, N - n0)
-                    dl = [built_flag(d, mt, nt) for mt in range(j * chunk, min(mt_n, (j + 1) * chunk))]
-                    push_id[d, j, nt] = mv.add(RS_PUSH, d, m0, rows, n0, cols, [lay.entry + d] + dl, deps, d,
-                                               arrived_flag(r, j, nt), 0, rows * cols * ELEM_BYTES)
+            for j, m0, rows, nt, n0, cols in _tiles(m_loc, band_rows, N, BN):
+                dl = [built_flag(d, mt, nt) for mt in range(j * chunk, min(mt_n, (j + 1) * chunk))]
+                push_id[d, j, nt] = mv.add(RS_PUSH, d, m0, rows, n0, cols, [lay.entry + d] + dl, deps, d,
+                                           arrived_flag(r, j, nt), 0, rows * cols * ELEM_BYTES)
         proxy_id = {}
         if fabric == "host":
             for s in range(W):
                 if s == r:
                     continue
-                for j in range(nb):
-                    m0 = j * band_rows
-                    rows = min(band_rows, m_loc - m0)
-                    for nt in range(nt_n):
-                        n0 = nt * BN
-                        cols = min(BN, N - n0)
-                        proxy_id[s, j, nt] = mv.add(RS_PROXY, s, m0, rows, n0, cols, [], deps, r,
-                                                    arrived_flag(s, j, nt), 0, rows * cols * ELEM_BYTES)
+                for j, m0, rows, nt, n0, cols in _tiles(m_loc, band_rows, N, BN):
+                    proxy_id[s, j, nt] = mv.add(RS_PROXY, s, m0, rows, n0, cols, [], deps, r,
+                                                arrived_flag(s, j, nt), 0, rows * cols * ELEM_BYTES)
         red_id = {}
-        for mt in range(mt_n):
-            m0 = mt * BM
-            rows = min(BM, m_loc - m0)
-            for nt in range(nt_n):
-                n0 = nt * BN
-                cols = min(BN, N - n0)
-                dl = [arrived_flag(s, mt // chunk, nt) for s in range(W) if s != r] + [built_flag(r, mt, nt)]
-                red_id[mt, nt] = rd.add(RS_REDUCE, r, m0, rows, n0, cols, dl, deps, -1, -1,
-                                        float(rows * cols * (W - 1)), rows * cols * ELEM_BYTES * (W + 1))
+        for mt, m0, rows, nt, n0, cols in _tiles(m_loc, BM, N, BN):
+            dl = [arrived_flag(s, mt // chunk, nt) for s in range(W) if s != r] + [built_flag(r, mt, nt)]
+            red_id[mt, nt] = rd.add(RS_REDUCE, r, m0, rows, n0, cols, dl, deps, -1, -1,
+                                    float(rows * cols * (W - 1)), rows * cols * ELEM_BYTES * (W + 1))
         dest_seq = ([r] if local_first else []) + ring + ([] if local_first else [r])
         b_demand = [build_id[d, mt, nt] for d in dest_seq for mt in range(mt_n) for nt in range(nt_n)]
         # Movers in the order their last builder tile appears in the builder demand order.
