@@ -106,7 +106,8 @@ def test_tail_groups_slice_the_last_groups():
     groups = sch.meta["remote_groups"]
     for g, grp in enumerate(groups):
         sliced = g >= len(groups) - 3
-        assert {mult[flag_of[b]] for b in grp} == ({4} if sliced else {1})
+        want = {4} if sliced else {1}
+        assert {mult[flag_of[b]] for b in grp} == want
 
 
 def test_bad_slices():
