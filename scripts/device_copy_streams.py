@@ -1,0 +1,107 @@
+"""Does a host->device copy's speed depend on the stream that issues it? The driver binds each
+stream to a hardware queue and its copies to a copy engine; the sweeps saw copy alone and
+kosmos runners move 3-8% between points and runners of one process (results/issue4-h200-20261203,
+t9 and run21/run25) with nothing else changed.
+
+1. copy alone (the 7 peers' shards, pinned host -> device) back to back on the default stream,
+   on each of torch's 32 pool streams and on 8 high-priority pool streams; two passes.
+2. a kosmos runner (self, CE movers) with its own copy/flag streams, then with its streams
+   replaced by the fastest and by the slowest pair of part 1; back to back and in the sweep's
+   loop (call, GEMM alone, copy alone); its output checked against torch after.
+3. copy alone on the default stream before the runner, while it is alive, after close.
+
+    KOSMOS_BENCH_CACHE=$PWD/.kb-cache python3 scripts/device_copy_streams.py OUT_DIR [MxNxK]
+    (CS_PARTS=1 runs part 1 only; CS_REPS repetitions per timing, default 8)
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import numpy as np
+import pandas as pd
+import torch
+
+from kosmos_bench import timing
+from kosmos_bench.impls import nccl as nccl_impls
+from kosmos_bench.impls.kosmos import IMPLS
+from _host_point import W, host_ce_point, script_args  # scripts/: shared host-fabric set-up
+
+REPS = int(os.environ.get("CS_REPS", "8"))
+PARTS = os.environ.get("CS_PARTS", "123")
+
+
+def copy_on(stream, dst, shards, m: int):
+    """Copy alone issued on `stream` (None: the current stream), joined to the current one."""
+    def run():
+        main = torch.cuda.current_stream()
+        if stream is not None:
+            stream.wait_stream(main)
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            for q in range(1, W):
+                dst[q * m:(q + 1) * m].copy_(shards[q], non_blocking=True)
+        if stream is not None:
+            main.wait_stream(stream)
+    return run
+
+
+def main() -> None:
+    out, ((M, N, K), *_), dev = script_args("/tmp/copy-streams")
+    p, ctx, inputs = host_ce_point(M, N, K, dev)
+    host, m = nccl_impls.host_peers(p, ctx, inputs), M // W
+    dst = torch.empty((M, K), dtype=inputs.A[0].dtype, device=dev)
+    tag = os.environ.get("CS_TAG", f"pid{os.getpid()}")
+
+    def med(fns: dict, key: str = "x") -> float:
+        return float(np.median(timing.bench(fns, device=dev, warmup=2, reps=REPS, min_warmup_s=0.05)[key]))
+
+    streams = {"default": None} | {f"pool{i:02d}": torch.cuda.Stream(dev) for i in range(32)} | \
+              {f"hi{i}": torch.cuda.Stream(dev, priority=-1) for i in range(8)}
+    handle = {s.cuda_stream: k for k, s in streams.items() if s is not None}
+    rows = []
+    for ps in ("A", "B"):
+        for k, s in streams.items():
+            rows.append({"part": 1, "what": f"copy on {k}", "stream": k, "pass": ps,
+                         "median_us": med({"x": copy_on(s, dst, host.shards, m)})})
+    one = pd.DataFrame(rows).pivot(index="stream", columns="pass", values="median_us")
+    one["mean"] = one.mean(axis=1)
+    print(f"[{tag}] part 1, copy alone by stream (us): min {one['mean'].min():.0f} median {one['mean'].median():.0f} "
+          f"max {one['mean'].max():.0f}; pass A vs B per-stream corr "
+          f"{np.corrcoef(one['A'], one['B'])[0, 1]:.2f}", flush=True)
+    print(one.round(0).T.to_string(), flush=True)
+    if "2" in PARTS:
+        copy = copy_on(None, dst, host.shards, m)
+        gemm = nccl_impls.gemm_alone(p, ctx, inputs)
+        rows.append({"part": 3, "what": "copy default, before runner", "median_us": med({"x": copy})})
+        r = IMPLS[0].prepare(p, ctx, inputs)
+        own = [handle.get(s.cuda_stream, "new") for s in r.ce_streams]
+        rows.append({"part": 3, "what": "copy default, runner alive", "median_us": med({"x": copy})})
+        order = one["mean"].sort_values()
+        fast, slow = [streams[k] for k in order.index[:2] if k != "default"], \
+            [streams[k] for k in order.index[::-1][:2] if k != "default"]
+        pairs = {f"own ({','.join(own)})": list(r.ce_streams),
+                 f"fastest ({','.join(order.index[:2])})": fast, f"slowest ({','.join(order.index[::-1][:2])})": slow}
+        for name, pair in pairs.items():
+            if len(pair) < 2:
+                continue
+            r.ce_streams = pair
+            r._ce_commit()
+            rows.append({"part": 2, "what": f"kosmos b2b, streams {name}", "median_us": med({"x": r.run})})
+            rows.append({"part": 2, "what": f"kosmos sweep loop, streams {name}",
+                         "median_us": med({"x": r.run, "gemm": gemm, "copy": copy})})
+        r.run()
+        r.check()
+        ref = torch.matmul(torch.cat([inputs.A[q] for q in range(W)]), inputs.B[0]).float()
+        err = float((r.outputs[0].float() - ref).abs().max() / ref.abs().max())
+        print(f"kosmos output after the stream swaps: max error / max |ref| = {err:.2e}", flush=True)
+        if not err < 1e-2:
+            raise SystemExit(f"kosmos output wrong after the stream swaps (relative error {err:.3g})")
+        r.close()
+        rows.append({"part": 3, "what": "copy default, runner closed", "median_us": med({"x": copy})})
+        print(pd.DataFrame([x for x in rows if x["part"] > 1])[["what", "median_us"]].round(0).to_string(index=False))
+    df = pd.DataFrame(rows).assign(M=M, N=N, K=K, tag=tag)
+    df.to_parquet(f"{out}/copy_streams-{tag}.parquet")
+
+
+if __name__ == "__main__":
+    main()
