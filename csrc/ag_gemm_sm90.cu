@@ -305,12 +305,7 @@ int kosmos_sm90_ag_launch(void* h, const KosmosParams* params, void* stream) {
   if (!h || !params) return fail(KOSMOS_ERR_INVALID, "null handle or params");
   const KosmosParams& p = *params;
   if (p.op != KOSMOS_OP_AG_GEMM) return fail(KOSMOS_ERR_INVALID, "sm90 variant is ag-gemm only (op %d)", p.op);
-  if (p.world < 1 || p.world > KOSMOS_MAX_WORLD) return fail(KOSMOS_ERR_INVALID, "world %d outside 1..%d", p.world, KOSMOS_MAX_WORLD);
-  if (p.num_ranks < 1 || p.num_ranks > p.world) return fail(KOSMOS_ERR_INVALID, "num_ranks %d outside 1..world", p.num_ranks);
-  if (p.grid < p.num_ranks) return fail(KOSMOS_ERR_INVALID, "grid %d smaller than num_ranks %d", p.grid, p.num_ranks);
-  if (!p.ranks || !p.state || !p.err) return fail(KOSMOS_ERR_INVALID, "null ranks/state/err pointer");
-  if (p.trace && (!p.trace_count || p.trace_cap < 1)) return fail(KOSMOS_ERR_INVALID, "trace without counts/cap");
-  if (p.spin_ns < 0 || p.spin_ns > 1000000) return fail(KOSMOS_ERR_INVALID, "spin_ns %d outside 0..1000000", p.spin_ns);
+  if (int rc = kosmos::check_common_params(p)) return rc;
   if (p.mover_bulk) return fail(KOSMOS_ERR_INVALID, "sm90 ag-gemm: mover_bulk is not supported (no smem beside the builder)");
   if (const char* why = validate(p.M, p.N, p.K, p.world)) return fail(KOSMOS_ERR_INVALID, "%s", why);
   AgSm90Params& P = *static_cast<AgSm90Params*>(h);

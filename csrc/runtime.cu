@@ -64,12 +64,7 @@ int kosmos_launch(const KosmosParams* params, void* stream) {
   const KosmosParams& p = *params;
   const void* k = kernel_of(p.op);
   if (!k) return fail(KOSMOS_ERR_INVALID, "unknown op %d", p.op);
-  if (p.world < 1 || p.world > KOSMOS_MAX_WORLD) return fail(KOSMOS_ERR_INVALID, "world %d outside 1..%d", p.world, KOSMOS_MAX_WORLD);
-  if (p.num_ranks < 1 || p.num_ranks > p.world) return fail(KOSMOS_ERR_INVALID, "num_ranks %d outside 1..world", p.num_ranks);
-  if (p.grid < p.num_ranks) return fail(KOSMOS_ERR_INVALID, "grid %d smaller than num_ranks %d", p.grid, p.num_ranks);
-  if (!p.ranks || !p.state || !p.err) return fail(KOSMOS_ERR_INVALID, "null ranks/state/err pointer");
-  if (p.trace && (!p.trace_count || p.trace_cap < 1)) return fail(KOSMOS_ERR_INVALID, "trace without counts/cap");
-  if (p.spin_ns < 0 || p.spin_ns > 1000000) return fail(KOSMOS_ERR_INVALID, "spin_ns %d outside 0..1000000", p.spin_ns);
+  if (int rc = kosmos::check_common_params(p)) return rc;
   if (p.k_stream) return fail(KOSMOS_ERR_INVALID, "k_stream (builders streaming K-slices) is the sm90 variant's only");
   int rc = prepare_kernel(k);
   if (rc) return rc;

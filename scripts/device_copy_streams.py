@@ -5,9 +5,9 @@ t9 and run21/run25) with nothing else changed.
 
 1. copy alone (the 7 peers' shards, pinned host -> device) back to back on the default stream,
    on each of torch's 32 pool streams and on 8 high-priority pool streams; two passes.
-2. a kosmos runner (self, CE movers) with its own copy/flag streams, then with its streams
-   replaced by the fastest and by the slowest pair of part 1; back to back and in the sweep's
-   loop (call, GEMM alone, copy alone); its output checked against torch after.
+2. a kosmos runner (self, CE movers; its streams are pool streams of part 1) back to back and
+   in the sweep's loop (call, GEMM alone, copy alone), without and with the sweep's NVML clock
+   sampler polling every 1 ms; its output checked against torch after.
 3. copy alone on the default stream before the runner, while it is alive, after close.
 
     KOSMOS_BENCH_CACHE=$PWD/.kb-cache python3 scripts/device_copy_streams.py OUT_DIR [MxNxK]
@@ -25,6 +25,7 @@ import torch
 from kosmos_bench import timing
 from kosmos_bench.impls import nccl as nccl_impls
 from kosmos_bench.impls.kosmos import IMPLS
+from kosmos_bench.runtime import nvml
 from _host_point import W, host_ce_point, script_args  # scripts/: shared host-fabric set-up
 
 REPS = int(os.environ.get("CS_REPS", "8"))
@@ -76,26 +77,23 @@ def main() -> None:
         r = IMPLS[0].prepare(p, ctx, inputs)
         own = [handle.get(s.cuda_stream, "new") for s in r.ce_streams]
         rows.append({"part": 3, "what": "copy default, runner alive", "median_us": med({"x": copy})})
-        order = one["mean"].sort_values()
-        fast, slow = [streams[k] for k in order.index[:2] if k != "default"], \
-            [streams[k] for k in order.index[::-1][:2] if k != "default"]
-        pairs = {f"own ({','.join(own)})": list(r.ce_streams),
-                 f"fastest ({','.join(order.index[:2])})": fast, f"slowest ({','.join(order.index[::-1][:2])})": slow}
-        for name, pair in pairs.items():
-            if len(pair) < 2:
-                continue
-            r.ce_streams = pair
-            r._ce_commit()
-            rows.append({"part": 2, "what": f"kosmos b2b, streams {name}", "median_us": med({"x": r.run})})
-            rows.append({"part": 2, "what": f"kosmos sweep loop, streams {name}",
-                         "median_us": med({"x": r.run, "gemm": gemm, "copy": copy})})
+        print(f"runner's copy/flag streams: {', '.join(own)}", flush=True)
+        uuid = str(torch.cuda.get_device_properties(dev).uuid)
+        for sampled in (False, True):  # the sweep polls NVML every 1 ms while it times (harness._bench)
+            with nvml.ClockSampler(uuid if sampled else None):
+                tag2 = ", NVML sampler on" if sampled else ""
+                rows.append({"part": 2, "what": f"kosmos b2b{tag2}", "median_us": med({"x": r.run})})
+                got = timing.bench({"x": r.run, "gemm": gemm, "copy": copy}, device=dev, warmup=2, reps=REPS,
+                                   min_warmup_s=0.05)
+                rows += [{"part": 2, "what": f"sweep loop {k}{tag2}", "median_us": float(np.median(v))}
+                         for k, v in got.items()]
         r.run()
         r.check()
         ref = torch.matmul(torch.cat([inputs.A[q] for q in range(W)]), inputs.B[0]).float()
         err = float((r.outputs[0].float() - ref).abs().max() / ref.abs().max())
-        print(f"kosmos output after the stream swaps: max error / max |ref| = {err:.2e}", flush=True)
+        print(f"kosmos output after timing: max error / max |ref| = {err:.2e}", flush=True)
         if not err < 1e-2:
-            raise SystemExit(f"kosmos output wrong after the stream swaps (relative error {err:.3g})")
+            raise SystemExit(f"kosmos output wrong after timing (relative error {err:.3g})")
         r.close()
         rows.append({"part": 3, "what": "copy default, runner closed", "median_us": med({"x": copy})})
         print(pd.DataFrame([x for x in rows if x["part"] > 1])[["what", "median_us"]].round(0).to_string(index=False))

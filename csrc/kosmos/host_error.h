@@ -1,7 +1,8 @@
 // host_error.h — the C ABI's error convention, shared by the libraries' host code: fail()
 // formats a message into this translation unit's thread-local buffer (what the library's
 // *_last_error() returns) and returns the code; KOSMOS_CUDA(call) fails with KOSMOS_ERR_CUDA
-// and the CUDA error string when `call` does not return cudaSuccess.
+// and the CUDA error string when `call` does not return cudaSuccess; check_common_params() holds
+// the launch checks of every entry point.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -25,6 +26,19 @@ __attribute__((format(printf, 2, 3))) int fail(int code, const char* fmt, ...) {
 }
 
 }  // namespace
+
+// The Params checks every launch entry point shares (kosmos_launch, kosmos_sm90_ag_launch);
+// KOSMOS_OK or the failure, with its message set.
+inline int check_common_params(const KosmosParams& p) {
+  if (p.world < 1 || p.world > KOSMOS_MAX_WORLD) return fail(KOSMOS_ERR_INVALID, "world %d outside 1..%d", p.world, KOSMOS_MAX_WORLD);
+  if (p.num_ranks < 1 || p.num_ranks > p.world) return fail(KOSMOS_ERR_INVALID, "num_ranks %d outside 1..world", p.num_ranks);
+  if (p.grid < p.num_ranks) return fail(KOSMOS_ERR_INVALID, "grid %d smaller than num_ranks %d", p.grid, p.num_ranks);
+  if (!p.ranks || !p.state || !p.err) return fail(KOSMOS_ERR_INVALID, "null ranks/state/err pointer");
+  if (p.trace && (!p.trace_count || p.trace_cap < 1)) return fail(KOSMOS_ERR_INVALID, "trace without counts/cap");
+  if (p.spin_ns < 0 || p.spin_ns > 1000000) return fail(KOSMOS_ERR_INVALID, "spin_ns %d outside 0..1000000", p.spin_ns);
+  return KOSMOS_OK;
+}
+
 }  // namespace kosmos
 
 #define KOSMOS_CUDA(call)                                                                    \
