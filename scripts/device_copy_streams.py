@@ -27,9 +27,13 @@ from kosmos_bench.impls import nccl as nccl_impls
 from kosmos_bench.impls.kosmos import IMPLS
 from kosmos_bench.runtime import nvml
 from _host_point import W, host_ce_point, script_args  # scripts/: shared host-fabric set-up
+from device_timeline import analyse, profiled_loop
 
 REPS = int(os.environ.get("CS_REPS", "8"))
 PARTS = os.environ.get("CS_PARTS", "123")
+# streams made before the runner: CS_LOW pool streams, CS_HI high-priority ones; CS_USE=0 makes
+# them without copying on them (part 1 is then skipped)
+LOW, HI, USE = (int(os.environ.get(k, d)) for k, d in (("CS_LOW", "32"), ("CS_HI", "8"), ("CS_USE", "1")))
 
 
 def copy_on(stream, dst, shards, m: int):
@@ -56,20 +60,22 @@ def main() -> None:
     def med(fns: dict, key: str = "x") -> float:
         return float(np.median(timing.bench(fns, device=dev, warmup=2, reps=REPS, min_warmup_s=0.05)[key]))
 
-    streams = {"default": None} | {f"pool{i:02d}": torch.cuda.Stream(dev) for i in range(32)} | \
-              {f"hi{i}": torch.cuda.Stream(dev, priority=-1) for i in range(8)}
+    streams = {"default": None} | {f"pool{i:02d}": torch.cuda.Stream(dev) for i in range(LOW)} | \
+              {f"hi{i}": torch.cuda.Stream(dev, priority=-1) for i in range(HI)}
     handle = {s.cuda_stream: k for k, s in streams.items() if s is not None}
     rows = []
-    for ps in ("A", "B"):
+    for ps in ("A", "B") if USE else ():
         for k, s in streams.items():
             rows.append({"part": 1, "what": f"copy on {k}", "stream": k, "pass": ps,
                          "median_us": med({"x": copy_on(s, dst, host.shards, m)})})
-    one = pd.DataFrame(rows).pivot(index="stream", columns="pass", values="median_us")
-    one["mean"] = one.mean(axis=1)
-    print(f"[{tag}] part 1, copy alone by stream (us): min {one['mean'].min():.0f} median {one['mean'].median():.0f} "
+    print(f"[{tag}] {LOW} pool + {HI} high-priority streams made{'' if USE else ' (unused)'} before the runner; "
+          f"CUDA_DEVICE_MAX_CONNECTIONS={os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS', 'unset')}", flush=True)
+    if rows:
+        one = pd.DataFrame(rows).pivot(index="stream", columns="pass", values="median_us")
+        one["mean"] = one.mean(axis=1)
+        print(f"[{tag}] part 1, copy alone by stream (us): min {one['mean'].min():.0f} median {one['mean'].median():.0f} "
           f"max {one['mean'].max():.0f}; pass A vs B per-stream corr "
-          f"{np.corrcoef(one['A'], one['B'])[0, 1]:.2f}", flush=True)
-    print(one.round(0).T.to_string(), flush=True)
+              f"{np.corrcoef(one['A'], one['B'])[0, 1]:.2f}", flush=True)
     if "2" in PARTS:
         copy = copy_on(None, dst, host.shards, m)
         gemm = nccl_impls.gemm_alone(p, ctx, inputs)
@@ -87,6 +93,12 @@ def main() -> None:
                                    min_warmup_s=0.05)
                 rows += [{"part": 2, "what": f"sweep loop {k}{tag2}", "median_us": float(np.median(v))}
                          for k, v in got.items()]
+        # where the call's time goes (CUPTI records, scripts/device_timeline.py)
+        timed, path = profiled_loop({"x": r.run}, dev, 4)
+        c = analyse(path, timed)
+        cols = ["timed_us", "c_start_rel", "k_start_rel", "c_end_rel", "k_end_rel", "copy_span_us", "tail_us"]
+        print("kosmos call, profiled (us): " + ", ".join(f"{k} {c[k].median():.0f}" for k in cols), flush=True)
+        rows += [{"part": 2, "what": f"profiled {k}", "median_us": float(c[k].median())} for k in cols]
         r.run()
         r.check()
         ref = torch.matmul(torch.cat([inputs.A[q] for q in range(W)]), inputs.B[0]).float()
