@@ -112,6 +112,8 @@ int kosmos_alloc_mapped(uint64_t bytes, void** host, void** dev);
 int kosmos_free_mapped(void* host);
 int kosmos_smem_bytes(int op);
 int kosmos_stream_write_u32(void* stream, void* dev_ptr, uint32_t value);
+int kosmos_stream_create(void** stream);
+int kosmos_stream_destroy(void* stream);
 void* kosmos_ce_plan_create(void* copy_stream, void* flag_stream, int n, const uint64_t* dst, const uint64_t* src,
                             const uint64_t* width, const uint64_t* height, const uint64_t* pitch,
                             const uint64_t* flag, const uint32_t* mult, const uint32_t* back, int head);

@@ -270,6 +270,7 @@ class KosmosRunner:
             raise ValueError(f"KOSMOS_SPIN_NS={self.spin_ns}: expected 0..1000000 ns")
         self.calls = 0  # completed launches since the last reset (epoch of the next = calls + 1)
         self.ce_plan = None  # C handle (kosmos_ce_plan_create) when the copy engine moves
+        self._own_streams: list[int] = []  # kosmos_stream_create handles (the CE plan's streams)
         dev_index = self.dev.index if self.dev.index is not None else torch.cuda.current_device()
         self.dev_index = dev_index
         with torch.cuda.device(dev_index):
@@ -594,10 +595,17 @@ class KosmosRunner:
                 head = i
                 break
             acc += entries[i].rows * entries[i].cols * 2
-        # copies, flag releases; KOSMOS_CE_INLINE_RELEASE=1: both on the copy stream (no events)
-        self.ce_streams = [torch.cuda.Stream(self.dev) for _ in range(2)]
-        if os.environ.get("KOSMOS_CE_INLINE_RELEASE", "0") == "1":
-            self.ce_streams[1] = self.ce_streams[0]
+        # copies, flag releases; KOSMOS_CE_INLINE_RELEASE=1: both on the copy stream (no events).
+        # The library's own streams, not torch's pool (kosmos_stream_create says why).
+        inline = os.environ.get("KOSMOS_CE_INLINE_RELEASE", "0") == "1"
+        with torch.cuda.device(self.dev_index):
+            for _ in range(1 if inline else 2):
+                h = ctypes.c_void_p()
+                self._call(self.lib.kosmos_stream_create(ctypes.byref(h)), "kosmos_stream_create")
+                self._own_streams.append(h.value)
+        self.ce_streams = [torch.cuda.ExternalStream(h, device=self.dev) for h in self._own_streams]
+        if inline:
+            self.ce_streams.append(self.ce_streams[0])
         self.ce_cols = [np.ascontiguousarray(np.array(cols[n], dtype=np.uint64)) for n in cols]
         self.ce_mult = np.array([e.mult for e in entries], dtype=np.uint32)
         self.ce_back = np.array([e.back for e in entries], dtype=np.uint32)  # a test holds one release back
@@ -778,6 +786,9 @@ class KosmosRunner:
         if self.ce_plan:
             self.lib.kosmos_ce_plan_destroy(self.ce_plan)
             self.ce_plan = None
+        for h in self._own_streams:
+            self.lib.kosmos_stream_destroy(ctypes.c_void_p(h))
+        self._own_streams.clear()
         self._keep.clear()
         self.outputs = {}
 

@@ -78,6 +78,8 @@ def declare(lib: C.CDLL) -> C.CDLL:
     lib.kosmos_free_mapped.argtypes = [P]
     lib.kosmos_smem_bytes.argtypes = [C.c_int]
     lib.kosmos_stream_write_u32.argtypes = [P, P, C.c_uint32]
+    lib.kosmos_stream_create.argtypes = [C.POINTER(P)]
+    lib.kosmos_stream_destroy.argtypes = [P]
     U64 = C.POINTER(C.c_uint64)
     U32 = C.POINTER(C.c_uint32)
     lib.kosmos_ce_plan_create.argtypes = [P, P, C.c_int, U64, U64, U64, U64, U64, U64, U32, U32, C.c_int]
@@ -87,7 +89,8 @@ def declare(lib: C.CDLL) -> C.CDLL:
     lib.kosmos_ce_plan_destroy.argtypes = [P]
     lib.kosmos_ce_plan_destroy.restype = None
     for f in ("kosmos_max_wgs", "kosmos_launch", "kosmos_host_device_ptr", "kosmos_alloc_mapped",
-              "kosmos_free_mapped", "kosmos_smem_bytes", "kosmos_stream_write_u32", "kosmos_ce_plan_begin",
+              "kosmos_free_mapped", "kosmos_smem_bytes", "kosmos_stream_write_u32", "kosmos_stream_create",
+              "kosmos_stream_destroy", "kosmos_ce_plan_begin",
               "kosmos_ce_plan_end"):
         getattr(lib, f).restype = C.c_int
     return lib
