@@ -668,6 +668,7 @@ def simulate_steps(scheds: list[RankSchedule], durations=None, max_steps: int = 
     ctr = [[0, 0, 0] for _ in scheds]
     inflight = [0 for _ in scheds]
     IDLE = (-1, -1)
+    NOT_READY = object()
     wgs = []  # [rank, local_idx, state, busy_until, (q, item)]
     for s in scheds:
         for w in range(s.num_wgs):
@@ -715,6 +716,19 @@ def simulate_steps(scheds: list[RankSchedule], durations=None, max_steps: int = 
             wg["pend"] = None
             return pend
 
+        def ready_head(q):
+            """Queue q's head, claimed, if its deps are met; else NOT_READY. The kernel peeks,
+            claims and checks again (its claim can return a later item, then held pending while
+            the WG decides again)."""
+            _, i = head(s, q)
+            if i is None or not ready(s, q, i):
+                return NOT_READY
+            i = claim(s, q)
+            if ready(s, q, i):
+                return q, i
+            wg["pend"] = (q, i)
+            return decide(wg, s)
+
         def mover_with_slot():
             if head(s, Q_MOVE)[1] is None or not under_cap(s):
                 return None
@@ -728,13 +742,9 @@ def simulate_steps(scheds: list[RankSchedule], durations=None, max_steps: int = 
                 if m:
                     return m
             if pend is None:
-                _, i = head(s, Q_BUILD)
-                if i is not None and ready(s, Q_BUILD, i):
-                    i = claim(s, Q_BUILD)
-                    if ready(s, Q_BUILD, i):
-                        return Q_BUILD, i
-                    wg["pend"] = (Q_BUILD, i)
-                    return decide(wg, s)
+                got = ready_head(Q_BUILD)
+                if got is not NOT_READY:
+                    return got
             if head(s, Q_MOVE)[1] is not None:
                 return mover_with_slot() or IDLE
             if pend is not None:
@@ -745,13 +755,9 @@ def simulate_steps(scheds: list[RankSchedule], durations=None, max_steps: int = 
         if pend is not None and pend[0] == Q_MOVE and ready(s, *pend) and under_cap(s):
             return take_pending()
         if pend is None:
-            _, i = head(s, Q_REDUCE)
-            if i is not None and ready(s, Q_REDUCE, i):
-                i = claim(s, Q_REDUCE)
-                if ready(s, Q_REDUCE, i):
-                    return Q_REDUCE, i
-                wg["pend"] = (Q_REDUCE, i)
-                return decide(wg, s)
+            got = ready_head(Q_REDUCE)
+            if got is not NOT_READY:
+                return got
             i = claim(s, Q_MOVE)
             if i is not None:
                 if ready(s, Q_MOVE, i) and under_cap(s):
