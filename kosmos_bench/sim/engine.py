@@ -494,16 +494,20 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
             waiting[it] = g
         return queues[r][_QM if is_mover else _QB]
 
+    def take_pending(r, g, pd, t, move):
+        pend[r][g] = None
+        return take(r, g, pd, t, move)
+
     def self_decide(r, g, t):
         """The kernels' policy 'self' (schedule.simulate_steps decide()): returns the queue
         the WG took from, None to poll (spin), True when done."""
         loop = rules[r][g]
         rdy = lambda i: ready_t[i] <= t  # noqa: E731
+
         for _ in range(4):  # at most one re-decision after parking a claim as pending
             pd = pend[r][g]
             if pd is not None and not is_move[pd] and rdy(pd):
-                pend[r][g] = None
-                return take(r, g, pd, t, False)
+                return take_pending(r, g, pd, t, False)
             if loop == SELF_AG:
                 if cap[r] and head(r, _QM) is not None and under_cap(r):
                     return take(r, g, claim(r, _QM), t, True)
@@ -514,14 +518,12 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
                 if head(r, _QM) is not None:
                     return take(r, g, claim(r, _QM), t, True) if under_cap(r) else None
                 if pd is not None:
-                    pend[r][g] = None
-                    return take(r, g, pd, t, False)
+                    return take_pending(r, g, pd, t, False)
                 i = claim(r, _QB)
                 return take(r, g, i, t, False) if i is not None else True
             # gemm-rs
             if pd is not None and is_move[pd] and rdy(pd) and under_cap(r):
-                pend[r][g] = None
-                return take(r, g, pd, t, True)
+                return take_pending(r, g, pd, t, True)
             if pd is None:
                 i = head(r, _QR)
                 if i is not None and rdy(i):
@@ -538,13 +540,11 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
             if pd is not None and is_move[pd]:
                 if not under_cap(r):
                     return None
-                pend[r][g] = None
-                return take(r, g, pd, t, True)
+                return take_pending(r, g, pd, t, True)
             if head(r, _QM) is not None:
                 return take(r, g, claim(r, _QM), t, True) if under_cap(r) else None
             if pd is not None:
-                pend[r][g] = None
-                return take(r, g, pd, t, False)
+                return take_pending(r, g, pd, t, False)
             i = claim(r, _QR)
             return take(r, g, i, t, False) if i is not None else True
         raise RuntimeError("self_decide: no decision")  # unreachable
