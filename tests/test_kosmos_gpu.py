@@ -50,6 +50,21 @@ def make(op, W, M, N, K, fabric="local", seed=0, **kw):
     return p, ctx, inputs, A, B, runner
 
 
+def expect_correct(p, runner, A, B, calls=2):
+    """run_checked: no element outside tolerance and the calls bitwise equal."""
+    wrong, err, same = run_checked(p, runner, A, B, calls=calls)
+    assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
+    assert same, f"outputs differ bitwise across {calls} calls"
+
+
+def assert_checked(p, runner, A, B, calls=2):
+    """expect_correct, then close the runner (also when it fails)."""
+    try:
+        expect_correct(p, runner, A, B, calls=calls)
+    finally:
+        runner.close()
+
+
 def run_checked(p, runner, A, B, calls=2):
     """Poison, run `calls` times; returns (total wrong, max err, bitwise identical)."""
     o = get_op(p.op)
@@ -81,9 +96,7 @@ def test_local_awkward_self_bitwise_20(op, W):
     M, N, K = awkward(op, W)
     p, ctx, inputs, A, B, runner = make(op, W, M, N, K, policy="self")
     try:
-        wrong, err, same = run_checked(p, runner, A, B, calls=20)
-        assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
-        assert same, "not bitwise identical across 20 calls"
+        expect_correct(p, runner, A, B, calls=20)
     finally:
         runner.close()
 
@@ -98,12 +111,7 @@ def test_local_policies_orders(op, order, policy):
         wgs = torch.cuda.get_device_properties(0).multi_processor_count // W
         policy = f"fixed:{max(2, wgs // 2)}"
     p, ctx, inputs, A, B, runner = make(op, W, M, N, K, policy=policy, queue_order=order, seed=7)
-    try:
-        wrong, err, same = run_checked(p, runner, A, B, calls=20)
-        assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
-        assert same
-    finally:
-        runner.close()
+    assert_checked(p, runner, A, B, calls=20)
 
 
 @pytest.mark.parametrize("op", ["ag-gemm", "gemm-rs"])
@@ -112,12 +120,7 @@ def test_local_policies_orders(op, order, policy):
 def test_local_variants(op, W, policy, chunk, local_first):
     M, N, K = awkward(op, W)
     p, ctx, inputs, A, B, runner = make(op, W, M, N, K, policy=policy, chunk=chunk, local_first=local_first, seed=3)
-    try:
-        wrong, err, same = run_checked(p, runner, A, B, calls=2)
-        assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
-        assert same
-    finally:
-        runner.close()
+    assert_checked(p, runner, A, B, calls=2)
 
 
 @pytest.mark.parametrize("op", ["ag-gemm", "gemm-rs"])
@@ -125,12 +128,7 @@ def test_local_aligned_fast_path(op):
     """Shapes whose operands take the cp.async (16-byte) path."""
     W = 4
     p, ctx, inputs, A, B, runner = make(op, W, 2048 * W, 512 * W, 1024 * W, policy="self", seed=11)
-    try:
-        wrong, err, same = run_checked(p, runner, A, B, calls=3)
-        assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
-        assert same
-    finally:
-        runner.close()
+    assert_checked(p, runner, A, B, calls=3)
 
 
 @pytest.mark.parametrize("op", ["ag-gemm", "gemm-rs"])
@@ -151,8 +149,7 @@ def test_watchdog_missing_peer(op):
         assert dt < timeout_s + 5.0, f"watchdog took {dt:.2f} s"
         # The same GPU (and the same runner, with the peer back) works on the next call.
         runner.set_debug_skip(None)
-        wrong, err, same = run_checked(p, runner, A, B, calls=2)
-        assert wrong == 0 and same, (wrong, err)
+        expect_correct(p, runner, A, B, calls=2)
     finally:
         runner.close()
     p2, ctx2, inputs2, A2, B2, r2 = make(op, W, M, N, K)
@@ -171,9 +168,7 @@ def test_host_fabric_correct_and_roles_change(op, shape):
     p, ctx, inputs, A, B, runner = make(op, W, M, N, K, fabric="host", policy="self")
     try:
         assert list(runner.outputs) == [0]
-        wrong, err, same = run_checked(p, runner, A, B, calls=3)
-        assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
-        assert same
+        expect_correct(p, runner, A, B, calls=3)
         df = runner.run_traced()
         assert set(df.columns) == {"rank", "wg", "sm", "role", "item", "t0_ns", "t1_ns"}
         assert len(df) > 0 and runner.info["trace_dropped"] == 0
@@ -206,12 +201,7 @@ def test_local_bulk_mover(W, shape):
     """ag-gemm movers through TMA bulk copies (mover_bulk=True) give identical results."""
     M, N, K = shape or awkward("ag-gemm", W)
     p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, policy="self", mover_bulk=True, seed=5)
-    try:
-        wrong, err, same = run_checked(p, runner, A, B, calls=3)
-        assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
-        assert same
-    finally:
-        runner.close()
+    assert_checked(p, runner, A, B, calls=3)
 
 
 @pytest.mark.parametrize("op", ["ag-gemm", "gemm-rs"])
@@ -222,8 +212,7 @@ def test_local_self_inflight_cap(op, cap):
     p, ctx, inputs, A, B, runner = make(op, W, M, N, K, policy="self", max_inflight=cap, seed=9)
     try:
         assert runner.info["max_inflight_movers"] == cap
-        wrong, err, same = run_checked(p, runner, A, B, calls=2)
-        assert wrong == 0 and same, (wrong, err)
+        expect_correct(p, runner, A, B, calls=2)
     finally:
         runner.close()
 
@@ -235,8 +224,7 @@ def test_host_fabric_self_capped_and_bulk(op, bulk):
     p, ctx, inputs, A, B, runner = make(op, W, M, N, K, fabric="host", policy="self", mover_bulk=bulk)
     try:
         assert runner.info["max_inflight_movers"] > 0
-        wrong, err, same = run_checked(p, runner, A, B, calls=3)
-        assert wrong == 0 and same, (wrong, err)
+        expect_correct(p, runner, A, B, calls=3)
     finally:
         runner.close()
 
@@ -248,13 +236,10 @@ def test_host_fabric_ag_copy_engine_movers(shape):
     M, N, K = shape
     p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", mover="ce")
     try:
-        wrong, err, same = run_checked(p, runner, A, B, calls=4)
-        assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
-        assert same
+        expect_correct(p, runner, A, B, calls=4)
         df = runner.run_traced()
         assert (df.role == "MOVE").sum() == 0 and (df.role == "BUILD").sum() == len(runner.scheds[0].builders)
-        wrong, err, same = run_checked(p, runner, A, B, calls=2)  # epochs stay in step after a traced call
-        assert wrong == 0 and same
+        expect_correct(p, runner, A, B, calls=2)  # epochs stay in step after a traced call
     finally:
         runner.close()
 
@@ -292,9 +277,7 @@ def test_sm90_local_ag_correct_bitwise(W):
     try:
         assert runner.info["builder"] == "sm90"
         assert all(int(t[5]) <= 256 for s in runner.scheds for t in s.builders.table)  # BN = 256
-        wrong, err, same = run_checked(p, runner, A, B, calls=5)
-        assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
-        assert same, "not bitwise identical across 5 calls"
+        expect_correct(p, runner, A, B, calls=5)
     finally:
         runner.close()
 
@@ -306,8 +289,7 @@ def test_sm90_local_ag_policies(policy, order):
     p, ctx, inputs, A, B, runner = make("ag-gemm", W, 2048 * W, 512 * W, 1024, policy=policy, queue_order=order,
                                         builder="sm90", seed=22)
     try:
-        wrong, err, same = run_checked(p, runner, A, B, calls=3)
-        assert wrong == 0 and same, (wrong, err)
+        expect_correct(p, runner, A, B, calls=3)
     finally:
         runner.close()
 
@@ -323,8 +305,7 @@ def test_sm90_watchdog_missing_peer():
         with pytest.raises(WatchdogError):
             runner.check()
         runner.set_debug_skip(None)
-        wrong, err, same = run_checked(p, runner, A, B, calls=2)
-        assert wrong == 0 and same, (wrong, err)
+        expect_correct(p, runner, A, B, calls=2)
     finally:
         runner.close()
 
@@ -345,9 +326,7 @@ def test_sm90_host_fabric_ag_balanced_demand_groups(shape, mover, monkeypatch):
     try:
         sizes = [len(g) for g in runner.scheds[0].meta["remote_groups"]]
         assert max(sizes) == S.BALANCED_GROUP and sum(sizes) == 7 * -(-(M // W) // 128)
-        wrong, err, same = run_checked(p, runner, A, B, calls=3)
-        assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
-        assert same
+        expect_correct(p, runner, A, B, calls=3)
     finally:
         runner.close()
 
@@ -359,16 +338,13 @@ def test_sm90_host_fabric_ag(shape):
     M, N, K = shape
     p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90")
     try:
-        wrong, err, same = run_checked(p, runner, A, B, calls=3)
-        assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
-        assert same
+        expect_correct(p, runner, A, B, calls=3)
         df = runner.run_traced()
         assert len(df) > 0 and runner.info["trace_dropped"] == 0
         assert (df["t1_ns"] >= df["t0_ns"]).all()
         assert (df.role == "MOVE").sum() == len(runner.scheds[0].movers)
         assert (df.role == "BUILD").sum() == len(runner.scheds[0].builders)
-        wrong, err, same = run_checked(p, runner, A, B, calls=2)  # epochs stay in step after a traced call
-        assert wrong == 0 and same
+        expect_correct(p, runner, A, B, calls=2)  # epochs stay in step after a traced call
     finally:
         runner.close()
 
@@ -391,13 +367,10 @@ def test_sm90_host_fabric_ag_copy_engine_movers(shape):
             want = {"ce_regime": "copy-bound", "ce_slices": 4, "ce_merge": True, "band_group": 1} if bound else \
                 {"ce_regime": "compute", "ce_slices": 2, "ce_merge": False, "band_group": 0}
             assert runner.k_stream and {k: runner.info[k] for k in want} == want
-        wrong, err, same = run_checked(p, runner, A, B, calls=4)
-        assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
-        assert same
+        expect_correct(p, runner, A, B, calls=4)
         df = runner.run_traced()
         assert (df.role == "MOVE").sum() == 0 and (df.role == "BUILD").sum() == len(runner.scheds[0].builders)
-        wrong, err, same = run_checked(p, runner, A, B, calls=2)
-        assert wrong == 0 and same
+        expect_correct(p, runner, A, B, calls=2)
     finally:
         runner.close()
 
@@ -431,8 +404,7 @@ def test_sm90_copy_engine_overlaps_after_pool_streams_carried_copies():
         runner.check()
         bound = t["copy"] + 0.5 * t["gemm"]
         assert t["kosmos"] < bound, f"kosmos {t['kosmos']:.0f} us: copy {t['copy']:.0f} + GEMM {t['gemm']:.0f} not overlapped"
-        wrong, err, same = run_checked(p, runner, A, B, calls=2)
-        assert wrong == 0 and same, f"{wrong} wrong, max_rel_err {err:.3g}"
+        expect_correct(p, runner, A, B, calls=2)
     finally:
         runner.close()
 
@@ -454,12 +426,9 @@ def test_sm90_copy_engine_streamed_k_slices(shape, ce_slices):
         if n > 1:
             assert max(e.mult for e in runner.ce_entries) == min(n, -(-K // 64))
             assert any(0 < e.cols < K for e in runner.ce_entries)  # 2-D copies present
-        wrong, err, same = run_checked(p, runner, A, B, calls=4)
-        assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
-        assert same
+        expect_correct(p, runner, A, B, calls=4)
         runner.run_traced()
-        wrong, err, same = run_checked(p, runner, A, B, calls=2)
-        assert wrong == 0 and same
+        expect_correct(p, runner, A, B, calls=2)
     finally:
         runner.close()
 
@@ -475,9 +444,7 @@ def test_sm90_copy_engine_flag_spin_sleep(monkeypatch, spin_ns):
                                         mover="ce", seed=9)
     try:
         assert runner.info["spin_ns"] == spin_ns
-        wrong, err, same = run_checked(p, runner, A, B, calls=3)
-        assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
-        assert same
+        expect_correct(p, runner, A, B, calls=3)
     finally:
         runner.close()
     monkeypatch.setenv("KOSMOS_SPIN_NS", "-1")
@@ -499,9 +466,7 @@ def test_sm90_copy_engine_merged_peer_copies(monkeypatch, shape):
         head = [e for e in runner.ce_entries if e.rows and e.cols == K]
         peers = [e.peer for e in head]  # one whole-K copy per peer, the last one's cut 4, 2, 1
         assert sum(peers.count(p) > 1 for p in set(peers)) <= 1 and len(set(peers)) == W - 1
-        wrong, err, same = run_checked(p, runner, A, B, calls=3)
-        assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
-        assert same
+        expect_correct(p, runner, A, B, calls=3)
     finally:
         runner.close()
 
@@ -516,9 +481,7 @@ def test_sm90_copy_engine_inline_releases(monkeypatch):
                                         mover="ce", seed=13)
     try:
         assert runner.ce_streams[0] is runner.ce_streams[1]
-        wrong, err, same = run_checked(p, runner, A, B, calls=3)
-        assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
-        assert same
+        expect_correct(p, runner, A, B, calls=3)
     finally:
         runner.close()
 
@@ -541,8 +504,7 @@ def test_sm90_k_slice_wait_has_a_watchdog():
         assert time.perf_counter() - t0 < 5.5
         runner.ce_back[last] -= 1
         runner._ce_commit()
-        wrong, err, same = run_checked(p, runner, A, B, calls=2)
-        assert wrong == 0 and same, (wrong, err)
+        expect_correct(p, runner, A, B, calls=2)
     finally:
         runner.close()
 
@@ -560,9 +522,7 @@ def test_sm90_gemm_world1_kernels(kernel):
     runner = IMPL.prepare(p, ctx, inputs, gemm_kernel=kernel)
     try:
         assert kernel in runner.info["gemm_kernel"]
-        wrong, err, same = run_checked(p, runner, A, B, calls=3)
-        assert wrong == 0, f"{wrong} wrong, max_rel_err {err:.3g}"
-        assert same
+        expect_correct(p, runner, A, B, calls=3)
     finally:
         if hasattr(runner, "close"):
             runner.close()
