@@ -377,6 +377,36 @@ def test_sm90_host_fabric_ag_copy_engine_movers(shape):
 
 
 @sm90
+def test_failed_setup_releases_what_it_made(monkeypatch):
+    """A runner whose set-up fails after it has made everything (mapped error record, CE plan
+    and its streams, TMA descriptors) closes itself before the error propagates."""
+    from kosmos_bench.impls.kosmos import KosmosRunner
+
+    seen = []
+    real_close = KosmosRunner.close
+
+    def held(r):
+        return list(r._mapped), r.sm90_handle, list(r._own_streams), r.ce_plan
+
+    def close(self):
+        seen.append(held(self))
+        real_close(self)
+        seen.append(held(self))
+
+    def broken(self, trace):
+        raise RuntimeError("injected set-up failure")
+
+    monkeypatch.setattr(KosmosRunner, "close", close)
+    monkeypatch.setattr(KosmosRunner, "_params", broken)
+    with pytest.raises(RuntimeError, match="injected set-up failure"):
+        make("ag-gemm", 8, 8 * 1024, 8 * 2048, 2048, fabric="host", policy="self", builder="sm90", mover="ce")
+    assert len(seen) == 2, f"close() ran {len(seen) // 2} times, expected once"
+    before, after = seen
+    assert all(before), f"set-up had not made everything before the failure: {before}"
+    assert after == ([], None, [], None), f"close() left {after}"
+
+
+@sm90
 def test_sm90_copy_engine_overlaps_after_pool_streams_carried_copies():
     """The CE plan runs on the library's own streams: after copies on every stream of torch's
     pool (a sweep's earlier points), the runner still overlaps copies and GEMM. On pool

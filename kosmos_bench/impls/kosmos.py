@@ -199,10 +199,24 @@ def _i32(dev, a: np.ndarray):
 class KosmosRunner:
     """Buffers, schedules and launch parameters of one point (see the module docstring)."""
 
-    def __init__(self, point: Point, ctx, inputs, *, num_wgs: int | None = None, timeout_s: float | None = None,
-                 debug_skip_rank: int | None = None, trace_cap: int = DEFAULT_TRACE_CAP,
-                 max_inflight: int | None = None, mover_bulk: bool | None = None, mover: str | None = None,
-                 builder: str | None = None, ce_slices: int | str | tuple | None = None):
+    def __init__(self, point: Point, ctx, inputs, **kw):
+        # what close() releases, set first so that a failed set-up releases what it made
+        self.closed, self.outputs = False, {}
+        self._keep: list = []  # tensors whose pointers the kernel holds
+        self._mapped: list[int] = []  # kosmos_alloc_mapped host pointers
+        self._own_streams: list[int] = []  # kosmos_stream_create handles (the CE plan's streams)
+        self.sm90_handle = None
+        self.ce_plan = None  # C handle (kosmos_ce_plan_create) when the copy engine moves
+        try:
+            self._setup(point, ctx, inputs, **kw)
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self, point: Point, ctx, inputs, *, num_wgs: int | None = None, timeout_s: float | None = None,
+               debug_skip_rank: int | None = None, trace_cap: int = DEFAULT_TRACE_CAP,
+               max_inflight: int | None = None, mover_bulk: bool | None = None, mover: str | None = None,
+               builder: str | None = None, ce_slices: int | str | tuple | None = None):
         import torch
 
         from .. import kernels
@@ -218,7 +232,6 @@ class KosmosRunner:
         self.builder = ag_sm90.builder_choice(builder, point.op, (point.M, point.N, point.K, point.world),
                                               torch.cuda.get_device_capability(self.dev), bulk_asked)
         self.sm90 = None
-        self.sm90_handle = None
         if self.builder == "sm90":
             if point.op != "ag-gemm":
                 raise ValueError(f"builder='sm90' is implemented for ag-gemm only (op={point.op})")
@@ -230,9 +243,6 @@ class KosmosRunner:
             mover_bulk = False
             self.sm90 = ag_sm90.load()
         self.abi = abi
-        self._keep: list = []  # tensors whose pointers the kernel holds
-        self._mapped: list[int] = []
-        self.closed = False
         op, W, M, N, K = point.op, point.world, point.M, point.N, point.K
         fabric = point.fabric
         self.fabric = fabric
@@ -269,8 +279,6 @@ class KosmosRunner:
         if not 0 <= self.spin_ns <= 1_000_000:
             raise ValueError(f"KOSMOS_SPIN_NS={self.spin_ns}: expected 0..1000000 ns")
         self.calls = 0  # completed launches since the last reset (epoch of the next = calls + 1)
-        self.ce_plan = None  # C handle (kosmos_ce_plan_create) when the copy engine moves
-        self._own_streams: list[int] = []  # kosmos_stream_create handles (the CE plan's streams)
         dev_index = self.dev.index if self.dev.index is not None else torch.cuda.current_device()
         self.dev_index = dev_index
         with torch.cuda.device(dev_index):
