@@ -14,6 +14,17 @@ def _sched(M, N, K, W, r, wgs=132, stream_k=False):  # as kosmos.py builds it fo
                             stream_k=stream_k, model=ag_sm90.schedule_model("host"))
 
 
+def _band_flags(sch) -> dict:
+    """(peer, M-tile) -> the band's flag."""
+    return {(int(t[S.F["peer"]]), int(t[S.F["m0"]]) // 128): int(t[S.F["rel_flag"]]) for t in sch.movers.table}
+
+
+def _assert_remote_bytes_once(cover, W, r, m_loc):
+    for p in range(W):  # own rows are never copied, every remote byte once
+        want = 0 if p == r else 1
+        assert np.all(cover[p * m_loc:(p + 1) * m_loc] == want), p
+
+
 def _replay(sch, plan, K, m_loc, epoch=3):
     """Bytes covered per band row/col, and the flag values seen in order."""
     W = sch.world
@@ -39,16 +50,14 @@ def test_plan_covers_every_remote_byte_once_and_releases_every_band(shape, slice
     sch = _sched(M, N, K, W, r, stream_k=slices > 1)
     plan, mult = ce_plan.build(sch, K, slices, bk=64, slice_bytes=slice_bytes)
     cover, flags = _replay(sch, plan, K, m_loc)
-    for p in range(W):
-        want = 0 if p == r else 1
-        assert np.all(cover[p * m_loc:(p + 1) * m_loc] == want), p
+    _assert_remote_bytes_once(cover, W, r, m_loc)
     bands = {int(x) for x in sch.movers.table[:, S.F["rel_flag"]]}
     assert set(flags) == bands == set(mult)
     for f, vals in flags.items():  # K-slices arrive in order; the last release completes the band
         assert vals == sorted(vals) and vals[-1] == mult[f] * 3 and len(vals) == mult[f]
         assert vals[0] == mult[f] * 2 + 1  # the first slice: what a builder claims on (dep_target)
     nkb = -(-K // 64)
-    flag_of = {(int(t[S.F["peer"]]), int(t[S.F["m0"]]) // 128): int(t[S.F["rel_flag"]]) for t in sch.movers.table}
+    flag_of = _band_flags(sch)
     groups = sch.meta["remote_groups"]
     for g, grp in enumerate(groups):  # the last group: `slices`; others: ~slice_bytes each, or whole
         rows = sum(min(128, m_loc - mt * 128) for _, mt in grp)
@@ -60,8 +69,7 @@ def test_only_the_last_group_is_sliced_slice_major_and_copies_follow_demand():
     M, N, K, W, r = 8192, 57344, 8192, 8, 0
     sch = _sched(M, N, K, W, r, stream_k=True)
     plan, mult = ce_plan.build(sch, K, 4)
-    tab = sch.movers.table
-    flag_of = {(int(t[S.F["peer"]]), int(t[S.F["m0"]]) // 128): int(t[S.F["rel_flag"]]) for t in tab}
+    flag_of = _band_flags(sch)
     groups = sch.meta["remote_groups"]
     assert {f for f, m in mult.items() if m == 4} == {flag_of[b] for b in groups[-1]}
     assert all(m == 1 for f, m in mult.items() if f not in {flag_of[b] for b in groups[-1]})
@@ -102,7 +110,7 @@ def test_stream_k_groups_end_at_one_wave_of_tiles():
 def test_tail_groups_slice_the_last_groups():
     sch = _sched(8192, 57344, 8192, 8, 0, stream_k=True)
     plan, mult = ce_plan.build(sch, 8192, 4, tail_groups=3)
-    flag_of = {(int(t[S.F["peer"]]), int(t[S.F["m0"]]) // 128): int(t[S.F["rel_flag"]]) for t in sch.movers.table}
+    flag_of = _band_flags(sch)
     groups = sch.meta["remote_groups"]
     for g, grp in enumerate(groups):
         sliced = g >= len(groups) - 3
@@ -127,10 +135,8 @@ def test_split_merges_slices_into_fewer_copies(shape, split):
     sch = _sched(M, N, K, W, r, stream_k=True)
     plan, mult = ce_plan.build(sch, K, n, bk=64, split=split)
     cover, flags = _replay(sch, plan, K, m_loc)
-    for p in range(W):
-        want = 0 if p == r else 1  # own rows are never copied, every remote byte once
-        assert np.all(cover[p * m_loc:(p + 1) * m_loc] == want), p
-    flag_of = {(int(t[S.F["peer"]]), int(t[S.F["m0"]]) // 128): int(t[S.F["rel_flag"]]) for t in sch.movers.table}
+    _assert_remote_bytes_once(cover, W, r, m_loc)
+    flag_of = _band_flags(sch)
     last = {flag_of[b] for b in sch.meta["remote_groups"][-1]}
     cols = ce_plan.slice_cols(K, n, 64)
     ends = list(np.cumsum(split))
@@ -169,10 +175,8 @@ def test_merge_copies_each_peer_once_before_the_sliced_groups(shape):
     ref, ref_mult = ce_plan.build(sch, K, 2, bk=64)
     assert mult == ref_mult
     cover, flags = _replay(sch, plan, K, m_loc)
-    for p in range(W):
-        want = 0 if p == r else 1  # own rows are never copied, every remote byte once
-        assert np.all(cover[p * m_loc:(p + 1) * m_loc] == want), p
-    flag_of = {(int(t[S.F["peer"]]), int(t[S.F["m0"]]) // 128): int(t[S.F["rel_flag"]]) for t in sch.movers.table}
+    _assert_remote_bytes_once(cover, W, r, m_loc)
+    flag_of = _band_flags(sch)
     tail_flags = {flag_of[b] for b in sch.meta["remote_groups"][-1]}
     head = [e for e in plan if e.flag not in tail_flags]
     assert all(flags[e.flag] == [3] for e in head)  # whole bands, one release each
