@@ -89,6 +89,16 @@ def test_pure_compute_closed_form():
         assert res.makespan_ns == pytest.approx(want)
 
 
+def test_end_floor_delays_only_its_item():
+    """end_floor_ns: an item ends at max(start + work, its floor) (a tile streaming K-slices
+    waits for its last slice inside the tile); the other WG's item is not delayed."""
+    prob = make([10.0, 10.0], [], [[], []], wgs=2)
+    prob.end_floor_ns = np.array([25.0, 0.0])
+    res = E.simulate(prob)
+    assert res.t_end.tolist() == pytest.approx([25.0, 10.0])
+    assert res.makespan_ns == pytest.approx(25.0)
+
+
 def test_pure_comm_shares_link_fairly():
     # n equal transfers, k mover WGs (all WGs move: no builders), link B, per-WG cap c
     B, c, b = 10.0, 4.0, 100.0

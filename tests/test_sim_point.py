@@ -247,6 +247,44 @@ def test_copy_engine_movers_one_dma_agent_and_every_wg_builds():
     assert run_point(heavy)[0]["t_median_us"] < 0.5 * run_point(heavy.replace(builder=None, mover="sm"))[0]["t_median_us"]
 
 
+@pytest.mark.parametrize("N,slices", [(57344, 2), (10240, 4)])
+def test_copy_engine_k_sliced_tail_as_the_runner_plans_it(N, slices):
+    """sm90 + ce: the runner's regime defaults (FC1: 2 K-slices; QKV, copy-bound: 4 and 1-band
+    groups): the last group's tiles wait for slice 0 only (no edge to its whole-band copies),
+    end no earlier than the last slice's arrival plus the work after it, and the call beats
+    the same schedule with whole bands (the tail after the last byte shrinks)."""
+    from kosmos_bench.impls import kosmos as kimpl
+    from kosmos_bench.sim import model
+
+    p = pt(M=8192, N=N, K=8192, fabric="host", builder="sm90", mover="ce")
+    prof = profiles.load("h200-host-pcie")
+    built = model.build(p, prof)
+    prob, sch = built.problem, built.scheds[0]
+    streamed = np.flatnonzero(prob.end_floor_ns > 0)
+    group = sch.meta["remote_groups"][-1]
+    tiles = sum(1 for t in sch.builders.table if (int(t[S.F["peer"]]), int(t[S.F["m0"]]) // 128) in set(map(tuple, group)))
+    assert len(streamed) == tiles > 0
+    work, floor, end = prob.work_ns[streamed], prob.floor_ns[streamed], prob.end_floor_ns[streamed]
+    # the last slice arrives (slices - 1) / slices of the group's bytes after slice 0 of the same band
+    group_bytes = len(group) * 128 * p.K * 2
+    gap = (slices - 1) * group_bytes / slices / prof["copy_engine_GBps"]["h2d"]
+    assert np.all(end >= floor + gap + work / slices - 1e-6)
+    moves = set(np.flatnonzero(prob.kind == 1).tolist())
+    for it in streamed[:5]:
+        deps = prob.dep_idx[prob.dep_ptr[it]:prob.dep_ptr[it + 1]]
+        assert not moves & set(deps.tolist()), "a streamed tile still waits for a whole-band copy"
+    t_sliced = run_point(p)[0]["t_median_us"]
+    whole = kimpl.DEFAULT_CE_SLICES, kimpl.COPY_BOUND_SLICES
+    try:
+        kimpl.DEFAULT_CE_SLICES = kimpl.COPY_BOUND_SLICES = 1
+        model._schedule.cache_clear()
+        t_whole = run_point(p)[0]["t_median_us"]
+    finally:
+        kimpl.DEFAULT_CE_SLICES, kimpl.COPY_BOUND_SLICES = whole
+        model._schedule.cache_clear()
+    assert t_sliced < t_whole
+
+
 @pytest.mark.parametrize("kw,why", [(dict(op="gemm-rs"), "mover ce"), (dict(policy="fixed:8"), "mover ce"),
                                     (dict(fabric="nvlink"), "mover ce")])
 def test_copy_engine_movers_unsupported_elsewhere(kw, why):

@@ -62,6 +62,15 @@ COPY_BOUND_SLICES = 4
 DEFAULT_SPIN_NS = 32
 
 
+def ce_regime(n_loc: int, builders: int) -> str:
+    """'copy-bound' or 'compute': which CE-plan defaults a host-fabric shape gets (above; the
+    runner and the simulator decide the same way)."""
+    from ..kernels import ag_sm90
+
+    rho = S.link_compute_ratio(n_loc, builders, "host", ag_sm90.schedule_model("host"))
+    return "copy-bound" if rho < COPY_BOUND_RHO else "compute"
+
+
 class WatchdogError(RuntimeError):
     """A spin-wait in a kosmos kernel timed out (missing peer, protocol bug)."""
 
@@ -298,8 +307,7 @@ class KosmosRunner:
         band_group = int(os.environ.get("KOSMOS_BAND_GROUP", "0")) or None
         self.ce_regime = ""
         if self.k_stream and fabric == "host":
-            rho = S.link_compute_ratio(N // W, int(sizes.min()), "host", ag_sm90.schedule_model("host"))
-            self.ce_regime = "copy-bound" if rho < COPY_BOUND_RHO else "compute"
+            self.ce_regime = ce_regime(N // W, int(sizes.min()))
             if self.ce_regime == "copy-bound":
                 if not self._ce_explicit["slices"]:
                     self.ce_split = (1,) * COPY_BOUND_SLICES

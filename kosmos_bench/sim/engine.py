@@ -69,6 +69,8 @@ class Problem:
     dep_ptr, dep_idx: CSR dependencies: deps of i are dep_idx[dep_ptr[i]:dep_ptr[i+1]]
     dep_lat_ns: float (len(dep_idx),) flag latency of each dependency edge
     floor_ns:   float (n,)    earliest readiness (entry handshake), 0 by default
+    end_floor_ns: float (n,)  earliest end of a compute item, 0 by default (a tile streaming
+                              K-slices: the last slice's arrival + the work after it)
     label:      int64 (n,)    item id written to the trace (the kernel's item number)
     queues:     per rank, the list of queues (the rules index into it)
     rule_sets:  list of rules; a rule list is [(queue index, mode), ...] (modes above)
@@ -102,6 +104,7 @@ class Problem:
     claim_ns: float = 0.0
     sm: list | None = None
     inflight_cap: list | None = None
+    end_floor_ns: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -399,6 +402,7 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
     pending = ndeps.tolist()
     floor = (np.zeros(n) if p.floor_ns is None else np.asarray(p.floor_ns, dtype=float)).tolist()
     ready_at = list(floor)  # running max of (dep end + latency)
+    end_floor = (np.zeros(n) if p.end_floor_ns is None else np.asarray(p.end_floor_ns, dtype=float)).tolist()
     work = np.asarray(p.work_ns, dtype=float).tolist()
     nbytes = np.asarray(p.nbytes, dtype=float).tolist()
     kind_l = np.asarray(p.kind).tolist()
@@ -464,7 +468,7 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
             if nbytes[it] > 0:
                 push(t + work[it], _EV_JOIN, it)
                 return
-        push(t + work[it], _EV_DONE, it)
+        push(max(t + work[it], end_floor[it]), _EV_DONE, it)
 
     def head(r, qi):
         items, h = queues[r][qi]

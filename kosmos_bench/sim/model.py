@@ -83,14 +83,43 @@ def model_params(prof: dict, fabric: str) -> dict:
 
 @lru_cache(maxsize=64)
 def _schedule(op, M, N, K, world, rank, BM, BN, chunk, num_wgs, queue_order, seed, local_first, fabric,
-              sm90=False):
+              sm90=False, stream_k=False, band_group=None):
     # Built with policy='self': the mover count only changes the WG rules, never the queues.
     # sm90: the Hopper builder's schedule model, as impls/kosmos.py builds it.
     from ..kernels import ag_sm90
 
     return S.build_schedule(op, M, N, K, world, rank, BM=BM, BN=BN, chunk=chunk, num_wgs=num_wgs, policy="self",
                             queue_order=queue_order, seed=seed, local_first=local_first, fabric=fabric,
-                            model=ag_sm90.schedule_model(fabric) if sm90 else None)
+                            model=ag_sm90.schedule_model(fabric) if sm90 else None, stream_k=stream_k,
+                            band_group=band_group)
+
+
+def _ce_stream(sch, slices: int, BM: int, rate: float, elem_scale: float) -> tuple[dict, list[int]]:
+    """The copy engine's K-sliced tail (impls/kosmos.py's defaults, ce_plan.build): the bands of
+    the last remote group arrive slice-major after every other band. One engine that never
+    waits: slice s of band b arrives when the bytes before it have crossed at ``rate``
+    (bytes/ns). Returns ({(peer, M-tile): [arrival ns of each slice]}, the group's mover rows)."""
+    tab, queue = sch.movers.table, sch.movers.queue
+    group = [(int(p), int(m)) for p, m in (sch.meta.get("remote_groups") or [[]])[-1]]
+    in_group = set(group)
+
+    def key(i):
+        return int(tab[i][S.F["peer"]]), int(tab[i][S.F["m0"]]) // BM
+
+    nbytes: dict = {}
+    before = 0.0
+    for i in queue:
+        b = float(sch.movers.bytes[i]) * elem_scale
+        if key(i) in in_group:
+            nbytes[key(i)] = nbytes.get(key(i), 0.0) + b
+        else:
+            before += b
+    total = sum(nbytes.values())
+    arrive, prefix = {}, 0.0
+    for k in group:
+        prefix += nbytes.get(k, 0.0)
+        arrive[k] = [(before + (s * total + prefix) / slices) / rate for s in range(slices)]
+    return arrive, [int(i) for i in queue if key(i) in in_group]
 
 
 def _tables(s):
@@ -106,7 +135,11 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     ``builder='sm90'`` prices tiles with the profile's ``builder_sm90`` figures (tile, rate);
     ``mover='ce'`` (host ag-gemm, policy self): every WG builds and one extra agent, the
     copy engine (sm -1 in the timeline), moves the bands one after another in demand order at
-    ``copy_engine_GBps.h2d`` (whole bands: the K-slices of the last group are not modelled)."""
+    ``copy_engine_GBps.h2d``. With the sm90 builder the runner's defaults apply (impls/kosmos.py:
+    regime, K-slices of the last group, 1-band groups when copy-bound): the last group's tiles
+    start on slice 0 and end no earlier than each later slice's arrival plus the work after it
+    (``_ce_stream``; the engine still moves those bands whole, same bytes in the same order).
+    Not modelled: merged / halved copies and per-copy engine set-up."""
     if p.fabric not in ("host", "nvlink", "local"):
         raise Unsupported(f"the kosmos kernels do not run on the {p.fabric} fabric")
     if p.dtype != "bf16":
@@ -154,9 +187,19 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
         ranks = list(range(W))
     sched_fabric = "host" if p.fabric == "host" else p.fabric
 
+    # copy-engine movers + Hopper builders: the runner's K-sliced tail and regime defaults
+    stream_k, ce_slices, band_group = False, 1, None
+    if ce and sm90:
+        from ..impls import kosmos as kimpl
+
+        copy_bound = kimpl.ce_regime(p.N // W, sizes[0]) == "copy-bound"
+        ce_slices = kimpl.COPY_BOUND_SLICES if copy_bound else kimpl.DEFAULT_CE_SLICES
+        band_group = 1 if copy_bound else None
+        stream_k = ce_slices > 1
+
     def sched(r):
         return _schedule(p.op, p.M, p.N, p.K, W, r, BM, BN, chunk, sizes[r], order, p.seed,
-                         p.local_first, sched_fabric, sm90)
+                         p.local_first, sched_fabric, sm90, stream_k, band_group)
 
     scheds = {r: sched(r) for r in ranks}
     elem_scale = ELEM_BYTES[p.dtype] / S.ELEM_BYTES
@@ -261,9 +304,29 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
             srcs.append(ritem[k])
             lats.append(np.where(rrank[k] == r, local_lat, remote_lat))
     cons_a = np.concatenate(cons) if cons else np.zeros(0, np.int64)
+    src_a = np.concatenate(srcs) if srcs else np.zeros(0, np.int64)
+    lat_a = np.concatenate(lats) if lats else np.zeros(0)
+    end_floor = None
+    if stream_k:  # the last group's tiles start on slice 0 and end after their last slice's work
+        r0 = ranks[0]
+        arrive, rows = _ce_stream(scheds[r0], ce_slices, BM, float(prof["copy_engine_GBps"]["h2d"]), elem_scale)
+        moved = offset[r0, S.Q_MOVE] + np.asarray(rows, dtype=np.int64)
+        bt = scheds[r0].builders
+        end_floor = np.zeros(n)
+        streamed = []
+        for i, (peer, m0) in enumerate(zip(bt.col("peer").tolist(), bt.col("m0").tolist())):
+            a = arrive.get((int(peer), int(m0) // BM))
+            if a is None:
+                continue
+            it = offset[r0, S.Q_BUILD] + i
+            streamed.append(it)
+            floor[it] = max(floor[it], a[0] + local_lat)
+            end_floor[it] = max(a[s] + local_lat + work[it] * (ce_slices - s) / ce_slices for s in range(ce_slices))
+        keep = ~(np.isin(cons_a, streamed) & np.isin(src_a, moved))
+        cons_a, src_a, lat_a = cons_a[keep], src_a[keep], lat_a[keep]
     order = np.argsort(cons_a, kind="stable")
-    dep_idx = (np.concatenate(srcs) if srcs else np.zeros(0, np.int64))[order]
-    dep_lat = (np.concatenate(lats) if lats else np.zeros(0))[order]
+    dep_idx = src_a[order]
+    dep_lat = lat_a[order]
     dep_ptr = np.zeros(n + 1, dtype=np.int64)
     dep_ptr[1:] = np.cumsum(np.bincount(cons_a, minlength=n))
 
@@ -291,7 +354,7 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
                      dep_idx=dep_idx, dep_lat_ns=dep_lat, label=label, queues=queues, rule_sets=rule_sets,
                      wg_rules=wg_rules, link_bw=links.bw, floor_ns=floor, flow_cap=cap,
                      claim_ns=float(prof.get("claim_ns", 0.0)), sm=sm, inflight_cap=caps,
-                     collapse=None if ce else _collapse(prof, p.fabric, len(links.bw)))
+                     collapse=None if ce else _collapse(prof, p.fabric, len(links.bw)), end_floor_ns=end_floor)
     overhead = prof["launch_overhead_us"] * 1e3 + (remote_lat if p.fabric != "host" and W > 1 else 0.0)
     return Built(prob, ranks, sizes[0], num_movers, symmetric, overhead, [scheds[r] for r in ranks])
 
