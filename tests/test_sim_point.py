@@ -100,10 +100,34 @@ def test_unsupported():
 
 
 # ---------------------------------------------------------------------------- closed forms
-def test_world1_is_the_builder_gemm():
+def test_builder_auto_is_the_runners_pick(monkeypatch):
+    """builder None: what kernels/ag_sm90.builder_choice picks on the profile's device."""
+    from kosmos_bench.sim import model
+
+    h200, mi = profiles.load("h200-nvlink-x8"), profiles.load("mi355x-xgmi-x8")
+    assert model.resolve_builder(pt(), h200) == "sm90"
+    assert model.resolve_builder(pt(op="gemm-rs"), h200) == "mma"  # no sm90 gemm-rs kernel
+    assert model.resolve_builder(pt(K=1001), h200) == "mma"  # K % 8: no TMA row stride
+    assert model.resolve_builder(pt(), mi) == "mma"  # no sm90 builder figures
+    assert model.resolve_builder(pt(builder="mma"), h200) == "mma"
+    monkeypatch.setenv("KOSMOS_BUILDER", "mma")
+    assert model.resolve_builder(pt(), h200) == "mma"
+    monkeypatch.delenv("KOSMOS_BUILDER")
+    monkeypatch.setenv("KOSMOS_MOVER_BULK", "1")
+    assert model.resolve_builder(pt(), h200) == "mma"
+
+
+@pytest.mark.parametrize("builder", ["mma", None])
+def test_world1_is_the_builder_gemm(builder):
+    """world 1: whole waves of the builder's tiles. builder None (auto) is the runner's pick on
+    an sm_90 profile: the sm90 builder's tile and rate (profile builder_sm90)."""
     prof = profiles.load("h200-nvlink-x8")
-    p = pt(world=1, M=4096, N=4096, K=2048)
+    if builder is None:
+        b = prof["builder_sm90"]
+        prof = {**prof, "tile_m": b["tile_m"], "tile_n": b["tile_n"], "builder_efficiency": b["efficiency"]}
+    p = pt(world=1, M=4096, N=4096, K=2048, builder=builder)
     fields, trace = run_point(p)
+    assert fields["builder"] == (builder or "sm90")
     tiles = math.ceil(p.M / prof["tile_m"]) * math.ceil(p.N / prof["tile_n"])
     t_tile = baselines.tile_us(prof, "bf16", p.K, builder=True) + prof["claim_ns"] / 1e3
     want = math.ceil(tiles / prof["num_sms"]) * t_tile + prof["launch_overhead_us"]
@@ -244,7 +268,7 @@ def test_copy_engine_movers_one_dma_agent_and_every_wg_builds():
     assert t_copy_us < f["t_median_us"] < t_copy_us * 1.15  # link-bound: about the copy, plus a tail
     # sm90 tiles (builder_sm90 figures) vs the portable builder's: far faster on a GEMM-heavy shape
     heavy = pt(M=8192, N=106496, K=16384, fabric="host", builder="sm90", mover="ce")
-    assert run_point(heavy)[0]["t_median_us"] < 0.5 * run_point(heavy.replace(builder=None, mover="sm"))[0]["t_median_us"]
+    assert run_point(heavy)[0]["t_median_us"] < 0.5 * run_point(heavy.replace(builder="mma", mover="sm"))[0]["t_median_us"]
 
 
 @pytest.mark.parametrize("N,slices", [(57344, 2), (10240, 4)])

@@ -94,6 +94,25 @@ def _schedule(op, M, N, K, world, rank, BM, BN, chunk, num_wgs, queue_order, see
                             band_group=band_group)
 
 
+def resolve_builder(p: Point, prof: dict) -> str:
+    """The builder the GPU runner would use on the profile's device (kernels/ag_sm90.py
+    builder_choice): the point's, else $KOSMOS_BUILDER, else 'sm90' for ag-gemm where the
+    profile has the sm90 builder's figures (an sm_90 device) and the shape suits TMA and no
+    bulk movers are asked for; the portable 'mma' otherwise."""
+    import os
+
+    from ..kernels import ag_sm90
+
+    b = p.builder or os.environ.get("KOSMOS_BUILDER")
+    if b:
+        return b
+    bulk = bool(int(os.environ.get("KOSMOS_MOVER_BULK", "0") or 0))
+    if p.op == "ag-gemm" and prof.get("builder_sm90") and not bulk and \
+            ag_sm90.validate(p.M, p.N, p.K, p.world) is None:
+        return "sm90"
+    return "mma"
+
+
 def _ce_stream(sch, slices: int, BM: int, rate: float, elem_scale: float) -> tuple[dict, list[int]]:
     """The copy engine's K-sliced tail (impls/kosmos.py's defaults, ce_plan.build): the bands of
     the last remote group arrive slice-major after every other band. One engine that never
@@ -148,7 +167,7 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     ce = (p.mover or "sm") == "ce"
     if ce and (p.fabric != "host" or p.op != "ag-gemm" or (p.policy or "self") != "self"):
         raise Unsupported("mover ce is ag-gemm on the host fabric with policy self only")
-    sm90 = p.builder == "sm90"
+    sm90 = resolve_builder(p, prof) == "sm90"
     if sm90:
         b = prof.get("builder_sm90")
         if not b or p.op != "ag-gemm":
@@ -168,7 +187,12 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     else:
         sizes, starts = [G] * W, [0] * W
     if num_movers is None:
-        model = model_params(prof, p.fabric) if model_from_profile else None
+        if model_from_profile:
+            model = model_params(prof, p.fabric)
+        else:  # the runner's: the sm90 builder's schedule model (its CTA rate), else MODEL_DEFAULTS
+            from ..kernels import ag_sm90
+
+            model = ag_sm90.schedule_model(p.fabric) if sm90 else None
         try:
             num_movers = S.resolve_movers(policy, p.op, p.M, p.N, p.K, W, sizes[0], model, p.fabric)
         except ValueError as e:
