@@ -28,6 +28,8 @@ def _measured_run(tmp_path, factor):
             f, _ = run_point(p.replace(backend="sim"))
             t = f["t_median_us"] * factor
             extra = {"num_movers": f.get("num_movers")}
+            if f.get("builder"):  # as a GPU row records the builder the runner picked
+                extra["builder"] = f["builder"]
         except Exception:
             t, extra = 100.0, {}
         store.write_row({**p.as_row(), "status": "ok", "t_median_us": t, "t_gemm_us": 50.0, "t_comm_us": 60.0, **extra})
@@ -58,6 +60,20 @@ def test_validate_sim(tmp_path):
     assert s["median_abs_rel_err"] == pytest.approx(abs(want))
     assert s["within_15pct"] == 0.0
     json.dumps(s)
+
+
+def test_rows_without_a_builder_are_validated_as_the_portable_builder(tmp_path):
+    """Rows measured before the sm90 builder existed carry no builder (the kernel was mma):
+    validated with builder mma, not the auto pick a new point would get."""
+    p = Point(op="ag-gemm", impl="kosmos", M=8192, N=57344, K=8192, world=8, fabric="host", backend="gpu",
+              policy="self", queue_order="demand", local_first=True, chunk=1)
+    t_mma = run_point(p.replace(backend="sim", builder="mma"))[0]["t_median_us"]
+    t_sm90 = run_point(p.replace(backend="sim", builder="sm90"))[0]["t_median_us"]
+    assert t_sm90 < 0.9 * t_mma  # the two builders are far apart on this shape
+    store = RunStore.create(tmp_path, "old")
+    store.write_row({**p.as_row(), "status": "ok", "t_median_us": t_mma})
+    df = validate_sim(store.root)
+    assert df["rel_err"].astype(float).abs().max() < 1e-9
 
 
 @pytest.mark.gpu

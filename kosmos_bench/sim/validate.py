@@ -75,7 +75,9 @@ def validate_sim(run_dir, profile: str | None = None) -> pd.DataFrame:
         k = int(k) if k is not None and p.impl == "kosmos" and (p.policy or "self") != "self" else None
         try:
             prof = profiles.load(name)
-            fields, _ = simulate_point(p.replace(backend="sim", profile=None), prof, num_movers=k)
+            # the runner records the builder it ran; rows without one predate the sm90 builder
+            ran = p.replace(builder="mma") if p.impl == "kosmos" and p.op != "gemm" and p.builder is None else p
+            fields, _ = simulate_point(ran.replace(backend="sim", profile=None), prof, num_movers=k)
         except Unsupported as e:
             rec["note"] = f"not simulated: {e}"
             out.append(rec)
