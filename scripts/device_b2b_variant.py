@@ -32,35 +32,12 @@ REPS = int(os.environ.get("B2B_REPS", "30"))
 RUNNERS = int(os.environ.get("B2B_RUNNERS", "1"))  # runners made one after another per shape
 DUMMY = int(os.environ.get("B2B_DUMMY_STREAMS", "0"))  # raw CUDA streams made (and kept) before each
 KEEP = os.environ.get("B2B_KEEP") == "1"  # keep every runner open (no address reuse between runners)
-SHARED = os.environ.get("B2B_SHARED_STREAMS") == "1"  # every runner's CE plan on the first runner's streams
-
-
-def share_plan_streams() -> None:
-    """Probe: kosmos_stream_create hands every runner the same two streams (made once)."""
-    lib = kernels.load()
-    made, real_create = [], lib.kosmos_stream_create
-    state = {"n": 0}
-
-    def create(ref):
-        i = state["n"] % 2
-        state["n"] += 1
-        if len(made) <= i:
-            h = ctypes.c_void_p()
-            real_create(ctypes.byref(h))
-            made.append(h.value)
-        ref._obj.value = made[i]
-        return 0
-
-    lib.kosmos_stream_create = create
-    lib.kosmos_stream_destroy = lambda h: 0
 
 
 def main() -> None:
     out, shapes, dev = script_args("/tmp/b2b-variant")
     tag = os.environ.get("B2B_TAG", "default")
     rows, dummies = [], []
-    if SHARED:
-        share_plan_streams()
     for (M, N, K), nr in ((shape, nr) for shape in shapes for nr in range(RUNNERS)):
         p = Point(op="ag-gemm", impl="kosmos", M=M, N=N, K=K, world=W, fabric="host", policy="self", seed=0,
                   builder="sm90", mover="ce")

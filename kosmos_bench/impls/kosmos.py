@@ -61,6 +61,34 @@ COPY_BOUND_SLICES = 4
 # Sleep between two polls of a flag spin (Params.spin_ns; KOSMOS_SPIN_NS).
 DEFAULT_SPIN_NS = 32
 
+# The CE plans' two streams (copies, flag releases), made once per device and process
+# (kosmos_stream_create: non-blocking, never used by anything but CE plans) and shared by every
+# runner. Streams made per runner left every second runner of a process 5% slower, call after
+# call (70b FC1 8k: 2238 / 2360 / 2236 / 2357 us for four runners made one after another, with
+# or without address reuse; results/issue4-h200-20261203/probes/b2b_runner_parity.parquet), and
+# torch's pool streams are worse (t14: releases behind earlier copies). Runners of one device run
+# one after another, so one pair in stream order is enough.
+_PLAN_STREAMS: dict[int, list[int]] = {}
+
+
+def plan_streams(lib, dev_index: int) -> list[int]:
+    """The CE plans' [copy stream, flag stream] handles on device dev_index (made on first use)."""
+    if dev_index not in _PLAN_STREAMS:
+        import torch
+
+        made = []
+        with torch.cuda.device(dev_index):
+            for _ in range(2):
+                h = ctypes.c_void_p()
+                rc = lib.kosmos_stream_create(ctypes.byref(h))
+                if rc != 0:
+                    from .. import kernels
+
+                    raise RuntimeError(f"kosmos_stream_create failed: {kernels.last_error(lib)}")
+                made.append(h.value)
+        _PLAN_STREAMS[dev_index] = made
+    return _PLAN_STREAMS[dev_index]
+
 
 def ce_regime(n_loc: int, builders: int) -> str:
     """'copy-bound' or 'compute': which CE-plan defaults a host-fabric shape gets (above; the
@@ -213,7 +241,6 @@ class KosmosRunner:
         self.closed, self.outputs = False, {}
         self._keep: list = []  # tensors whose pointers the kernel holds
         self._mapped: list[int] = []  # kosmos_alloc_mapped host pointers
-        self._own_streams: list[int] = []  # kosmos_stream_create handles (the CE plan's streams)
         self.sm90_handle = None
         self.ce_plan = None  # C handle (kosmos_ce_plan_create) when the copy engine moves
         try:
@@ -612,16 +639,12 @@ class KosmosRunner:
                 break
             acc += entries[i].rows * entries[i].cols * 2
         # copies, flag releases; KOSMOS_CE_INLINE_RELEASE=1: both on the copy stream (no events).
-        # The library's own streams, not torch's pool (kosmos_stream_create says why).
+        # The process's plan streams, not torch's pool (plan_streams says why).
         inline = os.environ.get("KOSMOS_CE_INLINE_RELEASE", "0") == "1"
-        with torch.cuda.device(self.dev_index):
-            for _ in range(1 if inline else 2):
-                h = ctypes.c_void_p()
-                self._call(self.lib.kosmos_stream_create(ctypes.byref(h)), "kosmos_stream_create")
-                self._own_streams.append(h.value)
-        self.ce_streams = [torch.cuda.ExternalStream(h, device=self.dev) for h in self._own_streams]
+        handles = plan_streams(self.lib, self.dev_index)
+        self.ce_streams = [torch.cuda.ExternalStream(h, device=self.dev) for h in handles]
         if inline:
-            self.ce_streams.append(self.ce_streams[0])
+            self.ce_streams[1] = self.ce_streams[0]
         self.ce_cols = [np.ascontiguousarray(np.array(cols[n], dtype=np.uint64)) for n in cols]
         self.ce_mult = np.array([e.mult for e in entries], dtype=np.uint32)
         self.ce_back = np.array([e.back for e in entries], dtype=np.uint32)  # a test holds one release back
@@ -802,9 +825,6 @@ class KosmosRunner:
         if self.ce_plan:
             self.lib.kosmos_ce_plan_destroy(self.ce_plan)
             self.ce_plan = None
-        for h in self._own_streams:
-            self.lib.kosmos_stream_destroy(ctypes.c_void_p(h))
-        self._own_streams.clear()
         self._keep.clear()
         self.outputs = {}
 
