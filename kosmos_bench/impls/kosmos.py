@@ -241,6 +241,7 @@ class KosmosRunner:
         self.closed, self.outputs = False, {}
         self._keep: list = []  # tensors whose pointers the kernel holds
         self._mapped: list[int] = []  # kosmos_alloc_mapped host pointers
+        self._runner_streams: list[int] = []  # KOSMOS_CE_PLAN_STREAMS=runner: this runner's own pair
         self.sm90_handle = None
         self.ce_plan = None  # C handle (kosmos_ce_plan_create) when the copy engine moves
         try:
@@ -641,7 +642,15 @@ class KosmosRunner:
         # copies, flag releases; KOSMOS_CE_INLINE_RELEASE=1: both on the copy stream (no events).
         # The process's plan streams, not torch's pool (plan_streams says why).
         inline = os.environ.get("KOSMOS_CE_INLINE_RELEASE", "0") == "1"
-        handles = plan_streams(self.lib, self.dev_index)
+        if os.environ.get("KOSMOS_CE_PLAN_STREAMS", "process") == "runner":  # ablation: a pair per runner
+            handles = []
+            for _ in range(2):
+                h = ctypes.c_void_p()
+                self._call(self.lib.kosmos_stream_create(ctypes.byref(h)), "kosmos_stream_create")
+                handles.append(h.value)
+            self._runner_streams = handles
+        else:
+            handles = plan_streams(self.lib, self.dev_index)
         self.ce_streams = [torch.cuda.ExternalStream(h, device=self.dev) for h in handles]
         if inline:
             self.ce_streams[1] = self.ce_streams[0]
@@ -825,6 +834,9 @@ class KosmosRunner:
         if self.ce_plan:
             self.lib.kosmos_ce_plan_destroy(self.ce_plan)
             self.ce_plan = None
+        for h in self._runner_streams:
+            self.lib.kosmos_stream_destroy(ctypes.c_void_p(h))
+        self._runner_streams.clear()
         self._keep.clear()
         self.outputs = {}
 
