@@ -30,3 +30,51 @@ def test_failed_setup_closes_and_raises_its_own_error(monkeypatch):
     with pytest.raises(RuntimeError, match="injected"):
         KosmosRunner(p, ctx, None)
     assert closes == [False], f"close() calls (closed flag before each): {closes}, expected one"
+
+
+class _FakeStreamLib:
+    """kosmos_stream_create as ctypes sees it: fills the handle behind byref; fails when told."""
+
+    def __init__(self, fail_after: int | None = None):
+        self.made, self.fail_after = [], fail_after
+
+    def kosmos_stream_create(self, ref):
+        if self.fail_after is not None and len(self.made) >= self.fail_after:
+            return 3
+        self.made.append(0x1000 + 16 * len(self.made))
+        ref._obj.value = self.made[-1]
+        return 0
+
+    def kosmos_stream_destroy(self, h):
+        self.made.remove(h.value)
+        return 0
+
+    def kosmos_last_error(self):
+        return b"no streams left (injected)"
+
+
+def test_plan_streams_are_made_once_per_device_and_shared(monkeypatch):
+    import contextlib
+
+    from kosmos_bench.impls import kosmos as K
+
+    monkeypatch.setattr(K, "_PLAN_STREAMS", {})
+    monkeypatch.setattr(torch.cuda, "device", lambda i: contextlib.nullcontext())
+    lib = _FakeStreamLib()
+    first = K.plan_streams(lib, 0)
+    assert K.plan_streams(lib, 0) == first and len(set(first)) == 2, "runners of one device share one pair"
+    other = K.plan_streams(lib, 1)
+    assert not set(other) & set(first) and len(lib.made) == 4, "one pair per device, made once"
+
+
+def test_plan_streams_failure_names_the_cause(monkeypatch):
+    import contextlib
+
+    from kosmos_bench.impls import kosmos as K
+
+    monkeypatch.setattr(K, "_PLAN_STREAMS", {})
+    monkeypatch.setattr(torch.cuda, "device", lambda i: contextlib.nullcontext())
+    lib = _FakeStreamLib(fail_after=1)
+    with pytest.raises(RuntimeError, match="kosmos_stream_create failed: no streams left"):
+        K.plan_streams(lib, 0)
+    assert K._PLAN_STREAMS == {} and lib.made == [], "a half-made pair is destroyed, not kept"

@@ -84,7 +84,10 @@ def plan_streams(lib, dev_index: int) -> list[int]:
                 if rc != 0:
                     from .. import kernels
 
-                    raise RuntimeError(f"kosmos_stream_create failed: {kernels.last_error(lib)}")
+                    why = kernels.last_error(lib)
+                    for m in made:
+                        lib.kosmos_stream_destroy(ctypes.c_void_p(m))
+                    raise RuntimeError(f"kosmos_stream_create failed: {why}")
                 made.append(h.value)
         _PLAN_STREAMS[dev_index] = made
     return _PLAN_STREAMS[dev_index]
