@@ -91,7 +91,8 @@ def build_points(target: str, *, backend: str, fabric: str | None, impls, worlds
     return sw, points
 
 
-def execute(points, store, *, as_json: bool, timeout_s: float, profiler: str | None = None) -> int:
+def execute(points, store, *, as_json: bool, timeout_s: float, profiler: str | None = None,
+            isolate: bool = False) -> int:
     """Run points (resume-filtered by the caller), writing each row as it lands."""
     from . import harness, report
     from .runtime import launch
@@ -125,7 +126,7 @@ def execute(points, store, *, as_json: bool, timeout_s: float, profiler: str | N
             if launch.under_torchrun():
                 launch.run_points_torchrun(real_points, on_start, on_row)
             else:
-                launch.run_points(real_points, on_start, on_row, timeout_s)
+                launch.run_points(real_points, on_start, on_row, timeout_s, isolate=isolate)
     bad = [r for r in rows if r.get("status") in BAD_STATUSES]
     return 1 if bad else 0
 
@@ -147,6 +148,8 @@ def sweep(
     warmup: Optional[int] = typer.Option(None, help="Warm-up calls per point (default: the sweep's)."),
     timeout: float = typer.Option(600.0, help="Seconds one point may take before its workers are killed."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON row per point instead of the table."),
+    isolate: bool = typer.Option(False, "--isolate", help="A fresh worker process per point (nothing a point "
+                                 "leaves in the process reaches the next; a few seconds more per point)."),
 ):
     """Run a sweep: every point checked against the reference, timed, and stored as Parquet."""
     from . import report
@@ -187,7 +190,7 @@ def sweep(
         out.print(report.header_text(store.manifest(), f"{sw.name}: {len(points)} points, backend={be}, "
                                      f"fabric={','.join(fabrics)}{note}"), markup=False)
         out.print(report.column_header(), markup=False)
-    code = execute(points, store, as_json=as_json, timeout_s=timeout)
+    code = execute(points, store, as_json=as_json, timeout_s=timeout, isolate=isolate)
     if not as_json:
         out.print(report.footer_text(store.rows()), markup=False)
         out.print(f"results: {store.root}", markup=False)

@@ -99,11 +99,14 @@ def _worker(rank: int, procs: int, points: list[Point], port: int, q, backend: s
 
 
 def run_points(points: list[Point], on_start: Callable[[Point], None], on_row: Callable[[Point, dict, object], None],
-               timeout_s: float) -> None:
-    """Run `points` (already filtered for resume) in worker processes; rows go to on_row."""
+               timeout_s: float, isolate: bool = False) -> None:
+    """Run `points` (already filtered for resume) in worker processes; rows go to on_row.
+    Consecutive points needing the same processes share one spawn, unless `isolate`: then every
+    point gets fresh workers (a process's history can move timings: every second kosmos runner
+    of a process once ran 5% slow, results/issue4-h200-20261203/)."""
     groups: list[list[Point]] = []
-    for p in points:  # consecutive points needing the same processes share one spawn
-        if groups and (procs_for(groups[-1][0]), groups[-1][0].backend, needs_group(groups[-1][0])) == (
+    for p in points:
+        if groups and not isolate and (procs_for(groups[-1][0]), groups[-1][0].backend, needs_group(groups[-1][0])) == (
                 procs_for(p), p.backend, needs_group(p)):
             groups[-1].append(p)
         else:
