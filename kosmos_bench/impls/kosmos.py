@@ -71,25 +71,29 @@ DEFAULT_SPIN_NS = 32
 _PLAN_STREAMS: dict[int, list[int]] = {}
 
 
+def make_stream_pair(lib, dev_index: int) -> list[int]:
+    """Two new kosmos_stream_create streams on device dev_index (none left behind on failure)."""
+    import torch
+
+    made: list[int] = []
+    with torch.cuda.device(dev_index):
+        for _ in range(2):
+            h = ctypes.c_void_p()
+            if lib.kosmos_stream_create(ctypes.byref(h)) != 0:
+                from .. import kernels
+
+                why = kernels.last_error(lib)
+                for m in made:
+                    lib.kosmos_stream_destroy(ctypes.c_void_p(m))
+                raise RuntimeError(f"kosmos_stream_create failed: {why}")
+            made.append(h.value)
+    return made
+
+
 def plan_streams(lib, dev_index: int) -> list[int]:
     """The CE plans' [copy stream, flag stream] handles on device dev_index (made on first use)."""
     if dev_index not in _PLAN_STREAMS:
-        import torch
-
-        made = []
-        with torch.cuda.device(dev_index):
-            for _ in range(2):
-                h = ctypes.c_void_p()
-                rc = lib.kosmos_stream_create(ctypes.byref(h))
-                if rc != 0:
-                    from .. import kernels
-
-                    why = kernels.last_error(lib)
-                    for m in made:
-                        lib.kosmos_stream_destroy(ctypes.c_void_p(m))
-                    raise RuntimeError(f"kosmos_stream_create failed: {why}")
-                made.append(h.value)
-        _PLAN_STREAMS[dev_index] = made
+        _PLAN_STREAMS[dev_index] = make_stream_pair(lib, dev_index)
     return _PLAN_STREAMS[dev_index]
 
 
@@ -646,12 +650,7 @@ class KosmosRunner:
         # The process's plan streams, not torch's pool (plan_streams says why).
         inline = os.environ.get("KOSMOS_CE_INLINE_RELEASE", "0") == "1"
         if os.environ.get("KOSMOS_CE_PLAN_STREAMS", "process") == "runner":  # ablation: a pair per runner
-            handles = []
-            for _ in range(2):
-                h = ctypes.c_void_p()
-                self._call(self.lib.kosmos_stream_create(ctypes.byref(h)), "kosmos_stream_create")
-                handles.append(h.value)
-            self._runner_streams = handles
+            handles = self._runner_streams = make_stream_pair(self.lib, self.dev_index)
         else:
             handles = plan_streams(self.lib, self.dev_index)
         self.ce_streams = [torch.cuda.ExternalStream(h, device=self.dev) for h in handles]
