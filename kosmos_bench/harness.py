@@ -214,12 +214,6 @@ def run_sim_point(p: Point) -> tuple[dict, object]:
     why = get_op(p.op).validate(p)
     if why:
         return {**row, "status": "skipped", "error": why}, None
-    if p.builder == "sm90":
-        return {**row, "status": "skipped", "error": "the simulator models the fused kernels' mma builder; "
-                "profile h200-nvlink-x8-wgmma projects the sm90 builder"}, None
-    if p.mover == "ce":
-        return {**row, "status": "skipped", "error": "the simulator models WG movers; mover ce (copy engine) is "
-                "the nccl-overlap baseline's transport, measured on the GPU"}, None
     try:
         fields, trace = sim.run_point(p)
     except sim.Unsupported as e:

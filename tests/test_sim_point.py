@@ -309,6 +309,51 @@ def test_copy_engine_k_sliced_tail_as_the_runner_plans_it(N, slices):
     assert t_sliced < t_whole
 
 
+@pytest.mark.parametrize("N", [57344, 10240])  # FC1 (2 K-slices), QKV (copy-bound: merged per-peer copies)
+def test_copy_engine_plan_copies_pay_set_up_and_release_together(N):
+    """The runner's CE plan (ce_plan.build) in the engine: every byte once, a copy's bytes on its
+    first band's first mover item (its bands released together), copy_engine_setup_ns on each
+    copy beyond the first of its peer (whole copies in the engine, K-slices in the tail's
+    arrivals), so more set-up is never faster."""
+    from kosmos_bench import ce_plan
+    from kosmos_bench.impls import kosmos as kimpl
+    from kosmos_bench.kernels import ag_sm90
+    from kosmos_bench.sim import model
+
+    p = pt(M=8192, N=N, K=8192, fabric="host", builder="sm90", mover="ce")
+    base = profiles.load("h200-host-pcie")
+    built = model.build(p, prof_with("h200-host-pcie", copy_engine_setup_ns=0.0))
+    prob, sch = built.problem, built.scheds[0]
+    moves = np.flatnonzero(prob.kind == 1)
+    assert prob.nbytes[moves].sum() == pytest.approx(7 * (p.M // 8) * p.K * 2)
+    copy_bound = kimpl.ce_regime(N // 8, 132) == "copy-bound"
+    plan, _ = ce_plan.build(sch, p.K, kimpl.COPY_BOUND_SLICES if copy_bound else kimpl.DEFAULT_CE_SLICES,
+                            bk=ag_sm90.BK, merge=copy_bound)
+    whole = [e for e in plan if e.rows and e.cols == p.K]
+    tail = {tuple(b) for b in sch.meta["remote_groups"][-1]} if any(e.rows and e.cols < p.K for e in plan) else set()
+    tail_items = sum(1 for i in sch.movers.queue
+                     if (int(sch.movers.table[i][S.F["peer"]]), int(sch.movers.table[i][S.F["m0"]]) // 128) in tail)
+    assert np.count_nonzero(prob.nbytes[moves]) == len(whole) + tail_items
+    setup = float(base["copy_engine_setup_ns"])
+    charged = model.build(p, prof_with("h200-host-pcie", copy_engine_setup_ns=setup)).problem
+    extra = [e for i, e in enumerate(whole) if any(w.peer == e.peer for w in whole[:i])]
+    assert np.count_nonzero(charged.work_ns[moves] == setup) == len(extra) > 0
+    slow = simulate_point(p, prof_with("h200-host-pcie", copy_engine_setup_ns=4 * setup))[0]["t_median_us"]
+    none = simulate_point(p, prof_with("h200-host-pcie", copy_engine_setup_ns=0.0))[0]["t_median_us"]
+    assert slow > none
+
+
+def test_sim_backend_runs_sm90_and_copy_engine_points():
+    """A sweep on the simulator backend simulates builder sm90 / mover ce points (it used to skip
+    them with a stale reason); where the model cannot, the row says why."""
+    from kosmos_bench import harness
+
+    row, _ = harness.run_sim_point(pt(M=8192, N=57344, K=8192, fabric="host", builder="sm90", mover="ce"))
+    assert row["status"] == "ok" and row["t_median_us"] > 0
+    row, _ = harness.run_sim_point(pt(M=8192, N=57344, K=8192, fabric="nvlink", mover="ce"))
+    assert row["status"] == "skipped" and "mover ce" in row["error"]
+
+
 @pytest.mark.parametrize("kw,why", [(dict(op="gemm-rs"), "mover ce"), (dict(policy="fixed:8"), "mover ce"),
                                     (dict(fabric="nvlink"), "mover ce")])
 def test_copy_engine_movers_unsupported_elsewhere(kw, why):

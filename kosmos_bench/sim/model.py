@@ -113,11 +113,52 @@ def resolve_builder(p: Point, prof: dict) -> str:
     return "mma"
 
 
-def _ce_stream(sch, slices: int, BM: int, rate: float, elem_scale: float) -> tuple[dict, list[int]]:
+def _ce_copies(sch, K: int, slices: int, merge: bool, BM: int, move_offset: int, work: np.ndarray,
+               nbytes: np.ndarray, setup_ns: float) -> dict:
+    """The runner's CE plan (ce_plan.build, same settings) as the engine sees it: a copy's bytes
+    travel with the first mover item of its first band, so its bands are released together when
+    the copy ends (merged copies hold early bands back), and every copy beyond the first of its
+    peer costs the engine ``setup_ns`` before its bytes (measured ~2.5 us a copy, whole or 2-D:
+    results/issue4-h200-20261203/probes/copy_split-*; copy alone's one copy per peer is in the
+    calibrated rate). Edits work / nbytes in place; returns {(slice, (peer, M-tile)): extra
+    copies up to and including that K-slice's copy} for the sliced tail (``_ce_stream``)."""
+    from .. import ce_plan
+    from ..kernels import ag_sm90
+
+    plan, _ = ce_plan.build(sch, K, slices, bk=ag_sm90.BK, merge=merge)
+    tab = sch.movers.table
+    items: dict = {}
+    for i in sch.movers.queue:
+        items.setdefault((int(tab[i][S.F["peer"]]), int(tab[i][S.F["m0"]]) // BM), []).append(move_offset + int(i))
+    starts = [c0 for c0, _ in ce_plan.slice_cols(K, slices, ag_sm90.BK)]
+    seen, extra, sliced = set(), 0, {}
+    for e in plan:
+        if not e.rows:
+            continue
+        beyond = e.peer in seen
+        seen.add(e.peer)
+        extra += beyond
+        bands = [(e.peer, mt) for mt in range(e.row0 // BM, S.cdiv(e.row0 + e.rows, BM))]
+        if e.cols < K:  # a K-slice of the last group: _ce_stream times it
+            s = starts.index(e.col0)
+            sliced.update({(s, b): extra for b in bands})
+            continue
+        its = [it for b in bands for it in items.get(b, [])]
+        if its:
+            total = float(nbytes[its].sum())
+            nbytes[its] = 0.0
+            nbytes[its[0]] = total
+            work[its[0]] += setup_ns * beyond
+    return sliced
+
+
+def _ce_stream(sch, slices: int, BM: int, rate: float, elem_scale: float, setup_ns: float = 0.0,
+               extra: dict | None = None) -> tuple[dict, list[int]]:
     """The copy engine's K-sliced tail (impls/kosmos.py's defaults, ce_plan.build): the bands of
     the last remote group arrive slice-major after every other band. One engine that never
     waits: slice s of band b arrives when the bytes before it have crossed at ``rate``
-    (bytes/ns). Returns ({(peer, M-tile): [arrival ns of each slice]}, the group's mover rows)."""
+    (bytes/ns), plus ``setup_ns`` for each extra copy up to its own (``extra``, from
+    ``_ce_copies``). Returns ({(peer, M-tile): [arrival ns of each slice]}, the group's mover rows)."""
     tab, queue = sch.movers.table, sch.movers.queue
     group = [(int(p), int(m)) for p, m in (sch.meta.get("remote_groups") or [[]])[-1]]
     in_group = set(group)
@@ -137,7 +178,8 @@ def _ce_stream(sch, slices: int, BM: int, rate: float, elem_scale: float) -> tup
     arrive, prefix = {}, 0.0
     for k in group:
         prefix += nbytes.get(k, 0.0)
-        arrive[k] = [(before + (s * total + prefix) / slices) / rate for s in range(slices)]
+        arrive[k] = [(before + (s * total + prefix) / slices) / rate + setup_ns * (extra or {}).get((s, k), 0)
+                     for s in range(slices)]
     return arrive, [int(i) for i in queue if key(i) in in_group]
 
 
@@ -158,7 +200,8 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     regime, K-slices of the last group, 1-band groups when copy-bound): the last group's tiles
     start on slice 0 and end no earlier than each later slice's arrival plus the work after it
     (``_ce_stream``; the engine still moves those bands whole, same bytes in the same order).
-    Not modelled: merged / halved copies and per-copy engine set-up."""
+    The plan's copies as the runner cuts them (``_ce_copies``: merged / halved copies release
+    their bands together; each copy beyond one per peer costs ``copy_engine_setup_ns``)."""
     if p.fabric not in ("host", "nvlink", "local"):
         raise Unsupported(f"the kosmos kernels do not run on the {p.fabric} fabric")
     if p.dtype != "bf16":
@@ -212,13 +255,14 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     sched_fabric = "host" if p.fabric == "host" else p.fabric
 
     # copy-engine movers + Hopper builders: the runner's K-sliced tail and regime defaults
-    stream_k, ce_slices, band_group = False, 1, None
+    stream_k, ce_slices, band_group, merge = False, 1, None, False
     if ce and sm90:
         from ..impls import kosmos as kimpl
 
         copy_bound = kimpl.ce_regime(p.N // W, sizes[0]) == "copy-bound"
         ce_slices = kimpl.COPY_BOUND_SLICES if copy_bound else kimpl.DEFAULT_CE_SLICES
         band_group = 1 if copy_bound else None
+        merge = copy_bound  # one copy per peer before the sliced band (impls/kosmos.py)
         stream_k = ce_slices > 1
 
     def sched(r):
@@ -271,6 +315,10 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
                 peers = t.col("peer")
                 for i in range(len(t)):
                     path[o + i] = links(r, int(kinds[i]), int(peers[i]))
+
+    setup_ns = float(prof.get("copy_engine_setup_ns", 0.0))
+    sliced_extra = _ce_copies(scheds[ranks[0]], p.K, ce_slices, merge, BM, offset[ranks[0], S.Q_MOVE], work, nbytes,
+                              setup_ns) if ce else {}
 
     # ---- dependencies: every dependency flag -> all items that release it
     remote_lat = float(prof["flag_latency_ns"]["remote"])
@@ -333,7 +381,8 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     end_floor = None
     if stream_k:  # the last group's tiles start on slice 0 and end after their last slice's work
         r0 = ranks[0]
-        arrive, rows = _ce_stream(scheds[r0], ce_slices, BM, float(prof["copy_engine_GBps"]["h2d"]), elem_scale)
+        arrive, rows = _ce_stream(scheds[r0], ce_slices, BM, float(prof["copy_engine_GBps"]["h2d"]), elem_scale,
+                                  setup_ns, sliced_extra)
         moved = offset[r0, S.Q_MOVE] + np.asarray(rows, dtype=np.int64)
         bt = scheds[r0].builders
         end_floor = np.zeros(n)
