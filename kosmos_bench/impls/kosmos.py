@@ -649,7 +649,10 @@ class KosmosRunner:
         # copies, flag releases; KOSMOS_CE_INLINE_RELEASE=1: both on the copy stream (no events).
         # The process's plan streams, not torch's pool (plan_streams says why).
         inline = os.environ.get("KOSMOS_CE_INLINE_RELEASE", "0") == "1"
-        if os.environ.get("KOSMOS_CE_PLAN_STREAMS", "process") == "runner":  # ablation: a pair per runner
+        which = os.environ.get("KOSMOS_CE_PLAN_STREAMS", "process")
+        if which not in ("process", "runner"):
+            raise ValueError(f"KOSMOS_CE_PLAN_STREAMS={which!r}: expected 'process' (default) or 'runner'")
+        if which == "runner":  # ablation: a pair per runner
             handles = self._runner_streams = make_stream_pair(self.lib, self.dev_index)
         else:
             handles = plan_streams(self.lib, self.dev_index)
