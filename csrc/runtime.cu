@@ -148,12 +148,14 @@ int kosmos_stream_destroy(void* stream) {
 // event; the flag stream waits for that event and releases (fenced writes: ~2 us each in the
 // front end, kept off the copy engine's path). Given one stream for both, releases follow
 // their copy in stream order with no events (5% slower: results/issue4-h200-20261203, t9).
+// Entries from inline_from on release on the copy stream (the last copy's: nothing follows
+// them, so the copy engine waits for nothing and the event hop to the flag stream is saved).
 // The arrays are copied in at creation, so a call costs the host two C calls around the
 // kernel launch (begin: entries [0, head), end: the rest).
 struct CePlan {
   std::vector<uint64_t> dst, src, width, height, pitch, flag;
   std::vector<uint32_t> mult, back;
-  int head = 0;
+  int head = 0, inline_from = 0;
   cudaStream_t cs = nullptr, fs = nullptr;
   cudaEvent_t ready = nullptr, copies_done = nullptr, flags_done = nullptr;
   std::vector<cudaEvent_t> events;  // one per copy; a wait captures the record, so reuse is safe
@@ -171,13 +173,14 @@ static int ce_enqueue(CePlan& P, int lo, int hi, uint32_t epoch) {
         KOSMOS_CUDA(cudaMemcpyAsync(d, s_, P.width[i] * P.height[i], cudaMemcpyDefault, P.cs));
       else
         KOSMOS_CUDA(cudaMemcpy2DAsync(d, P.pitch[i], s_, P.pitch[i], P.width[i], P.height[i], cudaMemcpyDefault, P.cs));
-      if (P.fs != P.cs) {  // one stream for both: stream order is enough
+      if (P.fs != P.cs && i < P.inline_from) {  // else stream order is enough
         KOSMOS_CUDA(cudaEventRecord(P.events[copy], P.cs));
         KOSMOS_CUDA(cudaStreamWaitEvent(P.fs, P.events[copy], 0));
       }
       ++copy;
     }
-    if (int rc = stream_write(P.fs, reinterpret_cast<void*>(P.flag[i]), P.mult[i] * epoch - P.back[i], true)) return rc;
+    cudaStream_t rs = i < P.inline_from ? P.fs : P.cs;
+    if (int rc = stream_write(rs, reinterpret_cast<void*>(P.flag[i]), P.mult[i] * epoch - P.back[i], true)) return rc;
   }
   return KOSMOS_OK;
 }
@@ -194,8 +197,9 @@ void kosmos_ce_plan_destroy(void* h) {
 // head: entries [0, head) go in before the kernel launch (the first copy and its releases).
 void* kosmos_ce_plan_create(void* copy_stream, void* flag_stream, int n, const uint64_t* dst, const uint64_t* src,
                             const uint64_t* width, const uint64_t* height, const uint64_t* pitch,
-                            const uint64_t* flag, const uint32_t* mult, const uint32_t* back, int head) {
-  if (!copy_stream || !flag_stream || n < 1 || head < 0 || head > n || !dst || !src || !width || !height || !pitch ||
+                            const uint64_t* flag, const uint32_t* mult, const uint32_t* back, int head,
+                            int inline_from) {
+  if (!copy_stream || !flag_stream || n < 1 || head < 0 || head > n || inline_from < 0 || inline_from > n || !dst || !src || !width || !height || !pitch ||
       !flag || !mult || !back) {
     fail(KOSMOS_ERR_INVALID, "bad CE plan");
     return nullptr;
@@ -223,6 +227,7 @@ void* kosmos_ce_plan_create(void* copy_stream, void* flag_stream, int n, const u
   P->mult.assign(mult, mult + n);
   P->back.assign(back, back + n);
   P->head = head;
+  P->inline_from = inline_from;
   P->cs = static_cast<cudaStream_t>(copy_stream);
   P->fs = static_cast<cudaStream_t>(flag_stream);
   size_t copies = 0;

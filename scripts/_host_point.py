@@ -29,14 +29,14 @@ def script_args(default_out: str, default_shapes: str = "8192x57344x8192"):
     return out, shapes, torch.device("cuda", 0)
 
 
-def host_ce_point(M: int, N: int, K: int, dev):
-    """(kosmos Point, RankCtx, inputs) of one host-fabric shape (seed 1 inputs)."""
+def host_ce_point(M: int, N: int, K: int, dev, with_ref: bool = False):
+    """(kosmos Point, RankCtx, inputs) of one host-fabric shape (seed 1 inputs); with_ref: also
+    the full A and B (for harness._check)."""
     p = Point(op="ag-gemm", impl="kosmos", M=M, N=N, K=K, world=W, fabric="host", policy="self", seed=0,
               builder="sm90", mover="ce")
     ctx = RankCtx(rank=0, world=W, procs=1, device=dev, fabric="host", backend="gpu")
     inputs, A, B = get_op("ag-gemm").inputs(p, list(range(W)), dev, seed=1)
-    del A, B
-    return p, ctx, inputs
+    return (p, ctx, inputs, A, B) if with_ref else (p, ctx, inputs)
 
 
 def nccl_overlap_run(p: Point, ctx: RankCtx, inputs):

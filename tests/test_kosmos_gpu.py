@@ -520,15 +520,22 @@ def test_sm90_copy_engine_merged_peer_copies(monkeypatch, shape):
 
 
 @sm90
-def test_sm90_copy_engine_inline_releases(monkeypatch):
+@pytest.mark.parametrize("env", ["KOSMOS_CE_INLINE_RELEASE", "KOSMOS_CE_TAIL_INLINE"])
+def test_sm90_copy_engine_inline_releases(monkeypatch, env):
     """KOSMOS_CE_INLINE_RELEASE=1: flag releases on the copy stream itself (stream order, no
-    events): correct and bitwise stable over calls, K-slices included."""
-    monkeypatch.setenv("KOSMOS_CE_INLINE_RELEASE", "1")
+    events); KOSMOS_CE_TAIL_INLINE=1: only the last copy's: correct and bitwise stable over
+    calls, K-slices included."""
+    monkeypatch.setenv(env, "1")
     W, M, N, K = 8, 8 * 1024, 8 * 2048, 2048
     p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90",
                                         mover="ce", seed=13)
     try:
-        assert runner.ce_streams[0] is runner.ce_streams[1]
+        last_copy = max(i for i, e in enumerate(runner.ce_entries) if e.rows)
+        if env == "KOSMOS_CE_INLINE_RELEASE":
+            assert runner.ce_streams[0] is runner.ce_streams[1]
+        else:
+            assert runner.ce_streams[0] is not runner.ce_streams[1] and runner.ce_inline_from == last_copy
+            assert runner.ce_entries[-1].mult > 1  # the inline releases include a K-slice's
         expect_correct(p, runner, A, B, calls=3)
     finally:
         runner.close()

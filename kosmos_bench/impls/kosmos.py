@@ -51,6 +51,7 @@ DEFAULT_TRACE_CAP = 4096
 # the last byte drops from a tile to half a tile, and rows of K/2 still copy at full speed.
 DEFAULT_CE_SLICES = 2
 DEFAULT_CE_MERGE = "0"
+DEFAULT_CE_TAIL_INLINE = "0"
 # Copy-bound shapes (rho = schedule.link_compute_ratio < COPY_BOUND_RHO: the QKV layers on the
 # host fabric, rho <= 0.16; FC1 is 0.47-0.88): the builders wait for the link anyway, so what
 # counts is fewer copies and a short tail: one copy per peer (merge), 1-band groups and the
@@ -663,6 +664,11 @@ class KosmosRunner:
         self.ce_mult = np.array([e.mult for e in entries], dtype=np.uint32)
         self.ce_back = np.array([e.back for e in entries], dtype=np.uint32)  # a test holds one release back
         self.ce_head = head
+        # KOSMOS_CE_TAIL_INLINE=1: the last copy's releases on the copy stream (no event hop).
+        tail_inline = os.environ.get("KOSMOS_CE_TAIL_INLINE", DEFAULT_CE_TAIL_INLINE)
+        if tail_inline not in ("0", "1"):
+            raise ValueError(f"KOSMOS_CE_TAIL_INLINE={tail_inline!r}: expected 0 or 1")
+        self.ce_inline_from = copies[-1] if tail_inline == "1" else len(entries)
         self._ce_commit()
 
     def _ce_commit(self) -> None:
@@ -675,7 +681,7 @@ class KosmosRunner:
                                            ctypes.c_void_p(self.ce_streams[1].cuda_stream), len(self.ce_mult),
                                            *(a.ctypes.data_as(u64) for a in self.ce_cols),
                                            self.ce_mult.ctypes.data_as(u32), self.ce_back.ctypes.data_as(u32),
-                                           self.ce_head)
+                                           self.ce_head, self.ce_inline_from)
         if not h:
             from .. import kernels
 
