@@ -419,6 +419,25 @@ def band_groups(num_bands: int, builders: int, ramp: bool = False, tail: int = 1
     return out + last
 
 
+def peer_groups(peers: int, per_peer: int, tail: int = 1) -> list[slice]:
+    """Remote demand-order groups that never straddle two peers (copy-engine movers copy a
+    group's bands of one peer as one copy, and every copy beyond one per peer costs the engine
+    ~2.5 us: results/issue4-h200-20261203/probes/copy_split-*): the first peer ramps 1, 2, 4, ...
+    bands (its remainder joins the last ramp group), every middle peer is one group, and the
+    last peer halves down to ``tail`` bands (``band_groups``). Bands are numbered peer-major."""
+    if peers < 2:
+        return band_groups(per_peer * peers, 0, ramp=True, tail=tail, size=per_peer)
+    out, b, k = [], 0, 1
+    while b < per_peer:  # the ramp inside the first peer
+        n = k if per_peer - b - k >= 2 * k else per_peer - b
+        out.append(slice(b, b + n))
+        b, k = b + n, 2 * k
+    out += [slice(i * per_peer, (i + 1) * per_peer) for i in range(1, peers - 1)]
+    lo = (peers - 1) * per_peer
+    return out + [slice(lo + g.start, lo + g.stop) for g in band_groups(per_peer, 0, tail=tail, size=per_peer)]
+
+
+PEER_GROUPS = "peer"  # band_group: remote groups aligned to peer shards (peer_groups)
 BALANCED_GROUP = 3  # bands per demand-order group when link and builders are balanced
 BALANCED_RHO = (0.7, 2.0)  # rho window called balanced (measured: 0.47 -> sqrt, 0.88 -> 3)
 
@@ -483,7 +502,7 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
                    chunk: int = 1, num_wgs: int = 132, policy: str = "self", queue_order: str = "demand",
                    seed: int = 0, local_first: bool | None = None, fabric: str = "local",
                    model: dict | None = None, mover_bytes: int = 256 * 1024,
-                   stream_k: bool = False, band_group: int | None = None) -> RankSchedule:
+                   stream_k: bool = False, band_group: int | str | None = None) -> RankSchedule:
     """The schedule of one rank. ``num_wgs`` is the WG count of THIS rank (on the local
     fabric: ``np.diff(wg_starts(G, W))[rank]``). ``local_first`` defaults to True for
     ag-gemm and False (local destination last) for gemm-rs. ``fabric='host'`` adds the
@@ -491,7 +510,8 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
     copy-engine movers delivering the last remote group in K-slices): remote band groups
     halve only down to one wave of tiles (``builders // n_tiles`` bands), not to one band.
     ``band_group`` (ag-gemm): bands per regular remote demand-order group (default
-    ``demand_group``: ~sqrt(builders), fewer when link and builders are balanced).
+    ``demand_group``: ~sqrt(builders), fewer when link and builders are balanced), or
+    ``PEER_GROUPS`` ("peer"): groups aligned to peer shards (``peer_groups``).
     """
     why = validate(op, M, N, K, world, BM, BN, chunk)
     if why:
@@ -544,10 +564,13 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
             bands = [(p, mt) for p in seg for mt in range(mt_n)]
             builders_n = num_wgs - (k_movers or 0)
             # one wave of tiles, at most a regular group (~sqrt(builders) bands)
-            g = band_group or (demand_group(n_loc, builders_n, fabric, model) if seg is ring
-                               else max(1, round(math.sqrt(builders_n))))
+            by_peer = band_group == PEER_GROUPS and seg is ring
+            g = (mt_n if by_peer else band_group) or (demand_group(n_loc, builders_n, fabric, model) if seg is ring
+                                                      else max(1, round(math.sqrt(builders_n))))
+            g = int(g) if isinstance(g, int) else max(1, round(math.sqrt(builders_n)))  # "peer" on the local segment
             tail = min(max(1, builders_n // nt_n), g) if (stream_k and seg is ring) else 1
-            groups = band_groups(len(bands), builders_n, ramp=seg is ring, tail=tail, size=g)
+            groups = (peer_groups(len(ring), mt_n, tail) if by_peer else
+                      band_groups(len(bands), builders_n, ramp=seg is ring, tail=tail, size=g))
             b_demand += [build_id[p, mt, nt] for grp in groups for nt in range(nt_n) for p, mt in bands[grp]]
             if seg is ring:  # tile rows of the remote bands needed together (copy-engine movers copy them together)
                 remote_groups = [[(p, mt) for p, mt in bands[grp]] for grp in groups]

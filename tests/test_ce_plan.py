@@ -193,3 +193,25 @@ def test_halving_sizes():
     sizes = {n: [len(x) for x in ce_plan.halving(list(range(n)))] for n in (1, 2, 3, 7, 8, 15, 16)}
     assert sizes == {1: [1], 2: [1, 1], 3: [2, 1], 7: [4, 2, 1], 8: [5, 2, 1], 15: [8, 4, 2, 1], 16: [9, 4, 2, 1]}
     assert sum(ce_plan.halving(list(range(11))), []) == list(range(11))
+
+
+@pytest.mark.parametrize("shape", [(8192, 57344, 8192), (16384, 57344, 8192), (3000 * 8, 776 * 8, 1000)])
+def test_peer_groups_need_fewer_copies_and_cover_every_byte(shape):
+    """band_group="peer": no group straddles two peers, so the plan copies each middle peer once
+    and the whole plan needs fewer copies than the default groups; still every byte once."""
+    M, N, K = shape
+    W, r = 8, 0
+    m_loc = M // W
+    kw = dict(BM=128, BN=256, num_wgs=132, fabric="host", stream_k=True, model=ag_sm90.schedule_model("host"))
+    sch = S.build_schedule("ag-gemm", M, N, K, W, r, band_group=S.PEER_GROUPS, **kw)
+    for grp in sch.meta["remote_groups"]:
+        assert len({p for p, _ in grp}) == 1, grp
+    plan, _ = ce_plan.build(sch, K, 2, bk=64)
+    cover, _ = _replay(sch, plan, K, m_loc)
+    _assert_remote_bytes_once(cover, W, r, m_loc)
+    copies = [e for e in plan if e.rows]
+    ring = [(r + i) % W for i in range(1, W)]
+    for p in ring[1:-1]:
+        assert sum(e.peer == p for e in copies) == 1, p
+    default, _ = ce_plan.build(S.build_schedule("ag-gemm", M, N, K, W, r, **kw), K, 2, bk=64)
+    assert len(copies) < sum(1 for e in default if e.rows)

@@ -311,21 +311,28 @@ def test_sm90_watchdog_missing_peer():
 
 
 @sm90
+@pytest.mark.parametrize("group", ["balanced", "peer"])
 @pytest.mark.parametrize("mover", ["sm", "ce"])
 @pytest.mark.parametrize("shape", [(8 * 1024, 8 * 13312 // 4, 1024), (3000 * 8, 776 * 8, 1000)])
-def test_sm90_host_fabric_ag_balanced_demand_groups(shape, mover, monkeypatch):
+def test_sm90_host_fabric_ag_balanced_demand_groups(shape, mover, group, monkeypatch):
     """Small remote demand groups (what schedule.demand_group picks when link and builders are
-    balanced; forced here with KOSMOS_BAND_GROUP): correct and bitwise stable for both movers."""
+    balanced; forced here with KOSMOS_BAND_GROUP) and groups aligned to peer shards
+    (KOSMOS_BAND_GROUP=peer): correct and bitwise stable for both movers."""
     from kosmos_bench import schedule as S
 
-    monkeypatch.setenv("KOSMOS_BAND_GROUP", str(S.BALANCED_GROUP))
+    monkeypatch.setenv("KOSMOS_BAND_GROUP", str(S.BALANCED_GROUP) if group == "balanced" else S.PEER_GROUPS)
     W = 8
     M, N, K = shape
     p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90",
                                         mover=mover, seed=11)
     try:
-        sizes = [len(g) for g in runner.scheds[0].meta["remote_groups"]]
-        assert max(sizes) == S.BALANCED_GROUP and sum(sizes) == 7 * -(-(M // W) // 128)
+        groups = runner.scheds[0].meta["remote_groups"]
+        sizes = [len(g) for g in groups]
+        assert sum(sizes) == 7 * -(-(M // W) // 128)
+        if group == "balanced":
+            assert max(sizes) == S.BALANCED_GROUP
+        else:
+            assert all(len({peer for peer, _ in g}) == 1 for g in groups) and runner.info["band_group"] == -1
         expect_correct(p, runner, A, B, calls=3)
     finally:
         runner.close()

@@ -330,3 +330,16 @@ def test_ag_schedule_uses_balanced_groups_for_remote_bands_only():
     sizes20 = [g.stop - g.start for g in S.band_groups(56, 132, ramp=True, size=20)]
     assert max(sizes20) > round(math.sqrt(132))  # ramps past the default size
     assert len({(int(p), int(m)) for p, m in first[:sizes20[0] * nt_n][:, [S.F["peer"], S.F["m0"]]]}) == sizes20[0]
+
+
+def test_peer_groups_ramp_align_and_halve_to_the_tail():
+    assert [(g.start, g.stop) for g in S.peer_groups(7, 8, 4)] == \
+        [(0, 1), (1, 3), (3, 8), (8, 16), (16, 24), (24, 32), (32, 40), (40, 48), (48, 52), (52, 56)]
+    for peers in (1, 2, 3, 7):
+        for per in (1, 2, 3, 8, 16, 33):
+            for tail in (1, 4):
+                groups = S.peer_groups(peers, per, tail)
+                assert [i for g in groups for i in range(g.start, g.stop)] == list(range(peers * per))
+                assert all(g.start // per == (g.stop - 1) // per for g in groups), (peers, per, groups)
+                if per > tail:
+                    assert groups[-1].stop - groups[-1].start == tail

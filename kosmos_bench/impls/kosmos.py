@@ -107,6 +107,21 @@ def ce_regime(n_loc: int, builders: int) -> str:
     return "copy-bound" if rho < COPY_BOUND_RHO else "compute"
 
 
+def _band_group_env() -> int | str | None:
+    """KOSMOS_BAND_GROUP: bands per remote demand group (0: the schedule's rule) or "peer"
+    (groups aligned to peer shards: schedule.peer_groups)."""
+    v = os.environ.get("KOSMOS_BAND_GROUP", "0").strip()
+    if v == S.PEER_GROUPS:
+        return v
+    try:
+        n = int(v)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"KOSMOS_BAND_GROUP={v!r}: expected a band count >= 0 or 'peer'")
+    return n or None
+
+
 class WatchdogError(RuntimeError):
     """A spin-wait in a kosmos kernel timed out (missing peer, protocol bug)."""
 
@@ -340,7 +355,7 @@ class KosmosRunner:
             starts = np.array([0, G], dtype=np.int32)
         self.ranks, self.grid, self.starts = ranks, G, starts
         sizes = np.diff(starts)
-        band_group = int(os.environ.get("KOSMOS_BAND_GROUP", "0")) or None
+        band_group = _band_group_env()
         self.ce_regime = ""
         if self.k_stream and fabric == "host":
             self.ce_regime = ce_regime(N // W, int(sizes.min()))
@@ -531,7 +546,7 @@ class KosmosRunner:
                      "ce_slice_mb": self.ce_slice_bytes / 2 ** 20 if self.k_stream else 0.0,
                      "ce_tail_groups": self.ce_tail_groups if self.k_stream else 0,
                      "ce_merge": self.ce_merge if self.mover == "ce" else False,
-                     "ce_regime": self.ce_regime, "band_group": int(band_group or 0),
+                     "ce_regime": self.ce_regime, "band_group": -1 if band_group == S.PEER_GROUPS else int(band_group or 0),
                      "spin_ns": self.spin_ns,
                      "kosmos_policy": _policy(point), "trace_dropped": 0}
         torch.cuda.synchronize(self.dev)
