@@ -150,6 +150,8 @@ int kosmos_stream_destroy(void* stream) {
 // their copy in stream order with no events (5% slower: results/issue4-h200-20261203, t9).
 // Entries from inline_from on release on the copy stream (the last copy's: nothing follows
 // them, so the copy engine waits for nothing and the event hop to the flag stream is saved).
+// The copy stream first waits for the flag stream's earlier releases: a band's earlier
+// K-slice release still queued there would otherwise land after (and undo) its last one.
 // The arrays are copied in at creation, so a call costs the host two C calls around the
 // kernel launch (begin: entries [0, head), end: the rest).
 struct CePlan {
@@ -157,7 +159,7 @@ struct CePlan {
   std::vector<uint32_t> mult, back;
   int head = 0, inline_from = 0;
   cudaStream_t cs = nullptr, fs = nullptr;
-  cudaEvent_t ready = nullptr, copies_done = nullptr, flags_done = nullptr;
+  cudaEvent_t ready = nullptr, copies_done = nullptr, flags_done = nullptr, flags_before_inline = nullptr;
   std::vector<cudaEvent_t> events;  // one per copy; a wait captures the record, so reuse is safe
 };
 
@@ -179,6 +181,10 @@ static int ce_enqueue(CePlan& P, int lo, int hi, uint32_t epoch) {
       }
       ++copy;
     }
+    if (i == P.inline_from && P.fs != P.cs) {  // after this entry's copy: nothing waits for it
+      KOSMOS_CUDA(cudaEventRecord(P.flags_before_inline, P.fs));
+      KOSMOS_CUDA(cudaStreamWaitEvent(P.cs, P.flags_before_inline, 0));
+    }
     cudaStream_t rs = i < P.inline_from ? P.fs : P.cs;
     if (int rc = stream_write(rs, reinterpret_cast<void*>(P.flag[i]), P.mult[i] * epoch - P.back[i], true)) return rc;
   }
@@ -189,7 +195,7 @@ void kosmos_ce_plan_destroy(void* h) {
   CePlan* P = static_cast<CePlan*>(h);
   if (!P) return;
   for (cudaEvent_t e : P->events) cudaEventDestroy(e);
-  for (cudaEvent_t e : {P->ready, P->copies_done, P->flags_done})
+  for (cudaEvent_t e : {P->ready, P->copies_done, P->flags_done, P->flags_before_inline})
     if (e) cudaEventDestroy(e);
   delete P;
 }
@@ -235,7 +241,7 @@ void* kosmos_ce_plan_create(void* copy_stream, void* flag_stream, int n, const u
   P->events.assign(copies, nullptr);
   bool ok = true;
   for (cudaEvent_t& e : P->events) ok = ok && cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess;
-  for (cudaEvent_t* e : {&P->ready, &P->copies_done, &P->flags_done})
+  for (cudaEvent_t* e : {&P->ready, &P->copies_done, &P->flags_done, &P->flags_before_inline})
     ok = ok && cudaEventCreateWithFlags(e, cudaEventDisableTiming) == cudaSuccess;
   if (!ok) {
     fail(KOSMOS_ERR_CUDA, "CE plan: cudaEventCreate failed");
