@@ -527,21 +527,23 @@ def test_sm90_copy_engine_merged_peer_copies(monkeypatch, shape):
 
 
 @sm90
-@pytest.mark.parametrize("env", ["KOSMOS_CE_INLINE_RELEASE", "KOSMOS_CE_TAIL_INLINE"])
+@pytest.mark.parametrize("env", ["KOSMOS_CE_INLINE_RELEASE=1", "KOSMOS_CE_TAIL_INLINE=1", "KOSMOS_CE_TAIL_INLINE=0"])
 def test_sm90_copy_engine_inline_releases(monkeypatch, env):
     """KOSMOS_CE_INLINE_RELEASE=1: flag releases on the copy stream itself (stream order, no
-    events); KOSMOS_CE_TAIL_INLINE=1: only the last copy's: correct and bitwise stable over
-    calls, K-slices included."""
-    monkeypatch.setenv(env, "1")
+    events); KOSMOS_CE_TAIL_INLINE=1 (default): only the last copy's, after the flag stream's
+    earlier ones (the band's earlier K-slice releases); =0: none: correct and bitwise stable
+    over calls, K-slices included (this shape's last band: 4 slices, each a copy)."""
+    monkeypatch.setenv(*env.split("="))
     W, M, N, K = 8, 8 * 1024, 8 * 2048, 2048
     p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90",
                                         mover="ce", seed=13)
     try:
         last_copy = max(i for i, e in enumerate(runner.ce_entries) if e.rows)
-        if env == "KOSMOS_CE_INLINE_RELEASE":
+        if env == "KOSMOS_CE_INLINE_RELEASE=1":
             assert runner.ce_streams[0] is runner.ce_streams[1]
         else:
-            assert runner.ce_streams[0] is not runner.ce_streams[1] and runner.ce_inline_from == last_copy
+            want = last_copy if env.endswith("=1") else len(runner.ce_entries)
+            assert runner.ce_streams[0] is not runner.ce_streams[1] and runner.ce_inline_from == want
             assert runner.ce_entries[-1].mult > 1  # the inline releases include a K-slice's
         expect_correct(p, runner, A, B, calls=3)
     finally:

@@ -51,7 +51,11 @@ DEFAULT_TRACE_CAP = 4096
 # the last byte drops from a tile to half a tile, and rows of K/2 still copy at full speed.
 DEFAULT_CE_SLICES = 2
 DEFAULT_CE_MERGE = "0"
-DEFAULT_CE_TAIL_INLINE = "0"
+# The last copy's releases on the copy stream (KOSMOS_CE_TAIL_INLINE; 0: all on the flag
+# stream). The flag stream's release lands 9-18 us after the last byte (an event hop); inline,
+# the tail after the last byte is 5-13 us shorter on 70b FC1 / QKV
+# (results/issue4-h200-20261203/probes/tail_probe-*).
+DEFAULT_CE_TAIL_INLINE = "1"
 # Copy-bound shapes (rho = schedule.link_compute_ratio < COPY_BOUND_RHO: the QKV layers on the
 # host fabric, rho <= 0.16; FC1 is 0.47-0.88): the builders wait for the link anyway, so what
 # counts is fewer copies and a short tail: one copy per peer (merge), 1-band groups and the
@@ -679,7 +683,7 @@ class KosmosRunner:
         self.ce_mult = np.array([e.mult for e in entries], dtype=np.uint32)
         self.ce_back = np.array([e.back for e in entries], dtype=np.uint32)  # a test holds one release back
         self.ce_head = head
-        # KOSMOS_CE_TAIL_INLINE=1: the last copy's releases on the copy stream (no event hop).
+        # The last copy's releases on the copy stream (no event hop; KOSMOS_CE_TAIL_INLINE=0: off).
         tail_inline = os.environ.get("KOSMOS_CE_TAIL_INLINE", DEFAULT_CE_TAIL_INLINE)
         if tail_inline not in ("0", "1"):
             raise ValueError(f"KOSMOS_CE_TAIL_INLINE={tail_inline!r}: expected 0 or 1")
