@@ -43,3 +43,16 @@ def nccl_overlap_run(p: Point, ctx: RankCtx, inputs):
     """The nccl-overlap baseline's call on the same inputs."""
     po = Point(op="ag-gemm", impl="nccl-overlap", M=p.M, N=p.N, K=p.K, world=W, fabric="host", seed=0)
     return nccl_impls.NcclBaseline("nccl-overlap", True).prepare(po, ctx, inputs).run
+
+
+def append_rows(out: str, name: str, rows: list[dict]) -> None:
+    """Append rows to OUT/name (a Parquet file that fresh-process variants share)."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    path = Path(out) / name
+    df = pd.DataFrame(rows)
+    if path.exists():
+        df = pd.concat([pd.read_parquet(path), df], ignore_index=True)
+    df.to_parquet(path)

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from kosmos_bench import harness, kernels, timing
 from kosmos_bench.impls import nccl as nccl_impls
@@ -26,7 +24,7 @@ from kosmos_bench.impls.base import RankCtx
 from kosmos_bench.impls.kosmos import KosmosImpl
 from kosmos_bench.ops import get_op
 from kosmos_bench.point import Point
-from _host_point import W, script_args  # scripts/: shared host-fabric set-up
+from _host_point import W, append_rows, script_args  # scripts/: shared host-fabric set-up
 
 REPS = int(os.environ.get("B2B_REPS", "30"))
 RUNNERS = int(os.environ.get("B2B_RUNNERS", "1"))  # runners made one after another per shape
@@ -73,11 +71,7 @@ def main() -> None:
         print(f"{tag:14s} #{nr} {M}x{N}x{K}: kosmos {k0:.0f},{k1:.0f} us  copy {c0:.0f},{c1:.0f} us  "
               f"eff {copy_us / kos_us:.3f}  copies {rows[-1]['ce_copies']}  wrong {wrong} bitwise {same}  "
               + " ".join(f"{k} {v:#x}" for k, v in addrs.items()), flush=True)
-    path = Path(out) / "b2b_variant.parquet"
-    df = pd.DataFrame(rows)
-    if path.exists():
-        df = pd.concat([pd.read_parquet(path), df], ignore_index=True)
-    df.to_parquet(path)
+    append_rows(out, "b2b_variant.parquet", rows)
 
 
 if __name__ == "__main__":

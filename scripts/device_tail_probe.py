@@ -18,16 +18,14 @@ Prints one line per shape; appends rows to OUT/tail_probe.parquet.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 
 from kosmos_bench import harness, timing
 from kosmos_bench.impls import nccl as nccl_impls
 from kosmos_bench.impls.kosmos import KosmosImpl
-from _host_point import host_ce_point, script_args
+from _host_point import append_rows, host_ce_point, script_args
 
 REPS = int(os.environ.get("B2B_REPS", "30"))
 WARMUP = 5
@@ -76,11 +74,7 @@ def main() -> None:
         print(f"{tag:10s} {M}x{N}x{K}: total {k[0]:.0f} = span {k[1]:.0f} + tail {k[0] - k[1]:.0f} us "
               f"(last release +{k[2] - k[1]:.1f})  copy alone {c:.0f}  plan alone {pl:.0f}  eff {c / k[0]:.3f}  "
               f"copies {runner.ce_copies}  wrong {wrong} bitwise {same}", flush=True)
-    path = Path(out) / "tail_probe.parquet"
-    df = pd.DataFrame(rows)
-    if path.exists():
-        df = pd.concat([pd.read_parquet(path), df], ignore_index=True)
-    df.to_parquet(path)
+    append_rows(out, "tail_probe.parquet", rows)
 
 
 if __name__ == "__main__":
