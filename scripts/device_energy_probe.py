@@ -8,10 +8,16 @@ clock, and the names of the GPU kernels cuBLAS runs for the GEMM alone (torch.pr
 
     KOSMOS_BENCH_CACHE=$PWD/.kb-cache python3 scripts/device_energy_probe.py OUT [MxNxK,...] [SECS]
     (N is the whole layer's N: rank 0's GEMM is M x N/8 x K, as in the host sweep)
+
+ENERGY_FNS=kosmos,cublas limits the functions; B2B_TAG names the variant (kosmos knobs come from
+the environment), so `B2B_SCRIPT=device_energy_probe.py B2B_VARIANTS="g3: g6:KOSMOS_BAND_GROUP=6"
+bash scripts/device_b2b_variants.sh` compares variants in fresh processes; rows are appended to
+OUT/energy.parquet.
 """
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 import time
 
@@ -22,7 +28,7 @@ from kosmos_bench.impls import nccl as nccl_impls
 from kosmos_bench.impls.kosmos import IMPLS
 from kosmos_bench.kernels import sm90_gemm
 from kosmos_bench.runtime.nvml import ClockSampler, _lib
-from _host_point import W, host_ce_point, script_args
+from _host_point import W, append_rows, host_ce_point, script_args
 
 
 class Energy:
@@ -89,9 +95,15 @@ def main() -> None:
         err = (C.float() - ref.float()).abs().max().item() / ref.float().abs().max().item()
         print(f"sm90 vs cuBLAS max err {err:.2e} (of max |C|), 2-CTA clusters bitwise = 1-CTA: "
               f"{torch.equal(C.view(torch.int16), C2.view(torch.int16))}", flush=True)
-        fns = {"cublas": cublas, "sm90": lambda: sm90_gemm.gemm(A, B, out=C),
-               "sm90x2": lambda: sm90_gemm.gemm(A, B, out=C2, variant=3),
-               "kosmos": IMPLS[0].prepare(p, ctx, inputs).run, "copy": nccl_impls.comm_alone(p, ctx, inputs)}
+        want = os.environ.get("ENERGY_FNS", "cublas,sm90,sm90x2,kosmos,copy").split(",")
+        make = {"cublas": lambda: cublas, "sm90": lambda: lambda: sm90_gemm.gemm(A, B, out=C),
+                "sm90x2": lambda: lambda: sm90_gemm.gemm(A, B, out=C2, variant=3),
+                "kosmos": lambda: IMPLS[0].prepare(p, ctx, inputs).run,
+                "copy": lambda: nccl_impls.comm_alone(p, ctx, inputs)}
+        unknown = set(want) - set(make)
+        if unknown:
+            raise SystemExit(f"ENERGY_FNS: unknown {sorted(unknown)}; expected some of {list(make)}")
+        fns = {name: make[name]() for name in want}
         for f in fns.values():
             f()
         torch.cuda.synchronize()
@@ -102,15 +114,15 @@ def main() -> None:
                 order = names[rep:] + names[:rep] if rep % 2 == 0 else list(reversed(names))
                 for name in order:
                     r = phase(fns[name], secs, energy, sampler)
-                    r.update(shape=f"{M}x{N}x{K}", fn=name, rep=rep)
+                    r.update(tag=os.environ.get("B2B_TAG", "default"), shape=f"{M}x{N}x{K}", fn=name, rep=rep)
                     rows.append(r)
                     print(f"  {name:8s} rep {rep}: {r['us']:8.1f} us/call  {r['J_per_call']:6.3f} J/call  "
                           f"{r['W']:5.0f} W  {r['MHz'] or 0:5.0f} MHz", flush=True)
         del fns
         torch.cuda.empty_cache()
+    append_rows(out, "energy.parquet", rows)
     df = pd.DataFrame(rows)
-    df.to_parquet(f"{out}/energy.parquet")
-    print(df.groupby(["shape", "fn"])[["us", "J_per_call", "W", "MHz"]].median().round(3).to_string())
+    print(df.groupby(["tag", "shape", "fn"])[["us", "J_per_call", "W", "MHz"]].median().round(3).to_string())
 
 
 if __name__ == "__main__":

@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
-# carry=[".kb-cache"]: the next session's first device call (2026-12-03 note): the kosmos GPU tests
-# (commits after 5f2759e: make_stream_pair, the KOSMOS_CE_PLAN_STREAMS check), then back to back
-# in fresh processes: per-peer merged copies on 70b FC1 (the simulator: 0.2-0.8% faster) and the
-# flag spin's sleep on the power-limited 405b FC1 8k, each A/B/A/B.
+# carry=[".kb-cache"]: the next session's first device call (2026-12-03 13:18 note). Is the
+# fused call on the power-limited 405b FC1 energy-bound by its demand groups' B traffic? A
+# 3-band group streams B (436 MB on 405b FC1 8k) from HBM once per group: ~20 times per call
+# against ~6 for 11-band groups. Energy per call, kosmos and cuBLAS back to back for 1.5 s
+# (steady power state), fresh process per group size; then the GPU tests.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 KOSMOS_BENCH_CACHE=$PWD/.kb-cache
-OUT=${OUT:-/tmp/kb-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARN | tail -2
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_kosmos_gpu.py 2>&1 | tail -2
-B2B_VARIANTS="s2: merge:KOSMOS_CE_MERGE=1 s2b: mergeb:KOSMOS_CE_MERGE=1" bash scripts/device_b2b_variants.sh
-B2B_SHAPES=8192x106496x16384 B2B_VARIANTS="spin32: spin1k:KOSMOS_SPIN_NS=1024 spin4k:KOSMOS_SPIN_NS=4096 spin32b:" \
+ENERGY_FNS=kosmos,cublas B2B_SCRIPT=device_energy_probe.py B2B_LINES=3 B2B_SHAPES=8192x106496x16384 \
+B2B_VARIANTS="g3: g6:KOSMOS_BAND_GROUP=6 g11:KOSMOS_BAND_GROUP=11 g2:KOSMOS_BAND_GROUP=2 g3b:" \
     bash scripts/device_b2b_variants.sh
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_kosmos_gpu.py 2>&1 | tail -2
