@@ -502,7 +502,8 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
                    chunk: int = 1, num_wgs: int = 132, policy: str = "self", queue_order: str = "demand",
                    seed: int = 0, local_first: bool | None = None, fabric: str = "local",
                    model: dict | None = None, mover_bytes: int = 256 * 1024,
-                   stream_k: bool = False, band_group: int | str | None = None) -> RankSchedule:
+                   stream_k: bool = False, band_group: int | str | None = None,
+                   tail_bands: int | None = None) -> RankSchedule:
     """The schedule of one rank. ``num_wgs`` is the WG count of THIS rank (on the local
     fabric: ``np.diff(wg_starts(G, W))[rank]``). ``local_first`` defaults to True for
     ag-gemm and False (local destination last) for gemm-rs. ``fabric='host'`` adds the
@@ -511,7 +512,8 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
     halve only down to one wave of tiles (``builders // n_tiles`` bands), not to one band.
     ``band_group`` (ag-gemm): bands per regular remote demand-order group (default
     ``demand_group``: ~sqrt(builders), fewer when link and builders are balanced), or
-    ``PEER_GROUPS`` ("peer"): groups aligned to peer shards (``peer_groups``).
+    ``PEER_GROUPS`` ("peer"): groups aligned to peer shards (``peer_groups``). ``tail_bands``
+    (``stream_k``): bands of the last remote group instead of one wave of tiles.
     """
     why = validate(op, M, N, K, world, BM, BN, chunk)
     if why:
@@ -568,7 +570,7 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
             g = (mt_n if by_peer else band_group) or (demand_group(n_loc, builders_n, fabric, model) if seg is ring
                                                       else max(1, round(math.sqrt(builders_n))))
             g = int(g) if isinstance(g, int) else max(1, round(math.sqrt(builders_n)))  # "peer" on the local segment
-            tail = min(max(1, builders_n // nt_n), g) if (stream_k and seg is ring) else 1
+            tail = (tail_bands or min(max(1, builders_n // nt_n), g)) if (stream_k and seg is ring) else 1
             groups = (peer_groups(len(ring), mt_n, tail) if by_peer else
                       band_groups(len(bands), builders_n, ramp=seg is ring, tail=tail, size=g))
             b_demand += [build_id[p, mt, nt] for grp in groups for nt in range(nt_n) for p, mt in bands[grp]]

@@ -489,6 +489,23 @@ def test_sm90_copy_engine_streamed_k_slices(shape, ce_slices):
 
 
 @sm90
+@pytest.mark.parametrize("tail_bands", [1, 2])
+def test_sm90_copy_engine_tail_bands(monkeypatch, tail_bands):
+    """KOSMOS_CE_TAIL_BANDS: a last remote group of that many bands (instead of one wave of
+    tiles), in 4 K-slices: correct and bitwise stable over calls."""
+    monkeypatch.setenv("KOSMOS_CE_TAIL_BANDS", str(tail_bands))
+    W, M, N, K = 8, 8 * 1024, 8 * 7168, 2048
+    p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90",
+                                        mover="ce", ce_slices=4, seed=21)
+    try:
+        assert len(runner.scheds[0].meta["remote_groups"][-1]) == tail_bands
+        assert runner.info["ce_tail_bands"] == tail_bands and runner.info["ce_slices"] == 4
+        expect_correct(p, runner, A, B, calls=3)
+    finally:
+        runner.close()
+
+
+@sm90
 @pytest.mark.parametrize("spin_ns", [0, 4096])
 def test_sm90_copy_engine_flag_spin_sleep(monkeypatch, spin_ns):
     """Params.spin_ns (KOSMOS_SPIN_NS): builders that poll a band flag without sleeping or

@@ -78,3 +78,28 @@ def test_plan_streams_failure_names_the_cause(monkeypatch):
     with pytest.raises(RuntimeError, match="kosmos_stream_create failed: no streams left"):
         K.plan_streams(lib, 0)
     assert K._PLAN_STREAMS == {} and lib.made == [], "a half-made pair is destroyed, not kept"
+
+
+def test_ce_settings_defaults_regimes_and_explicit_knobs():
+    """One decision for the GPU runner and the simulator: FC1 (compute) 2 K-slices, sqrt groups;
+    QKV (copy-bound) 4 slices, per-peer copies, 1-band groups; explicit knobs win; no K-streaming
+    without the sm90 builder; bad values are one-line errors."""
+    from kosmos_bench import schedule as S
+    from kosmos_bench.impls import kosmos as K
+
+    fc1 = K.ce_settings(7168, 132, True, True, env={})
+    assert (fc1.k_stream, fc1.regime, fc1.slices, fc1.merge, fc1.band_group, fc1.tail_bands) == \
+        (True, "compute", K.DEFAULT_CE_SLICES, False, None, None)
+    qkv = K.ce_settings(1280, 132, True, True, env={})
+    assert (qkv.regime, qkv.slices, qkv.merge, qkv.band_group) == ("copy-bound", K.COPY_BOUND_SLICES, True, 1)
+    env = {"KOSMOS_CE_SLICES": "2", "KOSMOS_CE_MERGE": "0", "KOSMOS_BAND_GROUP": "peer", "KOSMOS_CE_TAIL_BANDS": "2"}
+    mine = K.ce_settings(1280, 132, True, True, env=env)
+    assert (mine.regime, mine.slices, mine.merge, mine.band_group, mine.tail_bands) == \
+        ("copy-bound", 2, False, S.PEER_GROUPS, 2)
+    assert K.ce_settings(1280, 132, True, True, ce_slices="3,1", env={}).split == (3, 1)
+    mma = K.ce_settings(1280, 132, False, True, env={})
+    assert (mma.k_stream, mma.regime, mma.merge, mma.band_group) == (False, "", False, None)
+    for bad in ({"KOSMOS_BAND_GROUP": "x"}, {"KOSMOS_BAND_GROUP": "-2"}, {"KOSMOS_CE_TAIL_BANDS": "-1"},
+                {"KOSMOS_CE_SLICE_MB": "-1"}, {"KOSMOS_CE_SLICES": "0"}):
+        with pytest.raises(ValueError, match="KOSMOS_|slice"):
+            K.ce_settings(7168, 132, True, True, env=bad)

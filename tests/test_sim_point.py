@@ -376,3 +376,32 @@ def test_balanced_demand_groups_beat_sqrt_groups_in_the_simulator(monkeypatch):
     t_sqrt = run_point(p)[0]["t_median_us"]
     model._schedule.cache_clear()
     assert t_balanced < 0.97 * t_sqrt
+
+
+def test_copy_engine_knobs_reach_the_simulator(monkeypatch):
+    """The simulator takes the runner's KOSMOS_CE_* / KOSMOS_BAND_GROUP knobs (impls/kosmos.py
+    ce_settings): a 2-band last group or peer-aligned groups change the schedule and the time;
+    a knob it does not model is a clear Unsupported, not a silent default."""
+    from kosmos_bench.sim import model
+
+    p = pt(M=8192, N=57344, K=8192, fabric="host", builder="sm90", mover="ce")
+    prof = profiles.load("h200-host-pcie")
+
+    def groups_and_time():
+        model._schedule.cache_clear()
+        built = model.build(p, prof)
+        return [len(g) for g in built.scheds[0].meta["remote_groups"]], simulate_point(p, prof)[0]["t_median_us"]
+
+    g0, t0 = groups_and_time()
+    monkeypatch.setenv("KOSMOS_CE_TAIL_BANDS", "2")
+    g2, t2 = groups_and_time()
+    assert g0[-1] == 4 and g2[-1] == 2 and t2 != t0
+    monkeypatch.delenv("KOSMOS_CE_TAIL_BANDS")
+    monkeypatch.setenv("KOSMOS_BAND_GROUP", "peer")
+    gp, _ = groups_and_time()
+    assert gp == [1, 2, 5, 8, 8, 8, 8, 8, 4, 4]
+    monkeypatch.delenv("KOSMOS_BAND_GROUP")
+    monkeypatch.setenv("KOSMOS_CE_SLICES", "3,1")
+    with pytest.raises(Unsupported, match="3,1"):
+        simulate_point(p, prof)
+    model._schedule.cache_clear()

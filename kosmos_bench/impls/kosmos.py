@@ -38,6 +38,8 @@ import ctypes
 import os
 import shutil
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .. import schedule as S
@@ -111,10 +113,10 @@ def ce_regime(n_loc: int, builders: int) -> str:
     return "copy-bound" if rho < COPY_BOUND_RHO else "compute"
 
 
-def _band_group_env() -> int | str | None:
+def _band_group_env(env) -> int | str | None:
     """KOSMOS_BAND_GROUP: bands per remote demand group (0: the schedule's rule) or "peer"
     (groups aligned to peer shards: schedule.peer_groups)."""
-    v = os.environ.get("KOSMOS_BAND_GROUP", "0").strip()
+    v = env.get("KOSMOS_BAND_GROUP", "0").strip()
     if v == S.PEER_GROUPS:
         return v
     try:
@@ -124,6 +126,58 @@ def _band_group_env() -> int | str | None:
     if n < 0:
         raise ValueError(f"KOSMOS_BAND_GROUP={v!r}: expected a band count >= 0 or 'peer'")
     return n or None
+
+
+@dataclass(frozen=True)
+class CeSettings:
+    """How a runner with copy-engine movers cuts its plan (ce_plan.build) and groups its bands:
+    the defaults, the copy-bound regime's and the KOSMOS_* knobs, decided once for the GPU
+    runner and the simulator alike (``ce_settings``)."""
+
+    k_stream: bool  # the last group(s) arrive in K-slices the builders stream (sm90 + ce)
+    regime: str  # "copy-bound", "compute", or "" (no K-streaming / not on the host fabric)
+    split: tuple[int, ...]  # slices per copy of the sliced groups (sum = slices)
+    merge: bool  # one copy per peer before the sliced groups
+    band_group: int | str | None  # schedule.build_schedule band_group
+    slice_bytes: int  # > 0: every other remote group streamed in slices of about that size
+    tail_groups: int  # groups sliced at the end
+    tail_bands: int | None  # bands of the last remote group (None: one wave of tiles)
+
+    @property
+    def slices(self) -> int:
+        return sum(self.split)
+
+
+def ce_settings(n_loc: int, builders: int, streams: bool, host: bool, ce_slices=None,
+                env=None) -> CeSettings:
+    """The CE plan's settings for a rank GEMM of n_loc columns on ``builders`` CTAs.
+    ``streams``: copy-engine movers with the sm90 builder (the only builder with a slice wait);
+    ``ce_slices`` (argument) and the environment's KOSMOS_CE_SLICES / _MERGE / _SLICE_MB /
+    _TAIL_GROUPS / _TAIL_BANDS and KOSMOS_BAND_GROUP win over the copy-bound defaults."""
+    from .. import ce_plan
+
+    env = os.environ if env is None else env
+    spec = ce_slices if ce_slices is not None else env.get("KOSMOS_CE_SLICES", DEFAULT_CE_SLICES)
+    split = ce_plan.parse_split(int(spec) if isinstance(spec, str) and spec.strip().isdigit() else spec)
+    slice_bytes = int(float(env.get("KOSMOS_CE_SLICE_MB", "0")) * 2 ** 20)
+    if slice_bytes < 0:
+        raise ValueError(f"KOSMOS_CE_SLICE_MB={slice_bytes / 2 ** 20}: expected >= 0")
+    tail_groups = int(env.get("KOSMOS_CE_TAIL_GROUPS", "1"))
+    tail_bands = int(env.get("KOSMOS_CE_TAIL_BANDS", "0")) or None
+    if tail_bands is not None and tail_bands < 1:
+        raise ValueError(f"KOSMOS_CE_TAIL_BANDS={tail_bands}: expected >= 1 (0: one wave of tiles)")
+    merge = bool(int(env.get("KOSMOS_CE_MERGE", DEFAULT_CE_MERGE)))
+    band_group = _band_group_env(env)
+    k_stream = streams and (sum(split) > 1 or slice_bytes > 0)
+    regime = ce_regime(n_loc, builders) if k_stream and host else ""
+    if regime == "copy-bound":  # explicit settings win
+        if ce_slices is None and "KOSMOS_CE_SLICES" not in env:
+            split = (1,) * COPY_BOUND_SLICES
+        if "KOSMOS_CE_MERGE" not in env:
+            merge = True
+        if "KOSMOS_BAND_GROUP" not in env:
+            band_group = 1
+    return CeSettings(k_stream, regime, split, merge, band_group, slice_bytes, tail_groups, tail_bands)
 
 
 class WatchdogError(RuntimeError):
@@ -320,25 +374,10 @@ class KosmosRunner:
         if self.mover == "ce" and (fabric != "host" or op != "ag-gemm"):
             raise ValueError("mover='ce' is implemented for ag-gemm on the host fabric only")
         # Copy-engine movers + sm90 builders: the last remote group arrives in K-slices that the
-        # builders stream (Params.k_stream; kosmos_bench/ce_plan.py). 1 = whole bands only; the
-        # mma builder has no slice wait: it always gets whole bands.
-        # KOSMOS_CE_SLICE_MB > 0 also streams every other remote group in slices of that size.
-        # ce_slices / KOSMOS_CE_SLICES: a count S (S copies of 1/S of K) or slices per copy,
-        # "3,1": 4 slices in 2 copies (ce_plan.parse_split).
-        from .. import ce_plan
-        # explicit settings (argument or environment) win over the copy-bound defaults below
-        self._ce_explicit = {"slices": ce_slices is not None or "KOSMOS_CE_SLICES" in os.environ,
-                             "merge": "KOSMOS_CE_MERGE" in os.environ, "group": "KOSMOS_BAND_GROUP" in os.environ}
-        spec = ce_slices if ce_slices is not None else os.environ.get("KOSMOS_CE_SLICES", DEFAULT_CE_SLICES)
-        self.ce_split = ce_plan.parse_split(int(spec) if isinstance(spec, str) and spec.strip().isdigit() else spec)
-        self.ce_slices = sum(self.ce_split)
-        self.ce_slice_bytes = int(float(os.environ.get("KOSMOS_CE_SLICE_MB", "0")) * 2 ** 20)
-        self.ce_tail_groups = int(os.environ.get("KOSMOS_CE_TAIL_GROUPS", "1"))  # groups sliced at the end
-        # KOSMOS_CE_MERGE=1: one copy per peer before the sliced groups (ce_plan.build merge)
-        self.ce_merge = bool(int(os.environ.get("KOSMOS_CE_MERGE", DEFAULT_CE_MERGE)))
-        if self.ce_slice_bytes < 0:
-            raise ValueError(f"KOSMOS_CE_SLICE_MB={self.ce_slice_bytes / 2 ** 20}: expected >= 0")
-        self.k_stream = self.mover == "ce" and self.sm90 is not None and (self.ce_slices > 1 or self.ce_slice_bytes > 0)
+        # builders stream (Params.k_stream; kosmos_bench/ce_plan.py); the mma builder has no
+        # slice wait: it always gets whole bands. ce_settings (below, once the CTA count is
+        # known) decides slices, merging and groups from the defaults, the copy-bound regime
+        # and the KOSMOS_CE_* / KOSMOS_BAND_GROUP knobs, as the simulator does.
         self.spin_ns = int(os.environ.get("KOSMOS_SPIN_NS", DEFAULT_SPIN_NS))
         if not 0 <= self.spin_ns <= 1_000_000:
             raise ValueError(f"KOSMOS_SPIN_NS={self.spin_ns}: expected 0..1000000 ns")
@@ -359,22 +398,16 @@ class KosmosRunner:
             starts = np.array([0, G], dtype=np.int32)
         self.ranks, self.grid, self.starts = ranks, G, starts
         sizes = np.diff(starts)
-        band_group = _band_group_env()
-        self.ce_regime = ""
-        if self.k_stream and fabric == "host":
-            self.ce_regime = ce_regime(N // W, int(sizes.min()))
-            if self.ce_regime == "copy-bound":
-                if not self._ce_explicit["slices"]:
-                    self.ce_split = (1,) * COPY_BOUND_SLICES
-                    self.ce_slices = COPY_BOUND_SLICES
-                if not self._ce_explicit["merge"]:
-                    self.ce_merge = True
-                if not self._ce_explicit["group"]:
-                    band_group = 1
+        ce = ce_settings(N // W, int(sizes.min()), self.mover == "ce" and self.sm90 is not None, fabric == "host",
+                         ce_slices)
+        self.ce, self.k_stream, self.ce_regime = ce, ce.k_stream, ce.regime
+        self.ce_split, self.ce_slices, self.ce_merge = ce.split, ce.slices, ce.merge
+        self.ce_slice_bytes, self.ce_tail_groups = ce.slice_bytes, ce.tail_groups
+        band_group = ce.band_group
         kw = dict(BM=128, BN=ag_sm90.BN if self.sm90 is not None else 128, chunk=point.chunk or 1, policy=_policy(point),
                   queue_order=point.queue_order or "demand", seed=point.seed, local_first=point.local_first,
                   fabric="host" if fabric == "host" else ("local" if fabric == "local" else "nvlink"),
-                  stream_k=self.k_stream, band_group=band_group)
+                  stream_k=self.k_stream, band_group=band_group, tail_bands=ce.tail_bands)
         if self.sm90 is not None:  # loader-warpgroup movers, CTA builders
             kw["model"] = ag_sm90.schedule_model(kw["fabric"])
         self.scheds = [S.build_schedule(op, M, N, K, W, r, num_wgs=int(sizes[i]), **kw) for i, r in enumerate(ranks)]
@@ -549,6 +582,7 @@ class KosmosRunner:
                      "ce_split": ",".join(map(str, self.ce_split)) if self.k_stream else "",
                      "ce_slice_mb": self.ce_slice_bytes / 2 ** 20 if self.k_stream else 0.0,
                      "ce_tail_groups": self.ce_tail_groups if self.k_stream else 0,
+                     "ce_tail_bands": (self.ce.tail_bands or 0) if self.k_stream else 0,
                      "ce_merge": self.ce_merge if self.mover == "ce" else False,
                      "ce_regime": self.ce_regime, "band_group": -1 if band_group == S.PEER_GROUPS else int(band_group or 0),
                      "spin_ns": self.spin_ns,

@@ -83,7 +83,7 @@ def model_params(prof: dict, fabric: str) -> dict:
 
 @lru_cache(maxsize=64)
 def _schedule(op, M, N, K, world, rank, BM, BN, chunk, num_wgs, queue_order, seed, local_first, fabric,
-              sm90=False, stream_k=False, band_group=None):
+              sm90=False, stream_k=False, band_group=None, tail_bands=None):
     # Built with policy='self': the mover count only changes the WG rules, never the queues.
     # sm90: the Hopper builder's schedule model, as impls/kosmos.py builds it.
     from ..kernels import ag_sm90
@@ -91,7 +91,7 @@ def _schedule(op, M, N, K, world, rank, BM, BN, chunk, num_wgs, queue_order, see
     return S.build_schedule(op, M, N, K, world, rank, BM=BM, BN=BN, chunk=chunk, num_wgs=num_wgs, policy="self",
                             queue_order=queue_order, seed=seed, local_first=local_first, fabric=fabric,
                             model=ag_sm90.schedule_model(fabric) if sm90 else None, stream_k=stream_k,
-                            band_group=band_group)
+                            band_group=band_group, tail_bands=tail_bands)
 
 
 def resolve_builder(p: Point, prof: dict) -> str:
@@ -254,20 +254,26 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
         ranks = list(range(W))
     sched_fabric = "host" if p.fabric == "host" else p.fabric
 
-    # copy-engine movers + Hopper builders: the runner's K-sliced tail and regime defaults
-    stream_k, ce_slices, band_group, merge = False, 1, None, False
-    if ce and sm90:
+    # copy-engine movers: the runner's settings (impls/kosmos.py ce_settings: K-sliced tail with
+    # the sm90 builder, regime defaults, the KOSMOS_CE_* / KOSMOS_BAND_GROUP knobs)
+    stream_k, ce_slices, band_group, merge, tail_bands = False, 1, None, False, None
+    if ce:
         from ..impls import kosmos as kimpl
 
-        copy_bound = kimpl.ce_regime(p.N // W, sizes[0]) == "copy-bound"
-        ce_slices = kimpl.COPY_BOUND_SLICES if copy_bound else kimpl.DEFAULT_CE_SLICES
-        band_group = 1 if copy_bound else None
-        merge = copy_bound  # one copy per peer before the sliced band (impls/kosmos.py)
-        stream_k = ce_slices > 1
+        try:
+            cs = kimpl.ce_settings(p.N // W, sizes[0], sm90, True)
+        except ValueError as e:
+            raise Unsupported(str(e)) from None
+        if cs.k_stream and (len(set(cs.split)) > 1 or cs.slice_bytes or cs.tail_groups != 1):
+            raise Unsupported("the simulator models K-slices of the last group only, in copies of one slice "
+                              f"(KOSMOS_CE_SLICES={','.join(map(str, cs.split))}, KOSMOS_CE_SLICE_MB, "
+                              "KOSMOS_CE_TAIL_GROUPS are not modelled)")
+        stream_k, merge, band_group, tail_bands = cs.k_stream, cs.merge, cs.band_group, cs.tail_bands
+        ce_slices = cs.slices if stream_k else 1
 
     def sched(r):
         return _schedule(p.op, p.M, p.N, p.K, W, r, BM, BN, chunk, sizes[r], order, p.seed,
-                         p.local_first, sched_fabric, sm90, stream_k, band_group)
+                         p.local_first, sched_fabric, sm90, stream_k, band_group, tail_bands)
 
     scheds = {r: sched(r) for r in ranks}
     elem_scale = ELEM_BYTES[p.dtype] / S.ELEM_BYTES
