@@ -37,7 +37,6 @@ import contextlib
 import ctypes
 import os
 import shutil
-
 from dataclasses import dataclass
 
 import numpy as np
