@@ -248,3 +248,16 @@ def test_named_self_loops(seed, loop, cap):
         mv = np.flatnonzero(kind == E.MOVE)
         for t in res.t_claim[mv]:
             assert ((res.t_claim[mv] <= t) & (res.t_end[mv] > t)).sum() <= cap
+
+
+def test_an_agent_on_sm_minus_one_claims_for_free():
+    """claim_ns is an SM's atomic: a WG on sm -1 (the copy engine in the CE model) pays none,
+    so 10 back-to-back moves of 100 bytes at 10 B/ns take 100 ns there and 100 + 10 * claim
+    on an SM."""
+    moves = [(100.0, (0,))] * 10
+    mover_only = [[(1, False)]]
+    for sm, want in ((-1, 100.0), (0, 100.0 + 10 * 3.0)):
+        p = make([], moves, [[] for _ in moves], wgs=1, rules=mover_only, claim=3.0)
+        p.sm = [np.array([sm])]
+        res = E.simulate(p)
+        assert res.makespan_ns == pytest.approx(want), sm

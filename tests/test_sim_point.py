@@ -405,3 +405,21 @@ def test_copy_engine_knobs_reach_the_simulator(monkeypatch):
     with pytest.raises(Unsupported, match="3,1"):
         simulate_point(p, prof)
     model._schedule.cache_clear()
+
+
+def test_copy_engine_start_delays_the_plan_and_its_slices():
+    """copy_engine_start_ns (the plan's event hop from the main stream): the engine's first
+    copy, every later one and the streamed slices' arrivals move by that much; the call ends
+    no earlier."""
+    from kosmos_bench.sim import model
+
+    p = pt(M=8192, N=57344, K=8192, fabric="host", builder="sm90", mover="ce")
+    prof0 = prof_with("h200-host-pcie", copy_engine_start_ns=0.0)
+    prof1 = prof_with("h200-host-pcie", copy_engine_start_ns=20000.0)
+    b0, b1 = model.build(p, prof0), model.build(p, prof1)
+    moves = np.flatnonzero(b0.problem.kind == 1)
+    assert b1.problem.work_ns[moves].sum() == pytest.approx(b0.problem.work_ns[moves].sum() + 20000.0)
+    f0, f1 = b0.problem.end_floor_ns, b1.problem.end_floor_ns
+    streamed = f0 > 0
+    assert streamed.any() and np.allclose(f1[streamed], f0[streamed] + 20000.0)
+    assert simulate_point(p, prof1)[0]["t_median_us"] >= simulate_point(p, prof0)[0]["t_median_us"]

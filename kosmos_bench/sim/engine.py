@@ -80,7 +80,8 @@ class Problem:
     collapse:   (n0, gamma) or None: a link carrying n > n0 transfers delivers only
                 (n0 / n) ** gamma of its capacity (contention collapse, e.g. many SMs
                 reading host memory over PCIe); n0 may be a per-link array (inf: never)
-    claim_ns:   cost of one claim (atomic), counted in the claimed item's interval
+    claim_ns:   cost of one claim (atomic), counted in the claimed item's interval; WGs on
+                sm -1 (an agent that is not an SM: the copy engine) claim for free
     sm:         per rank, int array (G,): SM of each WG (default: the WG index)
     inflight_cap: per rank, cap on claimed-not-completed items of capped rules (0 = none)
     """
@@ -408,6 +409,8 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
     kind_l = np.asarray(p.kind).tolist()
     is_move = [k == MOVE for k in kind_l]
     claim_ns = float(p.claim_ns)
+    sm_l = p.sm or [np.arange(len(m)) for m in p.wg_rules]
+    claim_wg = [[0.0 if int(x) < 0 else claim_ns for x in np.asarray(sm_r).tolist()] for sm_r in sm_l]
 
     INF = float("inf")
     ready_t = [INF] * n
@@ -493,7 +496,7 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
             inflight[r] += 1
             capped_item[it] = True
         if ready_t[it] <= t:
-            start(it, t + claim_ns, t)
+            start(it, t + claim_wg[r][g], t)
         else:
             waiting[it] = g
         return queues[r][_QM if is_mover else _QB]
@@ -581,7 +584,7 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
                 inflight[r] += 1
                 capped_item[it] = True
             if rdy:
-                start(it, t + claim_ns, t)
+                start(it, t + claim_wg[r][g], t)
             else:
                 waiting[it] = g
             return q
@@ -636,7 +639,7 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
         elif typ == _EV_READY:
             ready_t[a] = t
             if waiting[a] >= 0:
-                ts = max(t, t_claim[a] + claim_ns)
+                ts = max(t, t_claim[a] + claim_wg[rank_of[a]][waiting[a]])
                 start(a, ts, ts)
             elif parked[rank_of[a]] and (q_of[a][0][1] == q_of[a][1] or a in pending_parked(rank_of[a])):
                 dispatch(rank_of[a], t)

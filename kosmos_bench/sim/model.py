@@ -114,14 +114,16 @@ def resolve_builder(p: Point, prof: dict) -> str:
 
 
 def _ce_copies(sch, K: int, slices: int, merge: bool, BM: int, move_offset: int, work: np.ndarray,
-               nbytes: np.ndarray, setup_ns: float) -> dict:
+               nbytes: np.ndarray, setup_ns: float, start_ns: float = 0.0) -> dict:
     """The runner's CE plan (ce_plan.build, same settings) as the engine sees it: a copy's bytes
     travel with the first mover item of its first band, so its bands are released together when
     the copy ends (merged copies hold early bands back), and every copy beyond the first of its
     peer costs the engine ``setup_ns`` before its bytes (measured ~2.5 us a copy, whole or 2-D:
     results/issue4-h200-20261203/probes/copy_split-*; copy alone's one copy per peer is in the
-    calibrated rate). Edits work / nbytes in place; returns {(slice, (peer, M-tile)): extra
-    copies up to and including that K-slice's copy} for the sliced tail (``_ce_stream``)."""
+    calibrated rate). The first copy starts ``start_ns`` late (the plan's streams wait for the
+    call's start on the main stream: an event hop). Edits work / nbytes in place; returns
+    {(slice, (peer, M-tile)): extra copies up to and including that K-slice's copy} for the
+    sliced tail (``_ce_stream``)."""
     from .. import ce_plan
     from ..kernels import ag_sm90
 
@@ -130,6 +132,8 @@ def _ce_copies(sch, K: int, slices: int, merge: bool, BM: int, move_offset: int,
     items: dict = {}
     for i in sch.movers.queue:
         items.setdefault((int(tab[i][S.F["peer"]]), int(tab[i][S.F["m0"]]) // BM), []).append(move_offset + int(i))
+    if len(sch.movers.queue):
+        work[move_offset + int(sch.movers.queue[0])] += start_ns
     starts = [c0 for c0, _ in ce_plan.slice_cols(K, slices, ag_sm90.BK)]
     seen, extra, sliced = set(), 0, {}
     for e in plan:
@@ -153,12 +157,11 @@ def _ce_copies(sch, K: int, slices: int, merge: bool, BM: int, move_offset: int,
 
 
 def _ce_stream(sch, slices: int, BM: int, rate: float, elem_scale: float, setup_ns: float = 0.0,
-               extra: dict | None = None) -> tuple[dict, list[int]]:
+               extra: dict | None = None, start_ns: float = 0.0) -> tuple[dict, list[int]]:
     """The copy engine's K-sliced tail (impls/kosmos.py's defaults, ce_plan.build): the bands of
     the last remote group arrive slice-major after every other band. One engine that never
-    waits: slice s of band b arrives when the bytes before it have crossed at ``rate``
-    (bytes/ns), plus ``setup_ns`` for each extra copy up to its own (``extra``, from
-    ``_ce_copies``). Returns ({(peer, M-tile): [arrival ns of each slice]}, the group's mover rows)."""
+    waits: slice s of band b arrives ``start_ns`` + the time the bytes before it take at ``rate``
+    (bytes/ns) + ``setup_ns`` for each extra copy up to its own (``extra``, from ``_ce_copies``). Returns ({(peer, M-tile): [arrival ns of each slice]}, the group's mover rows)."""
     tab, queue = sch.movers.table, sch.movers.queue
     group = [(int(p), int(m)) for p, m in (sch.meta.get("remote_groups") or [[]])[-1]]
     in_group = set(group)
@@ -178,8 +181,8 @@ def _ce_stream(sch, slices: int, BM: int, rate: float, elem_scale: float, setup_
     arrive, prefix = {}, 0.0
     for k in group:
         prefix += nbytes.get(k, 0.0)
-        arrive[k] = [(before + (s * total + prefix) / slices) / rate + setup_ns * (extra or {}).get((s, k), 0)
-                     for s in range(slices)]
+        arrive[k] = [start_ns + (before + (s * total + prefix) / slices) / rate
+                     + setup_ns * (extra or {}).get((s, k), 0) for s in range(slices)]
     return arrive, [int(i) for i in queue if key(i) in in_group]
 
 
@@ -323,8 +326,9 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
                     path[o + i] = links(r, int(kinds[i]), int(peers[i]))
 
     setup_ns = float(prof.get("copy_engine_setup_ns", 0.0))
+    start_ns = float(prof.get("copy_engine_start_ns", 0.0))
     sliced_extra = _ce_copies(scheds[ranks[0]], p.K, ce_slices, merge, BM, offset[ranks[0], S.Q_MOVE], work, nbytes,
-                              setup_ns) if ce else {}
+                              setup_ns, start_ns) if ce else {}
 
     # ---- dependencies: every dependency flag -> all items that release it
     remote_lat = float(prof["flag_latency_ns"]["remote"])
@@ -388,7 +392,7 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     if stream_k:  # the last group's tiles start on slice 0 and end after their last slice's work
         r0 = ranks[0]
         arrive, rows = _ce_stream(scheds[r0], ce_slices, BM, float(prof["copy_engine_GBps"]["h2d"]), elem_scale,
-                                  setup_ns, sliced_extra)
+                                  setup_ns, sliced_extra, start_ns)
         moved = offset[r0, S.Q_MOVE] + np.asarray(rows, dtype=np.int64)
         bt = scheds[r0].builders
         end_floor = np.zeros(n)
