@@ -37,7 +37,7 @@ def main() -> None:
     host = torch.cat([r._host_A[q] for q in range(1, W)])  # one pinned block, same bytes
     host = host.pin_memory()
     dev = torch.empty_like(host, device=DEV)
-    print(f"M={M} N={N} K={K} ce_slices={r.ce_slices}: {len(r.ce_entries)} releases, {r.ce_copies} copies, {host.numel() * 2 / 1e6:.0f} MB")
+    print(f"M={M} N={N} K={K} ce_slices={r.ce.slices}: {len(r.ce_entries)} releases, {r.ce_copies} copies, {host.numel() * 2 / 1e6:.0f} MB")
     print(f"  one memcpy                      {timed(lambda: dev.copy_(host, non_blocking=True)):8.1f} us")
     plan = r.run_ce_plan_alone
 

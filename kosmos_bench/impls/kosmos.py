@@ -399,9 +399,7 @@ class KosmosRunner:
         sizes = np.diff(starts)
         ce = ce_settings(N // W, int(sizes.min()), self.mover == "ce" and self.sm90 is not None, fabric == "host",
                          ce_slices)
-        self.ce, self.k_stream, self.ce_regime = ce, ce.k_stream, ce.regime
-        self.ce_split, self.ce_slices, self.ce_merge = ce.split, ce.slices, ce.merge
-        self.ce_slice_bytes, self.ce_tail_groups = ce.slice_bytes, ce.tail_groups
+        self.ce, self.k_stream = ce, ce.k_stream
         band_group = ce.band_group
         kw = dict(BM=128, BN=ag_sm90.BN if self.sm90 is not None else 128, chunk=point.chunk or 1, policy=_policy(point),
                   queue_order=point.queue_order or "demand", seed=point.seed, local_first=point.local_first,
@@ -577,13 +575,13 @@ class KosmosRunner:
                      "max_inflight_movers": int(ra_arr[0].max_inflight_movers), "mover_bulk": self.mover_bulk,
                      "mover": self.mover, "builder": self.builder,
                      "ce_copies": int(getattr(self, "ce_copies", 0)),
-                     "ce_slices": self.ce_slices if self.k_stream else (1 if self.mover == "ce" else 0),
-                     "ce_split": ",".join(map(str, self.ce_split)) if self.k_stream else "",
-                     "ce_slice_mb": self.ce_slice_bytes / 2 ** 20 if self.k_stream else 0.0,
-                     "ce_tail_groups": self.ce_tail_groups if self.k_stream else 0,
+                     "ce_slices": self.ce.slices if self.k_stream else (1 if self.mover == "ce" else 0),
+                     "ce_split": ",".join(map(str, self.ce.split)) if self.k_stream else "",
+                     "ce_slice_mb": self.ce.slice_bytes / 2 ** 20 if self.k_stream else 0.0,
+                     "ce_tail_groups": self.ce.tail_groups if self.k_stream else 0,
                      "ce_tail_bands": (self.ce.tail_bands or 0) if self.k_stream else 0,
-                     "ce_merge": self.ce_merge if self.mover == "ce" else False,
-                     "ce_regime": self.ce_regime, "band_group": -1 if band_group == S.PEER_GROUPS else int(band_group or 0),
+                     "ce_merge": self.ce.merge if self.mover == "ce" else False,
+                     "ce_regime": self.ce.regime, "band_group": -1 if band_group == S.PEER_GROUPS else int(band_group or 0),
                      "spin_ns": self.spin_ns,
                      "kosmos_policy": _policy(point), "trace_dropped": 0}
         torch.cuda.synchronize(self.dev)
@@ -672,10 +670,10 @@ class KosmosRunner:
         from .. import ce_plan
         from ..kernels import ag_sm90
 
-        entries, self.ce_flag_mult = ce_plan.build(sch, K, self.ce_slices if self.k_stream else 1, bk=ag_sm90.BK,
-                                                   split=self.ce_split if self.k_stream else None,
-                                                   slice_bytes=self.ce_slice_bytes if self.k_stream else 0,
-                                                   tail_groups=self.ce_tail_groups, merge=self.ce_merge)
+        entries, self.ce_flag_mult = ce_plan.build(sch, K, self.ce.slices if self.k_stream else 1, bk=ag_sm90.BK,
+                                                   split=self.ce.split if self.k_stream else None,
+                                                   slice_bytes=self.ce.slice_bytes if self.k_stream else 0,
+                                                   tail_groups=self.ce.tail_groups, merge=self.ce.merge)
         pitch = K * 2
         cols = {n: [] for n in ("dst", "src", "width", "height", "pitch", "flag")}
         for e in entries:
