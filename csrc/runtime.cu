@@ -153,18 +153,26 @@ int kosmos_stream_destroy(void* stream) {
 // The copy stream first waits for the flag stream's earlier releases: a band's earlier
 // K-slice release still queued there would otherwise land after (and undo) its last one.
 // The arrays are copied in at creation, so a call costs the host two C calls around the
-// kernel launch (begin: entries [0, head), end: the rest).
+// kernel launch (begin: entries [0, head), end: the rest). With head_main the head entries
+// (copies and releases) go on the main stream itself, before the kernel: the first byte moves
+// at the call's start, while the copy stream's event hop (~15-25 us) overlaps the head copy;
+// the kernel then starts once the head has landed (copy-bound shapes have that slack). The
+// flag stream waits for the head's releases (a later K-slice release must not land first).
 struct CePlan {
   std::vector<uint64_t> dst, src, width, height, pitch, flag;
   std::vector<uint32_t> mult, back;
   int head = 0, inline_from = 0;
+  bool head_main = false;
   cudaStream_t cs = nullptr, fs = nullptr;
-  cudaEvent_t ready = nullptr, copies_done = nullptr, flags_done = nullptr, flags_before_inline = nullptr;
+  cudaEvent_t ready = nullptr, copies_done = nullptr, flags_done = nullptr, flags_before_inline = nullptr,
+              head_done = nullptr;
   std::vector<cudaEvent_t> events;  // one per copy; a wait captures the record, so reuse is safe
 };
 
-static int ce_enqueue(CePlan& P, int lo, int hi, uint32_t epoch) {
+// Entries [lo, hi): on the plan's streams, or every copy and release on `on` when given.
+static int ce_enqueue(CePlan& P, int lo, int hi, uint32_t epoch, cudaStream_t on = nullptr) {
   if (lo >= hi) return KOSMOS_OK;
+  const cudaStream_t cs = on ? on : P.cs, fs = on ? on : P.fs;
   size_t copy = 0;
   for (int i = 0; i < lo; ++i) copy += P.width[i] > 0;
   for (int i = lo; i < hi; ++i) {
@@ -172,20 +180,20 @@ static int ce_enqueue(CePlan& P, int lo, int hi, uint32_t epoch) {
       void* d = reinterpret_cast<void*>(P.dst[i]);
       const void* s_ = reinterpret_cast<const void*>(P.src[i]);
       if (P.width[i] == P.pitch[i])
-        KOSMOS_CUDA(cudaMemcpyAsync(d, s_, P.width[i] * P.height[i], cudaMemcpyDefault, P.cs));
+        KOSMOS_CUDA(cudaMemcpyAsync(d, s_, P.width[i] * P.height[i], cudaMemcpyDefault, cs));
       else
-        KOSMOS_CUDA(cudaMemcpy2DAsync(d, P.pitch[i], s_, P.pitch[i], P.width[i], P.height[i], cudaMemcpyDefault, P.cs));
-      if (P.fs != P.cs && i < P.inline_from) {  // else stream order is enough
-        KOSMOS_CUDA(cudaEventRecord(P.events[copy], P.cs));
-        KOSMOS_CUDA(cudaStreamWaitEvent(P.fs, P.events[copy], 0));
+        KOSMOS_CUDA(cudaMemcpy2DAsync(d, P.pitch[i], s_, P.pitch[i], P.width[i], P.height[i], cudaMemcpyDefault, cs));
+      if (fs != cs && i < P.inline_from) {  // else stream order is enough
+        KOSMOS_CUDA(cudaEventRecord(P.events[copy], cs));
+        KOSMOS_CUDA(cudaStreamWaitEvent(fs, P.events[copy], 0));
       }
       ++copy;
     }
-    if (i == P.inline_from && P.fs != P.cs) {  // after this entry's copy: nothing waits for it
-      KOSMOS_CUDA(cudaEventRecord(P.flags_before_inline, P.fs));
-      KOSMOS_CUDA(cudaStreamWaitEvent(P.cs, P.flags_before_inline, 0));
+    if (i == P.inline_from && fs != cs) {  // after this entry's copy: nothing waits for it
+      KOSMOS_CUDA(cudaEventRecord(P.flags_before_inline, fs));
+      KOSMOS_CUDA(cudaStreamWaitEvent(cs, P.flags_before_inline, 0));
     }
-    cudaStream_t rs = i < P.inline_from ? P.fs : P.cs;
+    cudaStream_t rs = i < P.inline_from ? fs : cs;
     if (int rc = stream_write(rs, reinterpret_cast<void*>(P.flag[i]), P.mult[i] * epoch - P.back[i], true)) return rc;
   }
   return KOSMOS_OK;
@@ -195,16 +203,17 @@ void kosmos_ce_plan_destroy(void* h) {
   CePlan* P = static_cast<CePlan*>(h);
   if (!P) return;
   for (cudaEvent_t e : P->events) cudaEventDestroy(e);
-  for (cudaEvent_t e : {P->ready, P->copies_done, P->flags_done, P->flags_before_inline})
+  for (cudaEvent_t e : {P->ready, P->copies_done, P->flags_done, P->flags_before_inline, P->head_done})
     if (e) cudaEventDestroy(e);
   delete P;
 }
 
-// head: entries [0, head) go in before the kernel launch (the first copy and its releases).
+// head: entries [0, head) go in before the kernel launch (the first copy and its releases);
+// head_main != 0: on the main stream.
 void* kosmos_ce_plan_create(void* copy_stream, void* flag_stream, int n, const uint64_t* dst, const uint64_t* src,
                             const uint64_t* width, const uint64_t* height, const uint64_t* pitch,
                             const uint64_t* flag, const uint32_t* mult, const uint32_t* back, int head,
-                            int inline_from) {
+                            int inline_from, int head_main) {
   if (!copy_stream || !flag_stream || n < 1 || head < 0 || head > n || inline_from < 0 || inline_from > n || !dst || !src || !width || !height || !pitch ||
       !flag || !mult || !back) {
     fail(KOSMOS_ERR_INVALID, "bad CE plan");
@@ -234,6 +243,7 @@ void* kosmos_ce_plan_create(void* copy_stream, void* flag_stream, int n, const u
   P->back.assign(back, back + n);
   P->head = head;
   P->inline_from = inline_from;
+  P->head_main = head_main != 0;
   P->cs = static_cast<cudaStream_t>(copy_stream);
   P->fs = static_cast<cudaStream_t>(flag_stream);
   size_t copies = 0;
@@ -241,7 +251,7 @@ void* kosmos_ce_plan_create(void* copy_stream, void* flag_stream, int n, const u
   P->events.assign(copies, nullptr);
   bool ok = true;
   for (cudaEvent_t& e : P->events) ok = ok && cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess;
-  for (cudaEvent_t* e : {&P->ready, &P->copies_done, &P->flags_done, &P->flags_before_inline})
+  for (cudaEvent_t* e : {&P->ready, &P->copies_done, &P->flags_done, &P->flags_before_inline, &P->head_done})
     ok = ok && cudaEventCreateWithFlags(e, cudaEventDisableTiming) == cudaSuccess;
   if (!ok) {
     fail(KOSMOS_ERR_CUDA, "CE plan: cudaEventCreate failed");
@@ -253,14 +263,20 @@ void* kosmos_ce_plan_create(void* copy_stream, void* flag_stream, int n, const u
 
 // Before the kernel launch on main_stream: the copy and flag streams wait for what precedes
 // the kernel on main (earlier readers of the gathered buffer), never for the kernel (which
-// waits for them); then the head entries.
+// waits for them); then the head entries (on main with head_main: the flag stream also waits
+// for their releases).
 int kosmos_ce_plan_begin(void* h, void* main_stream, uint32_t epoch) {
   if (!h) return fail(KOSMOS_ERR_INVALID, "null CE plan");
   CePlan& P = *static_cast<CePlan*>(h);
-  KOSMOS_CUDA(cudaEventRecord(P.ready, static_cast<cudaStream_t>(main_stream)));
+  cudaStream_t m = static_cast<cudaStream_t>(main_stream);
+  KOSMOS_CUDA(cudaEventRecord(P.ready, m));
   KOSMOS_CUDA(cudaStreamWaitEvent(P.cs, P.ready, 0));
   KOSMOS_CUDA(cudaStreamWaitEvent(P.fs, P.ready, 0));
-  return ce_enqueue(P, 0, P.head, epoch);
+  if (!P.head_main || P.head == 0) return ce_enqueue(P, 0, P.head, epoch);
+  if (int rc = ce_enqueue(P, 0, P.head, epoch, m)) return rc;
+  KOSMOS_CUDA(cudaEventRecord(P.head_done, m));
+  KOSMOS_CUDA(cudaStreamWaitEvent(P.fs, P.head_done, 0));
+  return KOSMOS_OK;
 }
 
 // After the kernel launch: the rest of the plan; main_stream then waits for both streams.

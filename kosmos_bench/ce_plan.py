@@ -91,7 +91,7 @@ def halving(run: list) -> list[list]:
 
 def build(sch, K: int, slices: int = 1, bk: int = 64, slice_bytes: int = 0,
           tail_groups: int = 1, split: tuple[int, ...] | None = None,
-          merge: bool = False) -> tuple[list[CeEntry], dict[int, int]]:
+          merge: bool = False, split_head: bool = False) -> tuple[list[CeEntry], dict[int, int]]:
     """The plan of one rank and the band flags' multiplicities it implies ({flag: mult};
     they replace the schedule's SM-mover counts in the kernel's flag_mult). ``slices``: K-slices
     of each of the last ``tail_groups`` remote groups; ``split``: slices per copy there (sums
@@ -100,7 +100,8 @@ def build(sch, K: int, slices: int = 1, bk: int = 64, slice_bytes: int = 0,
     costs the engine setup). ``merge``: before the sliced groups, a copy takes every contiguous
     band of one peer regardless of groups (one copy per peer instead of one per group and
     peer; a group's earlier bands are released with the peer's later ones), except that the
-    last such run is cut in ``halving`` copies (..., 4, 2, 1 bands)."""
+    last such run is cut in ``halving`` copies (..., 4, 2, 1 bands). ``split_head``: the first
+    copy's first band travels alone (``first_band_alone``)."""
     if slices < 1 or slice_bytes < 0 or tail_groups < 1:
         raise ValueError(f"slices={slices}, slice_bytes={slice_bytes}, tail_groups={tail_groups}: expected "
                          "slices >= 1, slice_bytes >= 0, tail_groups >= 1")
@@ -167,4 +168,15 @@ def build(sch, K: int, slices: int = 1, bk: int = 64, slice_bytes: int = 0,
                     plan.append(CeEntry(run[0][0], run[0][1], rows, c0, c1 - c0, b[3], ks, ks - s1))
                     mult[b[3]] = ks
         i = j
-    return plan, mult
+    return (first_band_alone(plan, BM) if split_head else plan), mult
+
+
+def first_band_alone(plan: list[CeEntry], BM: int) -> list[CeEntry]:
+    """The first copy cut after its first band (BM rows), which then lands alone: with the
+    runner's head on the main stream, the kernel waits for one band's copy, not a group's.
+    Unchanged when the first copy is one band."""
+    if len(plan) < 2 or plan[0].rows <= BM or plan[1].rows:
+        return plan
+    a, b = plan[0], plan[1]  # b: release-only entry of the copy's second band
+    return [CeEntry(a.peer, a.row0, BM, a.col0, a.cols, a.flag, a.mult, a.back),
+            CeEntry(a.peer, a.row0 + BM, a.rows - BM, a.col0, a.cols, b.flag, b.mult, b.back)] + plan[2:]

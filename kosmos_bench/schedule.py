@@ -438,8 +438,8 @@ def peer_groups(peers: int, per_peer: int, tail: int = 1) -> list[slice]:
 
 
 PEER_GROUPS = "peer"  # band_group: remote groups aligned to peer shards (peer_groups)
-BALANCED_GROUP = 3  # bands per demand-order group when link and builders are balanced
-BALANCED_RHO = (0.7, 2.0)  # rho window called balanced (measured: 0.47 -> sqrt, 0.88 -> 3)
+BALANCED_GROUP = 6  # bands per demand-order group when link and builders are balanced
+BALANCED_RHO = (0.7, 2.0)  # rho window called balanced (measured: 0.47 -> sqrt, 0.88 -> 6)
 
 
 def link_compute_ratio(n_loc: int, builders: int, fabric: str, model: dict | None = None) -> float:
@@ -456,7 +456,10 @@ def demand_group(n_loc: int, builders: int, fabric: str, model: dict | None = No
     (g - 1) band-copies after its first. That wait only costs when link and builders are
     balanced (BALANCED_RHO): slower builders have a backlog of arrived bands, a slower link
     leaves them idle anyway. There the groups are BALANCED_GROUP bands (host fabric, 405b
-    FC1, 1x H200: 3-7% faster than sqrt groups; results/issue4-h200-20261203/timeline/).
+    FC1, 1x H200: 3-bands groups 3-7% faster than sqrt groups in single traced calls,
+    results/issue4-h200-20261203/timeline/; back to back, where the 700 W limit sets the clock,
+    6-band groups 2-4% faster than 3 (they stream B from HBM half as often) and ~1.5% than 11:
+    probes/b2b_groups-405b.parquet, energy_groups.parquet).
     Host fabric only so far: on NVLink a band arrives in ~6 us, so an 11-band group waits
     ~60 us, and whether that beats the L2 reuse is unmeasured (no multi-GPU box yet)."""
     lo, hi = BALANCED_RHO

@@ -215,3 +215,32 @@ def test_peer_groups_need_fewer_copies_and_cover_every_byte(shape):
         assert sum(e.peer == p for e in copies) == 1, p
     default, _ = ce_plan.build(S.build_schedule("ag-gemm", M, N, K, W, r, **kw), K, 2, bk=64)
     assert len(copies) < sum(1 for e in default if e.rows)
+
+
+@pytest.mark.parametrize("merge", [False, True])
+@pytest.mark.parametrize("shape", [(8192, 57344, 8192), (8192, 10240, 8192), (3000 * 8, 776 * 8, 1000)])
+def test_split_head_sends_the_first_band_alone(shape, merge):
+    """split_head (the runner's head copy on the main stream): the first copy is the first
+    band alone and releases only it; the second copy is the rest of the old first copy, with
+    its bands' releases; every byte still once, each release after its bytes. (Demand groups
+    ramp up from one band, so only per-peer merged plans change.)"""
+    M, N, K = shape
+    W, r = 8, 0
+    m_loc = M // W
+    sch = _sched(M, N, K, W, r, stream_k=True)
+    plan, mult = ce_plan.build(sch, K, 2, bk=64, merge=merge)
+    head, mult2 = ce_plan.build(sch, K, 2, bk=64, merge=merge, split_head=True)
+    assert mult2 == mult
+    cover, flags = _replay(sch, head, K, m_loc)
+    _assert_remote_bytes_once(cover, W, r, m_loc)
+    assert flags == _replay(sch, plan, K, m_loc)[1]  # same releases, same order
+    first = plan[0]
+    if not merge:
+        assert first.rows == 128 and head == plan
+        return
+    assert first.rows == m_loc  # a whole peer
+    assert (head[0].row0, head[0].rows, head[0].flag) == (first.row0, 128, first.flag)
+    assert head[1].rows == first.rows - 128 and head[1].row0 == first.row0 + 128 and head[1].flag == plan[1].flag
+    assert head[2:] == plan[2:]
+    one = [ce_plan.CeEntry(1, 0, 128, 0, K, 5, 1, 0)]
+    assert ce_plan.first_band_alone(one, 128) == one

@@ -568,6 +568,27 @@ def test_sm90_copy_engine_inline_releases(monkeypatch, env):
 
 
 @sm90
+@pytest.mark.parametrize("shape,ce_slices", [((8 * 1024, 8 * 7168, 2048), None), ((8 * 1024, 8 * 1280, 2048), None),
+                                              ((3000 * 8, 776 * 8, 1000), 4)])
+def test_sm90_copy_engine_head_on_main(monkeypatch, shape, ce_slices):
+    """KOSMOS_CE_HEAD_MAIN=1: the first band's copy and release on the main stream before the
+    kernel, the rest on the plan's streams (the flag stream after the head's release): correct
+    and bitwise stable over calls, a traced call included, per-peer (QKV) and sliced plans."""
+    monkeypatch.setenv("KOSMOS_CE_HEAD_MAIN", "1")
+    W, (M, N, K) = 8, shape
+    p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90",
+                                        mover="ce", ce_slices=ce_slices, seed=23)
+    try:
+        assert runner.info["ce_head_main"] == 1 and runner.ce_entries[0].rows == 128
+        assert runner.ce_head == next(i for i, e in enumerate(runner.ce_entries) if i and e.rows)
+        expect_correct(p, runner, A, B, calls=3)
+        runner.run_traced()
+        expect_correct(p, runner, A, B, calls=2)
+    finally:
+        runner.close()
+
+
+@sm90
 def test_sm90_k_slice_wait_has_a_watchdog():
     """A K-slice that never arrives (its last release held back) times out inside the tile
     (SliceWait), names the builder item, and the runner works again afterwards."""

@@ -404,6 +404,10 @@ def test_copy_engine_knobs_reach_the_simulator(monkeypatch):
     monkeypatch.setenv("KOSMOS_CE_SLICES", "3,1")
     with pytest.raises(Unsupported, match="3,1"):
         simulate_point(p, prof)
+    monkeypatch.delenv("KOSMOS_CE_SLICES")
+    monkeypatch.setenv("KOSMOS_CE_HEAD_MAIN", "1")
+    with pytest.raises(Unsupported, match="KOSMOS_CE_HEAD_MAIN"):
+        simulate_point(p, prof)
     model._schedule.cache_clear()
 
 

@@ -117,7 +117,7 @@ int kosmos_stream_destroy(void* stream);
 void* kosmos_ce_plan_create(void* copy_stream, void* flag_stream, int n, const uint64_t* dst, const uint64_t* src,
                             const uint64_t* width, const uint64_t* height, const uint64_t* pitch,
                             const uint64_t* flag, const uint32_t* mult, const uint32_t* back, int head,
-                            int inline_from);
+                            int inline_from, int head_main);
 int kosmos_ce_plan_begin(void* plan, void* main_stream, uint32_t epoch);
 int kosmos_ce_plan_end(void* plan, void* main_stream, uint32_t epoch);
 void kosmos_ce_plan_destroy(void* plan);

@@ -57,6 +57,9 @@ DEFAULT_CE_MERGE = "0"
 # the tail after the last byte is 5-13 us shorter on 70b FC1 / QKV
 # (results/issue4-h200-20261203/probes/tail_probe-*).
 DEFAULT_CE_TAIL_INLINE = "1"
+# KOSMOS_CE_HEAD_MAIN=1: the plan's first copy, cut to its first band, goes on the main stream
+# before the kernel (no event hop before the first byte; the kernel starts when it has landed).
+DEFAULT_CE_HEAD_MAIN = "0"
 # Copy-bound shapes (rho = schedule.link_compute_ratio < COPY_BOUND_RHO: the QKV layers on the
 # host fabric, rho <= 0.16; FC1 is 0.47-0.88): the builders wait for the link anyway, so what
 # counts is fewer copies and a short tail: one copy per peer (merge), 1-band groups and the
@@ -141,6 +144,7 @@ class CeSettings:
     slice_bytes: int  # > 0: every other remote group streamed in slices of about that size
     tail_groups: int  # groups sliced at the end
     tail_bands: int | None  # bands of the last remote group (None: one wave of tiles)
+    head_main: bool = False  # the first band's copy on the main stream, before the kernel
 
     @property
     def slices(self) -> int:
@@ -167,6 +171,9 @@ def ce_settings(n_loc: int, builders: int, streams: bool, host: bool, ce_slices=
         raise ValueError(f"KOSMOS_CE_TAIL_BANDS={tail_bands}: expected >= 1 (0: one wave of tiles)")
     merge = bool(int(env.get("KOSMOS_CE_MERGE", DEFAULT_CE_MERGE)))
     band_group = _band_group_env(env)
+    head_main = env.get("KOSMOS_CE_HEAD_MAIN", DEFAULT_CE_HEAD_MAIN)
+    if head_main not in ("0", "1"):
+        raise ValueError(f"KOSMOS_CE_HEAD_MAIN={head_main!r}: expected 0 or 1")
     k_stream = streams and (sum(split) > 1 or slice_bytes > 0)
     regime = ce_regime(n_loc, builders) if k_stream and host else ""
     if regime == "copy-bound":  # explicit settings win
@@ -176,7 +183,8 @@ def ce_settings(n_loc: int, builders: int, streams: bool, host: bool, ce_slices=
             merge = True
         if "KOSMOS_BAND_GROUP" not in env:
             band_group = 1
-    return CeSettings(k_stream, regime, split, merge, band_group, slice_bytes, tail_groups, tail_bands)
+    return CeSettings(k_stream, regime, split, merge, band_group, slice_bytes, tail_groups, tail_bands,
+                      head_main == "1")
 
 
 class WatchdogError(RuntimeError):
@@ -580,6 +588,7 @@ class KosmosRunner:
                      "ce_slice_mb": self.ce.slice_bytes / 2 ** 20 if self.k_stream else 0.0,
                      "ce_tail_groups": self.ce.tail_groups if self.k_stream else 0,
                      "ce_tail_bands": (self.ce.tail_bands or 0) if self.k_stream else 0,
+                     "ce_head_main": int(self.ce.head_main),
                      "ce_merge": self.ce.merge if self.mover == "ce" else False,
                      "ce_regime": self.ce.regime, "band_group": -1 if band_group == S.PEER_GROUPS else int(band_group or 0),
                      "spin_ns": self.spin_ns,
@@ -673,7 +682,8 @@ class KosmosRunner:
         entries, self.ce_flag_mult = ce_plan.build(sch, K, self.ce.slices if self.k_stream else 1, bk=ag_sm90.BK,
                                                    split=self.ce.split if self.k_stream else None,
                                                    slice_bytes=self.ce.slice_bytes if self.k_stream else 0,
-                                                   tail_groups=self.ce.tail_groups, merge=self.ce.merge)
+                                                   tail_groups=self.ce.tail_groups, merge=self.ce.merge,
+                                                   split_head=self.ce.head_main)
         pitch = K * 2
         cols = {n: [] for n in ("dst", "src", "width", "height", "pitch", "flag")}
         for e in entries:
@@ -731,7 +741,7 @@ class KosmosRunner:
                                            ctypes.c_void_p(self.ce_streams[1].cuda_stream), len(self.ce_mult),
                                            *(a.ctypes.data_as(u64) for a in self.ce_cols),
                                            self.ce_mult.ctypes.data_as(u32), self.ce_back.ctypes.data_as(u32),
-                                           self.ce_head, self.ce_inline_from)
+                                           self.ce_head, self.ce_inline_from, int(self.ce.head_main))
         if not h:
             from .. import kernels
 

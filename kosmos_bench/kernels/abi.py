@@ -82,7 +82,7 @@ def declare(lib: C.CDLL) -> C.CDLL:
     lib.kosmos_stream_destroy.argtypes = [P]
     U64 = C.POINTER(C.c_uint64)
     U32 = C.POINTER(C.c_uint32)
-    lib.kosmos_ce_plan_create.argtypes = [P, P, C.c_int, U64, U64, U64, U64, U64, U64, U32, U32, C.c_int, C.c_int]
+    lib.kosmos_ce_plan_create.argtypes = [P, P, C.c_int, U64, U64, U64, U64, U64, U64, U32, U32, C.c_int, C.c_int, C.c_int]
     lib.kosmos_ce_plan_create.restype = P
     lib.kosmos_ce_plan_begin.argtypes = [P, P, C.c_uint32]
     lib.kosmos_ce_plan_end.argtypes = [P, P, C.c_uint32]

@@ -271,6 +271,8 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
             raise Unsupported("the simulator models K-slices of the last group only, in copies of one slice "
                               f"(KOSMOS_CE_SLICES={','.join(map(str, cs.split))}, KOSMOS_CE_SLICE_MB, "
                               "KOSMOS_CE_TAIL_GROUPS are not modelled)")
+        if cs.head_main:
+            raise Unsupported("the simulator does not model the head copy on the main stream (KOSMOS_CE_HEAD_MAIN=1)")
         stream_k, merge, band_group, tail_bands = cs.k_stream, cs.merge, cs.band_group, cs.tail_bands
         ce_slices = cs.slices if stream_k else 1
 
