@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# carry=[".kb-cache"]: session 2026-12-03 14:28 device call 3: the host sweep with 6-band
-# balanced groups (new default; 405b FC1 is the only balanced shape), then 405b FC1 alone with
-# groups of 3 (the old default) and 6, alternating, in sweep conditions.
+# carry=[".kb-cache"]: session 2026-12-03 14:28 device call 4: the QKV (copy-bound) layers'
+# tail. Their default last group is one band (groups of 1): its 5-9 tiles, on as many CTAs,
+# start on slice 0 and still hold most of a tile's K when the last slice lands (each tile
+# computes faster than one slice arrives only when the group has >= 3 bands). The simulator
+# puts 2-8 tail bands 1.3-1.6% ahead. Split at the last byte (tail probe), A/B/A/B.
 set -uo pipefail
-O=${OUT:-/tmp/kb-out}
-OUT=$O/full SWEEP_ENV=KOSMOS_BAND_GROUP SWEEP_VALUES="g6=0" bash scripts/device_env_sweeps.sh
-OUT=$O/fc1 SWEEP_SED='s/names: \[llama3-70b, llama3-405b\]/names: [llama3-405b]/;s/layers: \[qkv, fc1\]/layers: [fc1]/' \
-    SWEEP_ENV=KOSMOS_BAND_GROUP SWEEP_VALUES="g3=3 g6b=0 g3b=3 g6c=0" bash scripts/device_env_sweeps.sh
+B2B_SCRIPT=device_tail_probe.py B2B_SHAPES=8192x10240x8192,16384x10240x8192,8192x18432x16384,16384x18432x16384 \
+B2B_VARIANTS="d: tb2:KOSMOS_CE_TAIL_BANDS=2 tb4:KOSMOS_CE_TAIL_BANDS=4 tb4s8:KOSMOS_CE_TAIL_BANDS=4;KOSMOS_CE_SLICES=8 d2: tb4b:KOSMOS_CE_TAIL_BANDS=4" \
+    bash scripts/device_b2b_variants.sh
