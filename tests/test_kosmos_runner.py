@@ -92,6 +92,9 @@ def test_ce_settings_defaults_regimes_and_explicit_knobs():
         (True, "compute", K.DEFAULT_CE_SLICES, False, None, None)
     qkv = K.ce_settings(1280, 132, True, True, env={})
     assert (qkv.regime, qkv.slices, qkv.merge, qkv.band_group) == ("copy-bound", K.COPY_BOUND_SLICES, True, 1)
+    # the last group: a K-slice of its bands on the link >= a slice of a tile on a CTA (H200: 3 bands)
+    assert qkv.tail_bands == K.copy_bound_tail_bands(1280, 132) == 3
+    assert K.copy_bound_tail_bands(1280, 6) == 1  # at most one wave of tiles
     env = {"KOSMOS_CE_SLICES": "2", "KOSMOS_CE_MERGE": "0", "KOSMOS_BAND_GROUP": "peer", "KOSMOS_CE_TAIL_BANDS": "2"}
     mine = K.ce_settings(1280, 132, True, True, env=env)
     assert (mine.regime, mine.slices, mine.merge, mine.band_group, mine.tail_bands) == \

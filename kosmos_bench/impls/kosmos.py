@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 import shutil
 from dataclasses import dataclass
@@ -59,12 +60,15 @@ DEFAULT_CE_MERGE = "0"
 DEFAULT_CE_TAIL_INLINE = "1"
 # KOSMOS_CE_HEAD_MAIN=1: the plan's first copy, cut to its first band, goes on the main stream
 # before the kernel (no event hop before the first byte; the kernel starts when it has landed).
+# Off: the first byte moved no earlier on 70b FC1 / QKV (probes/tail_probe-4-head-main.parquet;
+# the copy stream's hop overlaps the kernel launch already).
 DEFAULT_CE_HEAD_MAIN = "0"
 # Copy-bound shapes (rho = schedule.link_compute_ratio < COPY_BOUND_RHO: the QKV layers on the
 # host fabric, rho <= 0.16; FC1 is 0.47-0.88): the builders wait for the link anyway, so what
 # counts is fewer copies and a short tail: one copy per peer (merge), 1-band groups and the
-# last band in COPY_BOUND_SLICES K-slices. 1.5-3% faster than the defaults on the three QKV
-# shapes (timeline/t12-copy-bound.parquet, t13-halving); on FC1 merge costs 1-6% (t11), so only here.
+# last group (copy_bound_tail_bands) in COPY_BOUND_SLICES K-slices. 1.5-3% faster than the
+# defaults on the three QKV shapes (timeline/t12-copy-bound.parquet, t13-halving); on FC1 merge
+# costs 1-6% (t11), so only here.
 COPY_BOUND_RHO = 0.3
 COPY_BOUND_SLICES = 4
 # Sleep between two polls of a flag spin (Params.spin_ns; KOSMOS_SPIN_NS).
@@ -113,6 +117,21 @@ def ce_regime(n_loc: int, builders: int) -> str:
 
     rho = S.link_compute_ratio(n_loc, builders, "host", ag_sm90.schedule_model("host"))
     return "copy-bound" if rho < COPY_BOUND_RHO else "compute"
+
+
+def copy_bound_tail_bands(n_loc: int, builders: int) -> int:
+    """Bands of a copy-bound shape's last (K-sliced) group: enough that one K-slice of the
+    group's bands takes the link at least as long as a CTA needs for that slice of its tile
+    (that per-CTA compute/link ratio is rho * builders / tiles per band, ~2.2 on the H200 host
+    fabric), so every tile has only its last slice's k-blocks left when the last byte lands; at
+    most one wave of tiles. A 1-band last group's 5-9 tiles kept most of their K: tail 52-112 us
+    after the last byte on the QKV layers, 31-56 us with 2-4 bands, calls 0.4-0.9% shorter
+    (results/issue4-h200-20261203/probes/tail_probe-5-qkv.parquet)."""
+    from ..kernels import ag_sm90
+
+    nt = S.cdiv(n_loc, ag_sm90.BN)
+    rho = S.link_compute_ratio(n_loc, builders, "host", ag_sm90.schedule_model("host"))
+    return max(1, min(math.ceil(rho * builders / nt), builders // nt))
 
 
 def _band_group_env(env) -> int | str | None:
@@ -183,6 +202,8 @@ def ce_settings(n_loc: int, builders: int, streams: bool, host: bool, ce_slices=
             merge = True
         if "KOSMOS_BAND_GROUP" not in env:
             band_group = 1
+        if "KOSMOS_CE_TAIL_BANDS" not in env:
+            tail_bands = copy_bound_tail_bands(n_loc, builders)
     return CeSettings(k_stream, regime, split, merge, band_group, slice_bytes, tail_groups, tail_bands,
                       head_main == "1")
 
