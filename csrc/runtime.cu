@@ -154,10 +154,10 @@ int kosmos_stream_destroy(void* stream) {
 // K-slice release still queued there would otherwise land after (and undo) its last one.
 // The arrays are copied in at creation, so a call costs the host two C calls around the
 // kernel launch (begin: entries [0, head), end: the rest). With head_main the head entries
-// (copies and releases) go on the main stream itself, before the kernel: the first byte moves
-// at the call's start, while the copy stream's event hop (~15-25 us) overlaps the head copy;
-// the kernel then starts once the head has landed (copy-bound shapes have that slack). The
-// flag stream waits for the head's releases (a later K-slice release must not land first).
+// (copies and releases) go on the main stream itself, before the kernel, which then starts
+// once the head has landed; the flag stream waits for the head's releases (a later K-slice
+// release must not land first). An ablation: the first byte moved no earlier on the H200 (the
+// copy stream's event hop already overlaps the kernel launch).
 struct CePlan {
   std::vector<uint64_t> dst, src, width, height, pitch, flag;
   std::vector<uint32_t> mult, back;
