@@ -67,7 +67,7 @@ def resolve_fabric(fabric: str, backend: str, world: int) -> str:
 
 def build_points(target: str, *, backend: str, fabric: str | None, impls, worlds, trace: bool,
                  reps: int | None = None, warmup: int | None = None, profile: str | None = None,
-                 policies=None):
+                 policies=None, concurrent: bool | None = None):
     from .spec import SpecError, expand, load_sweep
 
     try:
@@ -76,7 +76,7 @@ def build_points(target: str, *, backend: str, fabric: str | None, impls, worlds
         for w in worlds or sw.world:
             fab = resolve_fabric(fabric or sw.fabric, backend, w)
             points += expand(sw, backend=backend, fabric=fab, impls=impls, worlds=[w], trace=trace,
-                             reps=reps, warmup=warmup, profile=profile, policies=policies)
+                             reps=reps, warmup=warmup, profile=profile, policies=policies, concurrent=concurrent)
     except SpecError as e:
         raise usage_error(str(e)) from None
     from .impls import IMPLS
@@ -146,6 +146,9 @@ def sweep(
     trace: bool = typer.Option(False, "--trace", help="Record role timelines of kosmos points."),
     reps: Optional[int] = typer.Option(None, help="Timed repetitions per point (default: the sweep's)."),
     warmup: Optional[int] = typer.Option(None, help="Warm-up calls per point (default: the sweep's)."),
+    concurrent: Optional[bool] = typer.Option(None, "--concurrent/--no-concurrent", help="Also time the GEMM alone "
+                                              "and the collective alone issued together, no dependency (GPU; "
+                                              "t_concurrent_us; default: the sweep's timing.concurrent, on)."),
     timeout: float = typer.Option(600.0, help="Seconds one point may take before its workers are killed."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON row per point instead of the table."),
     isolate: bool = typer.Option(False, "--isolate", help="A fresh worker process per point (nothing a point "
@@ -160,7 +163,7 @@ def sweep(
     if worlds is not None and any(w < 1 for w in worlds):
         raise usage_error("--world: world sizes must be >= 1")
     sw, points = build_points(target, backend=be, fabric=fabric, impls=_split(impl), worlds=worlds, trace=trace,
-                              reps=reps, warmup=warmup, profile=profile, policies=_split(policy))
+                              reps=reps, warmup=warmup, profile=profile, policies=_split(policy), concurrent=concurrent)
     if dry_run:
         t = Table("key", "op", "variant", "world", "fabric", "backend", "M", "N", "K", "model/layer/tokens")
         for p in points:

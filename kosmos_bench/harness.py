@@ -67,7 +67,7 @@ def base_row(p: Point) -> dict:
 
 
 def derive(row: dict, p: Point) -> dict:
-    """Rates from the median time: TFLOP/s, algbw/busbw (nccl-tests), overlap efficiency."""
+    """Rates from the median time: TFLOP/s, algbw/busbw (nccl-tests), overlap efficiencies."""
     t = row.get("t_median_us")
     if not t or not math.isfinite(t):
         return row
@@ -80,6 +80,8 @@ def derive(row: dict, p: Point) -> dict:
 
     if row.get("t_gemm_us") is not None:
         row["overlap_efficiency"] = overlap_efficiency(row["t_gemm_us"], row.get("t_comm_us"), t)
+    if row.get("t_concurrent_us"):
+        row["eff_concurrent"] = row["t_concurrent_us"] / t
     return row
 
 
@@ -171,10 +173,13 @@ def run_point(p: Point, *, rank: int, procs: int) -> tuple[dict, object]:
         comm = nccl_impls.comm_alone(p, ctx, inputs)
         if comm is not None:
             fns["comm"] = comm
+            if device.type == "cuda" and p.concurrent:  # both alone at once, no dependency: the chip's own overlap
+                fns["both"] = nccl_impls.concurrent_alone(fns["gemm"], comm, device)
         samples, mhz = _bench(fns, p, ctx)
         row.update(timing.stats(samples["op"]))
         row["t_gemm_us"] = float(np.median(samples["gemm"]))
         row["t_comm_us"] = float(np.median(samples["comm"])) if comm is not None else None
+        row["t_concurrent_us"] = float(np.median(samples["both"])) if "both" in samples else None
         row.update(sm_mhz=mhz.get("op"), sm_mhz_gemm=mhz.get("gemm"), sm_mhz_comm=mhz.get("comm"))
         if p.trace and hasattr(runner, "run_traced"):
             trace = runner.run_traced()

@@ -18,7 +18,7 @@ BACKENDS = ("gpu", "cpu", "sim")
 QUEUE_ORDERS = ("demand", "fifo", "reverse", "random")
 
 # Fields that describe how a point is *recorded*, not what is measured: excluded from the key.
-_NON_KEY_FIELDS = ("trace", "model", "layer", "tokens", "sweep")
+_NON_KEY_FIELDS = ("trace", "concurrent", "model", "layer", "tokens", "sweep")
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ class Point:
     seed: int = 0
     # Bookkeeping: where the point came from; not part of the key.
     trace: bool = False
+    concurrent: bool = True  # also time the GEMM alone + collective alone issued together (GPU)
     model: str | None = None
     layer: str | None = None
     tokens: int | None = None

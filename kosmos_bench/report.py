@@ -12,6 +12,10 @@ Derived metrics live here, in one place (the harness calls `derive` too):
                          alone among the rows at hand (each point times its own, interleaved
                          with its op, and those differ by up to ~5%: a point whose copy alone
                          ran slow would otherwise look better overlapped than it is)
+    eff_concurrent     = t_concurrent_us / t_median_us, t_concurrent_us being the GEMM alone
+                         and the collective alone issued together on two streams with no
+                         dependency (GPU points): 1.0 = the op overlaps as well as the chip
+                         lets two independent jobs share it (SMs, HBM, power budget)
 """
 from __future__ import annotations
 
@@ -78,7 +82,7 @@ def derive(df: pd.DataFrame) -> pd.DataFrame:
     """
     df = df.copy()
     if df.empty:
-        for c in ("speedup_vs_seq", "overlap_efficiency", "eff_best"):
+        for c in ("speedup_vs_seq", "overlap_efficiency", "eff_best", "eff_concurrent"):
             df[c] = pd.Series(dtype=float)
         return df
     for c in MATCH_COLS + ["run_id", "impl", "status"]:
@@ -93,6 +97,9 @@ def derive(df: pd.DataFrame) -> pd.DataFrame:
     elif "overlap_efficiency" not in df.columns:
         df["overlap_efficiency"] = np.nan
     df["eff_best"] = best_alone_efficiency(df, t, ok)
+    conc = pd.to_numeric(df["t_concurrent_us"], errors="coerce") if "t_concurrent_us" in df.columns else np.nan
+    with np.errstate(invalid="ignore", divide="ignore"):
+        df["eff_concurrent"] = (conc / t).where(ok & (t > 0), np.nan).astype(float)
     k_any = _match_key(df, MATCH_COLS)
     k_run = k_any + "|" + df["run_id"].astype(str)
     is_base = df["impl"] == df["op"].map(baseline_impl)
@@ -110,7 +117,7 @@ def derive(df: pd.DataFrame) -> pd.DataFrame:
 _COLS = [  # (title, width, align)
     ("op", 8, "<"), ("variant", 30, "<"), ("world", 5, ">"), ("M", 7, ">"), ("N", 7, ">"), ("K", 7, ">"),
     ("time(us)", 10, ">"), ("TFLOP/s", 9, ">"), ("busbw(GB/s)", 11, ">"), ("speedup", 8, ">"),
-    ("ovl-eff", 7, ">"), ("eff*", 5, ">"), ("MHz op/gemm", 11, ">"), ("wrong", 6, ">"), ("status", 8, "<"),
+    ("ovl-eff", 7, ">"), ("eff*", 5, ">"), ("eff-cc", 6, ">"), ("MHz op/gemm", 11, ">"), ("wrong", 6, ">"), ("status", 8, "<"),
 ]
 
 
@@ -153,7 +160,8 @@ def row_text(row: dict) -> str:
         g("op") or "-", g("variant") or g("impl") or "-", g("world") if _isnum(g("world")) else "-",
         *(int(g(k)) if _isnum(g(k)) else "-" for k in ("M", "N", "K")),
         time_s, _num(g("tflops"), ".2f"), _num(g("busbw_gbs"), ".2f"), _num(g("speedup_vs_seq"), ".2f", "x"),
-        _num(g("overlap_efficiency"), ".2f"), _num(g("eff_best"), ".2f"), _clocks(g("sm_mhz"), g("sm_mhz_gemm")),
+        _num(g("overlap_efficiency"), ".2f"), _num(g("eff_best"), ".2f"), _num(g("eff_concurrent"), ".2f"),
+        _clocks(g("sm_mhz"), g("sm_mhz_gemm")),
         int(wrong) if _isnum(wrong) else "-", g("status") or "-",
     ]
     vals[2] = int(vals[2]) if _isnum(vals[2]) else vals[2]

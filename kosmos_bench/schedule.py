@@ -97,6 +97,7 @@ the last WG of each call; flags are epoch-based and never reset.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -332,8 +333,18 @@ def max_inflight_movers(op: str, fabric: str, num_wgs: int, model: dict | None =
     (``ceil(link_bw / wg_copy_bw)``, at most num_wgs - 1 so that builders always progress).
     The host PCIe link needs it (measured on one H200: ag-gemm with 48 mover WGs ran 1.5x
     slower than with 8; gemm-rs tile pushes took 3-5x longer each with ~80 concurrent
-    movers); device-memory and NVLink fabrics run uncapped.
+    movers); device-memory and NVLink fabrics run uncapped. ``$KOSMOS_MAX_INFLIGHT`` overrides
+    it on every fabric (an ablation).
     """
+    knob = os.environ.get("KOSMOS_MAX_INFLIGHT")  # ablation (device and simulator alike)
+    if knob:
+        try:
+            cap = int(knob)
+        except ValueError:
+            cap = -1
+        if cap < 0:
+            raise ValueError(f"KOSMOS_MAX_INFLIGHT={knob!r}: expected an integer >= 0 (0 = no cap)")
+        return min(cap, num_wgs - 1)
     if fabric != "host":
         return 0
     p = _model(fabric, model)

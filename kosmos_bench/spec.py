@@ -65,6 +65,7 @@ class Sweep:
     reps: int = 20
     profile: str | None = None
     description: str = ""
+    concurrent: bool = True
 
 
 def sweep_dirs() -> list[Path]:
@@ -177,15 +178,16 @@ def parse_sweep(data, src: str, name: str = "sweep") -> Sweep:
         kosmos["mover"] = _as_list(kdata["mover"], src, "kosmos.mover", str, MOVERS)
 
     timing = data.get("timing") or {}
-    if not isinstance(timing, dict) or set(timing) - {"warmup", "reps"}:
-        raise SpecError(f"{src}: timing: expected a mapping with warmup and/or reps")
+    if not isinstance(timing, dict) or set(timing) - {"warmup", "reps", "concurrent"}:
+        raise SpecError(f"{src}: timing: expected a mapping with warmup, reps and/or concurrent")
     warmup = _as_list(timing.get("warmup", 5), src, "timing.warmup", int)[0]
     reps = _as_list(timing.get("reps", 20), src, "timing.reps", int)[0]
+    concurrent = _as_list(timing.get("concurrent", True), src, "timing.concurrent", bool)[0]
     profile = data.get("profile")
     if profile is not None and not isinstance(profile, str):
         raise SpecError(f"{src}: profile: expected a simulator profile name")
     return Sweep(name, src, op, impls, world, dtype, fabric, shapes, kosmos, warmup, reps, profile,
-                 str(data.get("description", "")))
+                 str(data.get("description", "")), concurrent)
 
 
 def load_sweep(name_or_path: str) -> Sweep:
@@ -207,7 +209,7 @@ def load_sweep(name_or_path: str) -> Sweep:
 def expand(sweep: Sweep, *, backend: str, fabric: str, impls: list[str] | None = None,
            worlds: list[int] | None = None, profile: str | None = None, trace: bool = False,
            reps: int | None = None, warmup: int | None = None,
-           policies: list[str] | None = None) -> list[Point]:
+           policies: list[str] | None = None, concurrent: bool | None = None) -> list[Point]:
     """Grid expansion: shapes x worlds x dtypes x impls (x kosmos knobs for kosmos).
 
     `backend` and `fabric` must already be resolved (no 'auto'). Point order groups by world
@@ -222,7 +224,8 @@ def expand(sweep: Sweep, *, backend: str, fabric: str, impls: list[str] | None =
         for shape, dtype, impl in itertools.product(sweep.shapes, sweep.dtype, impls):
             base = Point(op=sweep.op, impl=impl, M=shape.M, N=shape.N, K=shape.K, world=world, dtype=dtype,
                          fabric=fabric, backend=backend, warmup=warmup or sweep.warmup, reps=reps or sweep.reps,
-                         trace=trace, model=shape.model, layer=shape.layer, tokens=shape.tokens,
+                         trace=trace, concurrent=sweep.concurrent if concurrent is None else concurrent,
+                         model=shape.model, layer=shape.layer, tokens=shape.tokens,
                          sweep=sweep.name, profile=(profile or sweep.profile) if backend == "sim" else None)
             if impl in KNOB_IMPLS:
                 for pol, qo, lf, ch, bu, mv in itertools.product(kn["policy"], kn["queue_order"], kn["local_first"],

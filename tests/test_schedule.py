@@ -241,6 +241,18 @@ def test_inflight_cap_defaults():
     assert S.predicted_movers("ag-gemm", 8192, 8192, 8192, 8, 132, fabric="host") <= 16
 
 
+def test_inflight_cap_knob(monkeypatch):
+    monkeypatch.setenv("KOSMOS_MAX_INFLIGHT", "20")
+    assert S.max_inflight_movers("ag-gemm", "host", 132) == 20
+    assert S.max_inflight_movers("ag-gemm", "local", 16) == 15  # never every WG
+    monkeypatch.setenv("KOSMOS_MAX_INFLIGHT", "0")
+    assert S.max_inflight_movers("ag-gemm", "host", 132) == 0
+    for bad in ("-1", "many"):
+        monkeypatch.setenv("KOSMOS_MAX_INFLIGHT", bad)
+        with pytest.raises(ValueError, match="KOSMOS_MAX_INFLIGHT"):
+            S.max_inflight_movers("ag-gemm", "host", 132)
+
+
 def test_c_abi_constants_match_python():
     """csrc/kosmos/params.h and kernels/abi.py + schedule.py agree (no nvcc needed)."""
     import re

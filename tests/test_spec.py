@@ -45,6 +45,19 @@ def test_keys_stable_and_distinct():
     assert len(a.key()) == 16
 
 
+def test_concurrent_timing_switch():
+    """timing.concurrent (default on) reaches every point; the CLI's --no-concurrent wins; it
+    is bookkeeping, not identity (the op measured is the same)."""
+    data = dict(GOOD)
+    on = expand(parse_sweep(data, "c.yaml"), backend="gpu", fabric="host")
+    off = expand(parse_sweep(dict(data, timing={"reps": 3, "concurrent": False}), "c.yaml"), backend="gpu", fabric="host")
+    assert all(p.concurrent for p in on) and not any(p.concurrent for p in off)
+    assert not any(p.concurrent for p in expand(parse_sweep(data, "c.yaml"), backend="gpu", fabric="host",
+                                                concurrent=False))
+    assert [p.key() for p in on] == [p.key() for p in expand(parse_sweep(data, "c.yaml"), backend="gpu", fabric="host",
+                                                               concurrent=False)]
+
+
 def test_duplicate_shapes_measured_once():
     data = dict(GOOD, shapes=[{"M": 96, "N": 64, "K": 40}, {"M": 96, "N": 64, "K": 40}], models=None)
     data.pop("models")
@@ -64,6 +77,8 @@ def test_duplicate_shapes_measured_once():
     ({"models": {"names": ["gpt5"], "tokens": [1]}}, "models.names: 'gpt5' is not one of"),
     ({"models": {"names": ["llama3-8b"], "tokens": [1], "layers": ["fc2"]}}, "'fc2' is a gemm-rs layer"),
     ({"timing": {"reps": -1}}, "timing.reps"),
+    ({"timing": {"concurrent": "yes"}}, "timing.concurrent: expected true/false"),
+    ({"timing": {"repz": 3}}, "timing: expected a mapping with warmup, reps and/or concurrent"),
     ({"colour": "blue"}, "unknown key(s) colour"),
 ])
 def test_malformed_specs_name_file_and_key(patch, needle):

@@ -279,6 +279,24 @@ def gemm_alone(p: Point, ctx: RankCtx, inputs):
     return lambda: torch.matmul(A_r, B_r, out=out)
 
 
+def concurrent_alone(gemm, comm, device):
+    """The GEMM alone and the collective alone issued together on two streams, with no data
+    dependency between them: the overlap the chip itself allows (the two share SMs, HBM and,
+    at a power limit, the energy budget). A fused op also has the dependency, so this is the
+    reference its overlap is judged against when max(GEMM alone, collective alone) is out of
+    reach for any schedule (e.g. a GEMM that runs at the power limit)."""
+    side = torch.cuda.Stream(device)
+
+    def both():
+        main = torch.cuda.current_stream(device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            comm()
+        gemm()
+        main.wait_stream(side)
+    return both
+
+
 def comm_alone(p: Point, ctx: RankCtx, inputs):
     """The collective alone, on the same fabric the baselines use (None when world == 1)."""
     if p.world == 1:
