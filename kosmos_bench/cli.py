@@ -317,7 +317,7 @@ def _external_profile(profiler: str, p, store) -> None:
 
 @app.command()
 def report(
-    runs: List[Path] = typer.Argument(None, help="Run directories (or a parent of several)."),
+    runs: List[Path] = typer.Argument(None, help="Run directories (or a parent of several), or Parquet files of rows."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable rows."),
     compare: Optional[List[Path]] = typer.Option(None, "--compare", help="Two runs: before and after (give --compare twice)."),
 ):
@@ -328,11 +328,30 @@ def report(
         raise usage_error("--compare takes exactly two run directories (give it twice: --compare A --compare B)")
     runs = runs or []
     for r in list(runs) + list(compare or []):
-        if not r.is_dir():
-            raise usage_error(f"{r}: not a run directory")
+        if not (r.is_dir() or (r.is_file() and r.suffix == ".parquet")):
+            raise usage_error(f"{r}: not a run directory or a .parquet file of result rows")
     if not runs and not compare:
         raise usage_error("give a run directory (e.g. results/<run-id>)")
     raise typer.Exit(rep.report(runs, as_json=as_json, compare=tuple(compare) if compare else None, console=out))
+
+
+@app.command()
+def compact(
+    run: Path = typer.Argument(..., help="Run directory (or a parent of several runs)."),
+    output: Path = typer.Option(..., "-o", "--output", help="The Parquet file to write (e.g. results/<name>.parquet)."),
+):
+    """Fold a run's rows and manifest into one Parquet file (small enough to commit; `report` reads it)."""
+    from .store import compact as do_compact
+
+    if not run.is_dir():
+        raise usage_error(f"{run}: not a run directory")
+    if output.suffix != ".parquet":
+        raise usage_error(f"--output {output}: expected a .parquet file name")
+    try:
+        dest = do_compact(run, output)
+    except FileNotFoundError as e:
+        raise usage_error(str(e)) from None
+    out.print(f"wrote {dest} ({dest.stat().st_size / 1024:.0f} KiB)", markup=False)
 
 
 @app.command("plot")

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .store import load_rows
+from .store import load_manifest, load_rows
 
 SEQ_IMPL = "nccl-seq"
 # The op without communication (gemm) is measured against plain cuBLAS instead.
@@ -383,8 +383,7 @@ def _records(df: pd.DataFrame) -> list[dict]:
 def _load(run_dir: Path) -> tuple[pd.DataFrame, dict]:
     run_dir = Path(run_dir)
     df = load_rows(run_dir)
-    mpath = run_dir / "manifest.json"
-    manifest = json.loads(mpath.read_text()) if mpath.exists() else {}
+    manifest = load_manifest(run_dir)
     if not df.empty:
         if df["run_id"].isna().all():
             df["run_id"] = run_dir.name

@@ -87,6 +87,7 @@ def test_dry_run_lists_points():
     (["sweep", "smoke", "--backend", "tpu"], "--backend: 'tpu' is not one of"),
     (["sweep", "smoke", "--backend", "cpu", "--impl", "nccl-magic"], "unknown implementation(s) nccl-magic"),
     (["report", "/nonexistent"], "not a run directory"),
+    (["compact", "/nonexistent", "-o", "x.parquet"], "not a run directory"),
 ])
 def test_usage_errors_exit_2(args, needle):
     r = kb(*args)

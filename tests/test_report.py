@@ -207,3 +207,35 @@ def test_compare(tmp_path, capsys):
     c = make_run(tmp_path, [row("kosmos", 90.0, reps=50, status="wrong", wrong=2)], run_id="c")
     assert report([], compare=(a, c)) == 1
     assert "matched 1 points" in capsys.readouterr().out
+
+
+def test_report_reads_a_compacted_parquet_file_and_eff_concurrent(tmp_path, capsys):
+    """A run compacted into one Parquet file (how small results are committed) reports like its
+    directory; eff_concurrent = t_concurrent_us / t_median_us, shown as eff-cc."""
+    from kosmos_bench.store import load_rows
+
+    run = make_run(tmp_path, [row("nccl-seq", 100.0), row("kosmos", 80.0) | {"t_concurrent_us": 72.0}])
+    f = tmp_path / "run.parquet"
+    load_rows(run).to_parquet(f)
+    assert report([f]) == 0
+    out = capsys.readouterr().out
+    assert "1.25x" in out and "eff-cc" in out
+    kos = [l for l in out.splitlines() if l.startswith("ag-gemm") and "kosmos" in l][0]
+    assert " 0.90 " in kos  # 72 / 80
+    d = derive(load_rows(f))
+    assert d.loc[d["impl"] == "kosmos", "eff_concurrent"].item() == pytest.approx(0.9)
+    assert d.loc[d["impl"] == "nccl-seq", "eff_concurrent"].isna().all()
+
+
+def test_compact_keeps_rows_and_manifest(tmp_path, capsys):
+    from kosmos_bench.store import compact, load_manifest, load_rows
+
+    run = make_run(tmp_path, [row("nccl-seq", 100.0), row("kosmos", 80.0)])
+    f = compact(run, tmp_path / "c.parquet")
+    assert load_manifest(f)["gpus"] == ["NVIDIA H200"] and load_manifest(run) == load_manifest(f)
+    assert len(load_rows(f)) == 2
+    assert report([f]) == 0
+    assert "NVIDIA H200" in capsys.readouterr().out
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no result rows"):
+        compact(tmp_path / "empty", tmp_path / "e.parquet")
