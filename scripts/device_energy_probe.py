@@ -9,7 +9,8 @@ clock, and the names of the GPU kernels cuBLAS runs for the GEMM alone (torch.pr
     KOSMOS_BENCH_CACHE=$PWD/.kb-cache python3 scripts/device_energy_probe.py OUT [MxNxK,...] [SECS]
     (N is the whole layer's N: rank 0's GEMM is M x N/8 x K, as in the host sweep)
 
-ENERGY_FNS=kosmos,cublas limits the functions; B2B_TAG names the variant (kosmos knobs come from
+ENERGY_FNS=kosmos,cublas limits the functions (also: both = cuBLAS and the copy issued together
+with no dependency, the harness's t_concurrent_us; overlap = the nccl-overlap baseline); B2B_TAG names the variant (kosmos knobs come from
 the environment), so `B2B_SCRIPT=device_energy_probe.py B2B_VARIANTS="g3: g6:KOSMOS_BAND_GROUP=6"
 bash scripts/device_b2b_variants.sh` compares variants in fresh processes; rows are appended to
 OUT/energy.parquet.
@@ -28,7 +29,7 @@ from kosmos_bench.impls import nccl as nccl_impls
 from kosmos_bench.impls.kosmos import IMPLS
 from kosmos_bench.kernels import sm90_gemm
 from kosmos_bench.runtime.nvml import ClockSampler, _lib
-from _host_point import W, append_rows, host_ce_point, script_args
+from _host_point import W, append_rows, host_ce_point, nccl_overlap_run, script_args
 
 
 class Energy:
@@ -99,7 +100,9 @@ def main() -> None:
         make = {"cublas": lambda: cublas, "sm90": lambda: lambda: sm90_gemm.gemm(A, B, out=C),
                 "sm90x2": lambda: lambda: sm90_gemm.gemm(A, B, out=C2, variant=3),
                 "kosmos": lambda: IMPLS[0].prepare(p, ctx, inputs).run,
-                "copy": lambda: nccl_impls.comm_alone(p, ctx, inputs)}
+                "copy": lambda: nccl_impls.comm_alone(p, ctx, inputs),
+                "both": lambda: nccl_impls.concurrent_alone(cublas, nccl_impls.comm_alone(p, ctx, inputs), dev),
+                "overlap": lambda: nccl_overlap_run(p, ctx, inputs)}
         unknown = set(want) - set(make)
         if unknown:
             raise SystemExit(f"ENERGY_FNS: unknown {sorted(unknown)}; expected some of {list(make)}")
