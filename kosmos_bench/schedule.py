@@ -102,6 +102,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .runtime.knobs import env_int
+
 OPS = ("ag-gemm", "gemm-rs")
 QUEUE_ORDERS = ("demand", "fifo", "reverse", "random")
 
@@ -336,15 +338,8 @@ def max_inflight_movers(op: str, fabric: str, num_wgs: int, model: dict | None =
     movers); device-memory and NVLink fabrics run uncapped. ``$KOSMOS_MAX_INFLIGHT`` overrides
     it on every fabric (an ablation).
     """
-    knob = os.environ.get("KOSMOS_MAX_INFLIGHT")  # ablation (device and simulator alike)
-    if knob:
-        try:
-            cap = int(knob)
-        except ValueError:
-            cap = -1
-        if cap < 0:
-            raise ValueError(f"KOSMOS_MAX_INFLIGHT={knob!r}: expected an integer >= 0 (0 = no cap)")
-        return min(cap, num_wgs - 1)
+    if os.environ.get("KOSMOS_MAX_INFLIGHT"):  # ablation (device and simulator alike; 0 = no cap)
+        return min(int(env_int("KOSMOS_MAX_INFLIGHT", 0)), num_wgs - 1)
     if fabric != "host":
         return 0
     p = _model(fabric, model)

@@ -355,3 +355,15 @@ def test_peer_groups_ramp_align_and_halve_to_the_tail():
                 assert all(g.start // per == (g.stop - 1) // per for g in groups), (peers, per, groups)
                 if per > tail:
                     assert groups[-1].stop - groups[-1].start == tail
+
+
+def test_env_int_knob_parser():
+    from kosmos_bench.runtime.knobs import env_int
+
+    assert env_int("K_X", 3, env={}) == 3
+    assert env_int("K_X", 3, env={"K_X": " 7 "}) == 7
+    assert env_int("K_X", 0, env={"K_X": "peer"}, words=("peer",)) == "peer"
+    with pytest.raises(ValueError, match=r"K_X='-2': expected an integer >= 0 or 'peer'"):
+        env_int("K_X", 0, env={"K_X": "-2"}, words=("peer",))
+    with pytest.raises(ValueError, match=r"K_X='x': expected an integer >= 1"):
+        env_int("K_X", 1, lo=1, env={"K_X": "x"})

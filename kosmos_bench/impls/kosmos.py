@@ -44,6 +44,7 @@ import numpy as np
 
 from .. import schedule as S
 from ..point import Point
+from ..runtime.knobs import env_int
 from .base import common_unsupported
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("KOSMOS_TIMEOUT_S", "5"))
@@ -137,15 +138,7 @@ def copy_bound_tail_bands(n_loc: int, builders: int) -> int:
 def _band_group_env(env) -> int | str | None:
     """KOSMOS_BAND_GROUP: bands per remote demand group (0: the schedule's rule) or "peer"
     (groups aligned to peer shards: schedule.peer_groups)."""
-    v = env.get("KOSMOS_BAND_GROUP", "0").strip()
-    if v == S.PEER_GROUPS:
-        return v
-    try:
-        n = int(v)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise ValueError(f"KOSMOS_BAND_GROUP={v!r}: expected a band count >= 0 or 'peer'")
+    n = env_int("KOSMOS_BAND_GROUP", 0, env=env, words=(S.PEER_GROUPS,))
     return n or None
 
 
