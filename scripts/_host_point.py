@@ -39,10 +39,10 @@ def host_ce_point(M: int, N: int, K: int, dev, with_ref: bool = False):
     return (p, ctx, inputs, A, B) if with_ref else (p, ctx, inputs)
 
 
-def nccl_overlap_run(p: Point, ctx: RankCtx, inputs):
-    """The nccl-overlap baseline's call on the same inputs."""
-    po = Point(op="ag-gemm", impl="nccl-overlap", M=p.M, N=p.N, K=p.K, world=W, fabric="host", seed=0)
-    return nccl_impls.NcclBaseline("nccl-overlap", True).prepare(po, ctx, inputs).run
+def nccl_overlap_run(p: Point, ctx: RankCtx, inputs, impl: str = "nccl-overlap"):
+    """The nccl-overlap (or nccl-seq) baseline's call on the same inputs."""
+    po = Point(op="ag-gemm", impl=impl, M=p.M, N=p.N, K=p.K, world=W, fabric="host", seed=0)
+    return nccl_impls.NcclBaseline(impl, impl == "nccl-overlap").prepare(po, ctx, inputs).run
 
 
 def append_rows(out: str, name: str, rows: list[dict]) -> None:

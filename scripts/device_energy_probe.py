@@ -10,7 +10,8 @@ clock, and the names of the GPU kernels cuBLAS runs for the GEMM alone (torch.pr
     (N is the whole layer's N: rank 0's GEMM is M x N/8 x K, as in the host sweep)
 
 ENERGY_FNS=kosmos,cublas limits the functions (also: both = cuBLAS and the copy issued together
-with no dependency, the harness's t_concurrent_us; overlap = the nccl-overlap baseline); B2B_TAG names the variant (kosmos knobs come from
+with no dependency, the harness's t_concurrent_us; overlap / seq = the nccl-overlap / nccl-seq
+baselines); B2B_TAG names the variant (kosmos knobs come from
 the environment), so `B2B_SCRIPT=device_energy_probe.py B2B_VARIANTS="g3: g6:KOSMOS_BAND_GROUP=6"
 bash scripts/device_b2b_variants.sh` compares variants in fresh processes; rows are appended to
 OUT/energy.parquet.
@@ -102,7 +103,8 @@ def main() -> None:
                 "kosmos": lambda: IMPLS[0].prepare(p, ctx, inputs).run,
                 "copy": lambda: nccl_impls.comm_alone(p, ctx, inputs),
                 "both": lambda: nccl_impls.concurrent_alone(cublas, nccl_impls.comm_alone(p, ctx, inputs), dev),
-                "overlap": lambda: nccl_overlap_run(p, ctx, inputs)}
+                "overlap": lambda: nccl_overlap_run(p, ctx, inputs),
+                "seq": lambda: nccl_overlap_run(p, ctx, inputs, impl="nccl-seq")}
         unknown = set(want) - set(make)
         if unknown:
             raise SystemExit(f"ENERGY_FNS: unknown {sorted(unknown)}; expected some of {list(make)}")
