@@ -356,15 +356,15 @@ def compact(
 
 @app.command("plot")
 def plot_cmd(
-    run: Path = typer.Argument(..., help="Run directory."),
+    run: Path = typer.Argument(..., help="Run directory, or a compacted run (.parquet)."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Where figures go (default RUN/plots)."),
     key: Optional[str] = typer.Option(None, "--key", help="Point key for the role-timeline figure."),
 ):
     """Figures (PNG + SVG) and an index.md: speedups, overlap efficiency, role timelines, idle CDFs."""
     from . import plot
 
-    if not run.is_dir():
-        raise usage_error(f"{run}: not a run directory")
+    if not (run.is_dir() or (run.is_file() and run.suffix == ".parquet")):
+        raise usage_error(f"{run}: not a run directory or a .parquet file of result rows")
     for f in plot.render(run, output, key):
         out.print(str(f), markup=False)
 

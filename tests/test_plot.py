@@ -104,3 +104,22 @@ def test_render_empty_run_raises(tmp_path, synth_run):
         render(tmp_path / "empty")
     with pytest.raises(ValueError, match="unknown figure"):
         render(synth_run, tmp_path / "x", only=("pie",))
+
+
+def test_render_a_compacted_run_with_the_concurrency_reference(synth_run, tmp_path):
+    """plot reads a compacted run (.parquet; figures beside it) and marks t_concurrent_us."""
+    from kosmos_bench.store import compact
+
+    rows = load_rows(synth_run)
+    conc = tmp_path / "conc"
+    store = RunStore(conc)
+    store.root.mkdir()
+    write_json(store.root / "manifest.json", {"command": "test"})
+    for r in rows.to_dict("records"):
+        g, c = r.get("t_gemm_us"), r.get("t_comm_us")
+        store.write_row(r | ({"t_concurrent_us": 1.02 * max(g, c)} if g and c else {}))
+    f = compact(conc, tmp_path / "conc.parquet")
+    paths = render(f, formats=("png",), only=("overlap",))
+    assert all(p.parent == tmp_path / "conc-plots" for p in paths)
+    md = (tmp_path / "conc-plots" / "index.md").read_text()
+    assert "issued together (no dependency): median 0.98" in md

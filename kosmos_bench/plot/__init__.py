@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 
 from ..report import derive, geomean_speedups, header_text, points_summary, verdict
-from ..store import load_rows
+from ..store import load_manifest, load_rows
 
 FIGURES = ("speedup", "overlap", "timeline", "timeline_policies", "idle_cdf", "ablation")
 TITLES = {
@@ -42,7 +42,7 @@ def render(run_dir: Path, out_dir: Path | None = None, trace_key: str | None = N
            formats: tuple[str, ...] = ("png", "svg"), only: tuple[str, ...] | None = None) -> list[Path]:
     """Write the figures of `run_dir` (PNG + SVG) and index.md into `out_dir`.
 
-    out_dir defaults to <run_dir>/plots. trace_key (a key or a prefix of one) picks the
+    out_dir defaults to <run_dir>/plots (<file stem>-plots beside a compacted run's .parquet). trace_key (a key or a prefix of one) picks the
     point of the role timeline; default: the first traced kosmos point, policy self first.
     formats: image formats, the first is the one index.md shows; only: a subset of FIGURES. Returns the written paths
     (index.md last). A figure that cannot be drawn is skipped and
@@ -51,7 +51,9 @@ def render(run_dir: Path, out_dir: Path | None = None, trace_key: str | None = N
     from . import figures as F
 
     run_dir = Path(run_dir)
-    out_dir = Path(out_dir) if out_dir is not None else run_dir / "plots"
+    packed = run_dir.is_file()
+    out_dir = Path(out_dir) if out_dir is not None else (
+        run_dir.with_name(run_dir.stem + "-plots") if packed else run_dir / "plots")
     rows = load_rows(run_dir)
     if rows.empty:
         raise FileNotFoundError(f"no result rows under {run_dir} (expected {run_dir}/points/*.parquet)")
@@ -59,8 +61,7 @@ def render(run_dir: Path, out_dir: Path | None = None, trace_key: str | None = N
         rows["variant"] = rows["variant"].where(rows["variant"].notna(), rows["impl"]).astype(str)
     df = derive(rows)
     out_dir.mkdir(parents=True, exist_ok=True)
-    mpath = run_dir / "manifest.json"
-    manifest = json.loads(mpath.read_text()) if mpath.exists() else {}
+    manifest = load_manifest(run_dir)
 
     written: list[Path] = []
     sections: list[str] = []
