@@ -315,6 +315,23 @@ def alone_spread(df: pd.DataFrame) -> list[str]:
     return lines
 
 
+def overlap_summary(df: pd.DataFrame) -> list[str]:
+    """'# median eff* / eff-cc' per variant (derived rows), when any point has them: how well
+    each variant overlaps, against the ideal and against the chip's own concurrency."""
+    out = []
+    for col, what in (("eff_best", "eff* (vs the fastest alone times)"),
+                      ("eff_concurrent", "eff-cc (vs GEMM + collective issued together)")):
+        if col not in df.columns:
+            continue
+        v = pd.to_numeric(df[col], errors="coerce")
+        var = df["variant"].where(df["variant"].notna(), df["impl"]).astype(str) if "variant" in df.columns else df["impl"]
+        med = v.groupby(var).median().dropna()
+        if not med.empty:
+            med = med.sort_values(ascending=False)
+            out.append(f"# median {what}: " + " | ".join(f"{k} {m:.3f}" for k, m in med.items()))
+    return out
+
+
 def footer_text(df: pd.DataFrame) -> str:
     """Footer lines: verdict counts, geometric-mean speedups per variant, best point, result.
 
@@ -337,6 +354,7 @@ def footer_text(df: pd.DataFrame) -> str:
         bw = pd.to_numeric(df["busbw_gbs"], errors="coerce")[df["status"].astype(str) == "ok"]
         if bw.notna().any():
             lines.append(f"# avg busbw (ok points): {bw.mean():.2f} GB/s")
+    lines += overlap_summary(df)
     lines += alone_spread(df)
     for col, what in (("trace_dropped", "trace records dropped (per-WG buffer overflow)"),
                       ("trace_clipped", "overlapping trace records clipped")):

@@ -222,6 +222,7 @@ def test_report_reads_a_compacted_parquet_file_and_eff_concurrent(tmp_path, caps
     assert "1.25x" in out and "eff-cc" in out
     kos = [l for l in out.splitlines() if l.startswith("ag-gemm") and "kosmos" in l][0]
     assert " 0.90 " in kos  # 72 / 80
+    assert "# median eff-cc (vs GEMM + collective issued together): kosmos[self] 0.900" in out
     d = derive(load_rows(f))
     assert d.loc[d["impl"] == "kosmos", "eff_concurrent"].item() == pytest.approx(0.9)
     assert d.loc[d["impl"] == "nccl-seq", "eff_concurrent"].isna().all()
