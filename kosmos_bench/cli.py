@@ -65,6 +65,12 @@ def resolve_fabric(fabric: str, backend: str, world: int) -> str:
     return "nvlink" if world == 1 or n >= world else "host"
 
 
+def _check_run(path: Path) -> None:
+    """A run directory or a compacted run (one .parquet file of rows), else a usage error."""
+    if not (path.is_dir() or (path.is_file() and path.suffix == ".parquet")):
+        raise usage_error(f"{path}: not a run directory or a .parquet file of result rows")
+
+
 def build_points(target: str, *, backend: str, fabric: str | None, impls, worlds, trace: bool,
                  reps: int | None = None, warmup: int | None = None, profile: str | None = None,
                  policies=None, concurrent: bool | None = None):
@@ -328,8 +334,7 @@ def report(
         raise usage_error("--compare takes exactly two run directories (give it twice: --compare A --compare B)")
     runs = runs or []
     for r in list(runs) + list(compare or []):
-        if not (r.is_dir() or (r.is_file() and r.suffix == ".parquet")):
-            raise usage_error(f"{r}: not a run directory or a .parquet file of result rows")
+        _check_run(r)
     if not runs and not compare:
         raise usage_error("give a run directory (e.g. results/<run-id>)")
     raise typer.Exit(rep.report(runs, as_json=as_json, compare=tuple(compare) if compare else None, console=out))
@@ -363,8 +368,7 @@ def plot_cmd(
     """Figures (PNG + SVG) and an index.md: speedups, overlap efficiency, role timelines, idle CDFs."""
     from . import plot
 
-    if not (run.is_dir() or (run.is_file() and run.suffix == ".parquet")):
-        raise usage_error(f"{run}: not a run directory or a .parquet file of result rows")
+    _check_run(run)
     for f in plot.render(run, output, key):
         out.print(str(f), markup=False)
 
@@ -460,13 +464,12 @@ def calibrate(output: Path = typer.Option(Path("h200-host-pcie.calibrated.json")
 
 
 @app.command("validate-sim")
-def validate_sim(run: Path = typer.Argument(..., help="A measured run directory."),
+def validate_sim(run: Path = typer.Argument(..., help="A measured run directory, or a compacted run (.parquet)."),
                  profile: Optional[str] = typer.Option(None, help="Profile name or JSON path (default: per fabric).")):
     """Compare a measured run with the simulator's prediction of the same points."""
     from .sim import validate as val
 
-    if not run.is_dir():
-        raise usage_error(f"{run}: not a run directory")
+    _check_run(run)
     df = val.validate_sim(run, profile=profile)
     out.print(df.to_string(index=False), markup=False)
     out.print(json.dumps(val.summary(df), default=str), markup=False)

@@ -88,6 +88,8 @@ def test_dry_run_lists_points():
     (["sweep", "smoke", "--backend", "cpu", "--impl", "nccl-magic"], "unknown implementation(s) nccl-magic"),
     (["report", "/nonexistent"], "not a run directory"),
     (["compact", "/nonexistent", "-o", "x.parquet"], "not a run directory"),
+    (["validate-sim", "/nonexistent"], "not a run directory or a .parquet file"),
+    (["plot", "/nonexistent"], "not a run directory or a .parquet file"),
 ])
 def test_usage_errors_exit_2(args, needle):
     r = kb(*args)
