@@ -86,6 +86,16 @@ def test_baselines(impl, fabric, op):
     assert trace is None
     # a baseline is never faster than either of its parts alone (perfect overlap bound)
     assert fields["t_median_us"] >= max(fields["t_gemm_us"], fields["t_comm_us"]) * 0.999
+    # the concurrency reference: both parts, no dependency; on the host fabric the copy engine
+    # leaves the GEMM every SM (= max), NCCL takes SMs from it (> max, < sum); never after seq
+    g, c, both = fields["t_gemm_us"], fields["t_comm_us"], fields["t_concurrent_us"]
+    assert max(g, c) * 0.999 <= both <= g + c
+    if fabric == "host":
+        assert both == pytest.approx(max(g, c))
+    elif impl == "nccl-overlap":
+        assert both <= fields["t_median_us"] * 1.001
+    assert "t_concurrent_us" not in run_point(pt(op=op, impl=impl, fabric=fabric, M=8192, N=8192, K=8192,
+                                                  concurrent=False))[0]
 
 
 def test_unsupported():

@@ -60,6 +60,8 @@ def simulate_point(point: Point, prof: dict | None = None, num_movers: int | Non
         raise Unsupported(f"{point.impl} does not run on the local fabric")
     try:
         fields["t_comm_us"] = baselines.comm_alone_us(point, prof) if point.world > 1 else None
+        if point.world > 1 and point.concurrent:
+            fields["t_concurrent_us"] = baselines.concurrent_us(point, prof)
     except ValueError as e:
         raise Unsupported(str(e)) from None
     res = None

@@ -128,6 +128,22 @@ def comm_alone_us(p: Point, prof: dict) -> float:
     return prof["nccl"]["latency_us"] + size * (W - 1) / W / (_nccl_busbw(prof, p) * 1e3)
 
 
+def concurrent_us(p: Point, prof: dict) -> float:
+    """The GEMM alone and the collective alone issued together, no dependency (the harness's
+    t_concurrent_us): the GEMM runs on the SMs the collective leaves (all of them on the host
+    fabric, where the copy engine moves) until the collective ends, then on all SMs."""
+    if p.world == 1:
+        return gemm_alone_us(p, prof)
+    c = comm_alone_us(p, prof)
+    m, n, k = local_gemm_shape(p)
+    G = prof["num_sms"]
+    sms = G if p.fabric in ("host", "local") else max(1, G - int(prof["nccl"].get("sms", 0)))
+    g_shared = cublas_us(prof, p.dtype, m, n, k, sms=sms)
+    if g_shared <= c:
+        return c
+    return c + (1.0 - c / g_shared) * gemm_alone_us(p, prof)
+
+
 def seq_us(p: Point, prof: dict) -> float:
     """`nccl-seq`."""
     W = p.world
