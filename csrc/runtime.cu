@@ -169,10 +169,11 @@ struct CePlan {
   std::vector<cudaEvent_t> events;  // one per copy; a wait captures the record, so reuse is safe
 };
 
-// Entries [lo, hi): on the plan's streams, or every copy and release on `on` when given.
-static int ce_enqueue(CePlan& P, int lo, int hi, uint32_t epoch, cudaStream_t on = nullptr) {
+// Entries [lo, hi): on the plan's streams, or every copy and release on *on when given (a
+// pointer: the legacy default stream's handle is null, so a null stream cannot mean "none").
+static int ce_enqueue(CePlan& P, int lo, int hi, uint32_t epoch, const cudaStream_t* on = nullptr) {
   if (lo >= hi) return KOSMOS_OK;
-  const cudaStream_t cs = on ? on : P.cs, fs = on ? on : P.fs;
+  const cudaStream_t cs = on ? *on : P.cs, fs = on ? *on : P.fs;
   size_t copy = 0;
   for (int i = 0; i < lo; ++i) copy += P.width[i] > 0;
   for (int i = lo; i < hi; ++i) {
@@ -273,7 +274,7 @@ int kosmos_ce_plan_begin(void* h, void* main_stream, uint32_t epoch) {
   KOSMOS_CUDA(cudaStreamWaitEvent(P.cs, P.ready, 0));
   KOSMOS_CUDA(cudaStreamWaitEvent(P.fs, P.ready, 0));
   if (!P.head_main || P.head == 0) return ce_enqueue(P, 0, P.head, epoch);
-  if (int rc = ce_enqueue(P, 0, P.head, epoch, m)) return rc;
+  if (int rc = ce_enqueue(P, 0, P.head, epoch, &m)) return rc;
   KOSMOS_CUDA(cudaEventRecord(P.head_done, m));
   KOSMOS_CUDA(cudaStreamWaitEvent(P.fs, P.head_done, 0));
   return KOSMOS_OK;

@@ -400,7 +400,8 @@ def _tiles(m_extent: int, bm: int, n_extent: int, bn: int):
             yield mt, m0, rows, nt, n0, min(bn, n_extent - n0)
 
 
-def band_groups(num_bands: int, builders: int, ramp: bool = False, tail: int = 1, size: int | None = None) -> list[slice]:
+def band_groups(num_bands: int, builders: int, ramp: bool = False, tail: int = 1, size: int | None = None,
+                halve: bool = True) -> list[slice]:
     """Consecutive groups of bands whose tiles the ag-gemm demand order rasters column by
     column. A wave of ``builders`` concurrent tiles then reads g A-panels and builders/g
     B-panels (g ~ sqrt(builders)) instead of the whole of B for every band or two (band-major
@@ -411,14 +412,15 @@ def band_groups(num_bands: int, builders: int, ramp: bool = False, tail: int = 1
     smallest group the halving goes down to (streamed K-slices, ``stream_k``: the last group
     is one wave of tiles that all start on its first slice, not one band). ``size``: the
     regular group size instead of ~sqrt(builders) (smaller groups wait less for their last
-    band, larger ones reread B less)."""
+    band, larger ones reread B less). ``halve=False``: no halving (only the ``tail`` group
+    and the remainder are smaller than ``size``)."""
     last = []
     if tail > 1 and num_bands > tail:  # exactly `tail` bands last (a smaller remainder would end it)
         num_bands, last = num_bands - tail, [slice(num_bands - tail, num_bands)]
     g = max(1, int(size) if size else int(round(math.sqrt(max(1, builders)))))
     out, b, grow = [], 0, 1 if ramp else g
     while b < num_bands:
-        n = min(grow, g, num_bands - b, max(1, tail, (num_bands - b + 1) // 2))
+        n = min(grow, g, num_bands - b, max(1, tail, (num_bands - b + 1) // 2) if halve else g)
         out.append(slice(b, b + n))
         b += n
         grow *= 2
@@ -512,7 +514,7 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
                    seed: int = 0, local_first: bool | None = None, fabric: str = "local",
                    model: dict | None = None, mover_bytes: int = 256 * 1024,
                    stream_k: bool = False, band_group: int | str | None = None,
-                   tail_bands: int | None = None) -> RankSchedule:
+                   tail_bands: int | None = None, ramp: bool = True, halve: bool = True) -> RankSchedule:
     """The schedule of one rank. ``num_wgs`` is the WG count of THIS rank (on the local
     fabric: ``np.diff(wg_starts(G, W))[rank]``). ``local_first`` defaults to True for
     ag-gemm and False (local destination last) for gemm-rs. ``fabric='host'`` adds the
@@ -522,7 +524,9 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
     ``band_group`` (ag-gemm): bands per regular remote demand-order group (default
     ``demand_group``: ~sqrt(builders), fewer when link and builders are balanced), or
     ``PEER_GROUPS`` ("peer"): groups aligned to peer shards (``peer_groups``). ``tail_bands``
-    (``stream_k``): bands of the last remote group instead of one wave of tiles.
+    (``stream_k``): bands of the last remote group instead of one wave of tiles. ``ramp`` /
+    ``halve`` (ag-gemm): the remote groups start small and double / shrink toward the end
+    (``band_groups``); off, every remote group is regular.
     """
     why = validate(op, M, N, K, world, BM, BN, chunk)
     if why:
@@ -581,7 +585,8 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
             g = int(g) if isinstance(g, int) else max(1, round(math.sqrt(builders_n)))  # "peer" on the local segment
             tail = (tail_bands or min(max(1, builders_n // nt_n), g)) if (stream_k and seg is ring) else 1
             groups = (peer_groups(len(ring), mt_n, tail) if by_peer else
-                      band_groups(len(bands), builders_n, ramp=seg is ring, tail=tail, size=g))
+                      band_groups(len(bands), builders_n, ramp=ramp and seg is ring, tail=tail, size=g,
+                                  halve=halve or seg is not ring))
             b_demand += [build_id[p, mt, nt] for grp in groups for nt in range(nt_n) for p, mt in bands[grp]]
             if seg is ring:  # tile rows of the remote bands needed together (copy-engine movers copy them together)
                 remote_groups = [[(p, mt) for p, mt in bands[grp]] for grp in groups]

@@ -11,7 +11,9 @@ clock, and the names of the GPU kernels cuBLAS runs for the GEMM alone (torch.pr
 
 ENERGY_FNS=kosmos,cublas limits the functions (also: both = cuBLAS and the copy issued together
 with no dependency, the harness's t_concurrent_us; overlap / seq = the nccl-overlap / nccl-seq
-baselines); B2B_TAG names the variant (kosmos knobs come from
+baselines; landed = the fused kernel alone, its data and flags landed once before (no copies:
+the kernel as a plain GEMM with this shape's schedule); serial = the runner's copy plan, then
+the kernel, one after the other on the main stream); B2B_TAG names the variant (kosmos knobs come from
 the environment), so `B2B_SCRIPT=device_energy_probe.py B2B_VARIANTS="g3: g6:KOSMOS_BAND_GROUP=6"
 bash scripts/device_b2b_variants.sh` compares variants in fresh processes; rows are appended to
 OUT/energy.parquet.
@@ -55,6 +57,64 @@ def kernel_names(fn) -> list[str]:
         torch.cuda.synchronize()
     return sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
                    and "Memcpy" not in e.name and "Memset" not in e.name})
+
+
+def landed_kernel(p, ctx, inputs, serial: bool):
+    """The fused kernel with its data landed: `serial` runs the copy plan alone before each
+    kernel (stream order); else the plan ran once with an epoch far ahead, so every band flag
+    is ready for the calls that follow and each call is the kernel alone. Checked bitwise
+    against the runner's own fused call (the runner is the probe's own: its flags end ahead)."""
+    r = IMPLS[0].prepare(p, ctx, inputs)
+    r.run()
+    r.check()
+    want = r.outputs[0].clone()
+    plan = r.ce_plan
+    if not serial:
+        r.run_ce_plan_alone(epoch=r.calls + 1_000_000)
+
+    def call():
+        if serial:
+            r.ce_plan = plan
+            r.run_ce_plan_alone(epoch=r.calls + 1)
+        r.ce_plan = None
+        try:
+            r.run()
+        finally:
+            r.ce_plan = plan
+
+    call.runner = r
+    r.outputs[0].fill_(float("nan"))
+    call()
+    r.check()
+    same = torch.equal(r.outputs[0].view(torch.int16), want.view(torch.int16))
+    print(f"{'serial' if serial else 'landed'}: bitwise = fused call: {same}", flush=True)
+    if not same:
+        raise SystemExit("energy probe: the landed kernel's output differs from the fused call's")
+    return call
+
+
+def tile_stats(df: pd.DataFrame) -> dict:
+    """A traced call's BUILD records per WG: median tile time, median gap between a WG's
+    consecutive tiles, mean idle before a WG's first / after its last tile, span (us)."""
+    b = df[df.role == "BUILD"].sort_values(["wg", "t0_ns"])
+    g = b.groupby("wg")
+    gap = (b.t0_ns - g.t1_ns.shift()).dropna()
+    span = b.t1_ns.max() - b.t0_ns.min()
+    return {"tiles": len(b), "tile_us": (b.t1_ns - b.t0_ns).median() / 1e3, "gap_us": gap.median() / 1e3,
+            "gap_sum_us": gap.sum() / 1e3 / g.ngroups, "head_us": (g.t0_ns.min() - b.t0_ns.min()).mean() / 1e3,
+            "tail_us": (b.t1_ns.max() - g.t1_ns.max()).mean() / 1e3, "span_us": span / 1e3}
+
+
+def world1_runner(M: int, n_loc: int, K: int, dev):
+    """The KOSMOS kernel on the rank GEMM with world 1 (op gemm: no communication)."""
+    from kosmos_bench.ops import get_op
+    from kosmos_bench.point import Point
+    from kosmos_bench.impls.base import RankCtx
+
+    p = Point(op="gemm", impl="kosmos", M=M, N=n_loc, K=K, world=1, fabric="local", seed=0, builder="sm90")
+    ctx = RankCtx(rank=0, world=1, procs=1, device=dev, fabric="local", backend="gpu")
+    inputs, _, _ = get_op("gemm").inputs(p, [0], dev, seed=1)
+    return IMPLS[0].prepare(p, ctx, inputs)
 
 
 def phase(fn, secs: float, energy: Energy, sampler: ClockSampler) -> dict:
@@ -103,6 +163,8 @@ def main() -> None:
                 "kosmos": lambda: IMPLS[0].prepare(p, ctx, inputs).run,
                 "copy": lambda: nccl_impls.comm_alone(p, ctx, inputs),
                 "both": lambda: nccl_impls.concurrent_alone(cublas, nccl_impls.comm_alone(p, ctx, inputs), dev),
+                "landed": lambda: landed_kernel(p, ctx, inputs, serial=False),
+                "serial": lambda: landed_kernel(p, ctx, inputs, serial=True),
                 "overlap": lambda: nccl_overlap_run(p, ctx, inputs),
                 "seq": lambda: nccl_overlap_run(p, ctx, inputs, impl="nccl-seq")}
         unknown = set(want) - set(make)
@@ -123,10 +185,24 @@ def main() -> None:
                     rows.append(r)
                     print(f"  {name:8s} rep {rep}: {r['us']:8.1f} us/call  {r['J_per_call']:6.3f} J/call  "
                           f"{r['W']:5.0f} W  {r['MHz'] or 0:5.0f} MHz", flush=True)
+        if os.environ.get("ENERGY_TRACE") == "1":  # one traced call each: where the landed kernel's time goes
+            traced = {name: f.runner for name, f in fns.items() if hasattr(f, "runner")}
+            traced["world1"] = world1_runner(M, N // W, K, dev)
+            for name, r in traced.items():
+                plan, r.ce_plan = getattr(r, "ce_plan", None), None
+                try:
+                    for rep in range(2):
+                        st = tile_stats(r.run_traced())
+                        rows.append({"tag": os.environ.get("B2B_TAG", "default"), "shape": f"{M}x{N}x{K}",
+                                     "fn": f"trace:{name}", "rep": rep, **st})
+                        print(f"  trace {name:7s}: " + "  ".join(f"{k} {v:.1f}" for k, v in st.items()), flush=True)
+                finally:
+                    r.ce_plan = plan
         del fns
         torch.cuda.empty_cache()
     append_rows(out, "energy.parquet", rows)
     df = pd.DataFrame(rows)
+    df = df[~df.fn.str.startswith("trace:")]
     print(df.groupby(["tag", "shape", "fn"])[["us", "J_per_call", "W", "MHz"]].median().round(3).to_string())
 
 

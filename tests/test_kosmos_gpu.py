@@ -589,6 +589,31 @@ def test_sm90_copy_engine_head_on_main(monkeypatch, shape, ce_slices):
 
 
 @sm90
+def test_sm90_copy_engine_whole_plan_on_main(monkeypatch):
+    """KOSMOS_CE_HEAD_MAIN=1 with a head of every copy: the whole plan runs on the main stream
+    (torch's default stream, whose handle is null) before the kernel, which starts after the
+    last copy ends (profiled), and is correct."""
+    monkeypatch.setenv("KOSMOS_CE_HEAD_MAIN", "1")
+    monkeypatch.setenv("KOSMOS_CE_HEAD_MB", "1000000")
+    W, M, N, K = 8, 8 * 1024, 8 * 2048, 2048
+    p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90",
+                                        mover="ce", seed=29)
+    try:
+        assert runner.ce_head == len(runner.ce_entries) and torch.cuda.current_stream().cuda_stream == 0
+        expect_correct(p, runner, A, B, calls=2)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            runner.run()
+            torch.cuda.synchronize()
+        ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        copies = [e for e in ev if "Memcpy" in e.name]
+        kernel = [e for e in ev if "ag_gemm" in e.name]
+        assert len(copies) == runner.ce_copies and len(kernel) == 1, [e.name for e in ev]
+        assert kernel[0].time_range.start >= max(c.time_range.end for c in copies)
+    finally:
+        runner.close()
+
+
+@sm90
 def test_sm90_k_slice_wait_has_a_watchdog():
     """A K-slice that never arrives (its last release held back) times out inside the tile
     (SliceWait), names the builder item, and the runner works again afterwards."""

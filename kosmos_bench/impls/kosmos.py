@@ -157,6 +157,8 @@ class CeSettings:
     tail_groups: int  # groups sliced at the end
     tail_bands: int | None  # bands of the last remote group (None: one wave of tiles)
     head_main: bool = False  # the first band's copy on the main stream, before the kernel
+    ramp: bool = True  # remote groups start small and double (KOSMOS_BAND_RAMP)
+    halve: bool = True  # remote groups shrink toward the end (KOSMOS_BAND_HALVE)
 
     @property
     def slices(self) -> int:
@@ -197,8 +199,9 @@ def ce_settings(n_loc: int, builders: int, streams: bool, host: bool, ce_slices=
             band_group = 1
         if "KOSMOS_CE_TAIL_BANDS" not in env:
             tail_bands = copy_bound_tail_bands(n_loc, builders)
+    ramp, halve = (bool(env_int(k, 1, env=env)) for k in ("KOSMOS_BAND_RAMP", "KOSMOS_BAND_HALVE"))
     return CeSettings(k_stream, regime, split, merge, band_group, slice_bytes, tail_groups, tail_bands,
-                      head_main == "1")
+                      head_main == "1", ramp, halve)
 
 
 class WatchdogError(RuntimeError):
@@ -426,7 +429,8 @@ class KosmosRunner:
         kw = dict(BM=128, BN=ag_sm90.BN if self.sm90 is not None else 128, chunk=point.chunk or 1, policy=_policy(point),
                   queue_order=point.queue_order or "demand", seed=point.seed, local_first=point.local_first,
                   fabric="host" if fabric == "host" else ("local" if fabric == "local" else "nvlink"),
-                  stream_k=self.k_stream, band_group=band_group, tail_bands=ce.tail_bands)
+                  stream_k=self.k_stream, band_group=band_group, tail_bands=ce.tail_bands, ramp=ce.ramp,
+                  halve=ce.halve)
         if self.sm90 is not None:  # loader-warpgroup movers, CTA builders
             kw["model"] = ag_sm90.schedule_model(kw["fabric"])
         self.scheds = [S.build_schedule(op, M, N, K, W, r, num_wgs=int(sizes[i]), **kw) for i, r in enumerate(ranks)]

@@ -83,7 +83,7 @@ def model_params(prof: dict, fabric: str) -> dict:
 
 @lru_cache(maxsize=64)
 def _schedule(op, M, N, K, world, rank, BM, BN, chunk, num_wgs, queue_order, seed, local_first, fabric,
-              sm90=False, stream_k=False, band_group=None, tail_bands=None):
+              sm90=False, stream_k=False, band_group=None, tail_bands=None, ramp=True, halve=True):
     # Built with policy='self': the mover count only changes the WG rules, never the queues.
     # sm90: the Hopper builder's schedule model, as impls/kosmos.py builds it.
     from ..kernels import ag_sm90
@@ -91,7 +91,7 @@ def _schedule(op, M, N, K, world, rank, BM, BN, chunk, num_wgs, queue_order, see
     return S.build_schedule(op, M, N, K, world, rank, BM=BM, BN=BN, chunk=chunk, num_wgs=num_wgs, policy="self",
                             queue_order=queue_order, seed=seed, local_first=local_first, fabric=fabric,
                             model=ag_sm90.schedule_model(fabric) if sm90 else None, stream_k=stream_k,
-                            band_group=band_group, tail_bands=tail_bands)
+                            band_group=band_group, tail_bands=tail_bands, ramp=ramp, halve=halve)
 
 
 def resolve_builder(p: Point, prof: dict) -> str:
@@ -260,6 +260,7 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     # copy-engine movers: the runner's settings (impls/kosmos.py ce_settings: K-sliced tail with
     # the sm90 builder, regime defaults, the KOSMOS_CE_* / KOSMOS_BAND_GROUP knobs)
     stream_k, ce_slices, band_group, merge, tail_bands = False, 1, None, False, None
+    ramp = halve = True
     if ce:
         from ..impls import kosmos as kimpl
 
@@ -274,11 +275,12 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
         if cs.head_main:
             raise Unsupported("the simulator does not model the head copy on the main stream (KOSMOS_CE_HEAD_MAIN=1)")
         stream_k, merge, band_group, tail_bands = cs.k_stream, cs.merge, cs.band_group, cs.tail_bands
+        ramp, halve = cs.ramp, cs.halve
         ce_slices = cs.slices if stream_k else 1
 
     def sched(r):
         return _schedule(p.op, p.M, p.N, p.K, W, r, BM, BN, chunk, sizes[r], order, p.seed,
-                         p.local_first, sched_fabric, sm90, stream_k, band_group, tail_bands)
+                         p.local_first, sched_fabric, sm90, stream_k, band_group, tail_bands, ramp, halve)
 
     scheds = {r: sched(r) for r in ranks}
     elem_scale = ELEM_BYTES[p.dtype] / S.ELEM_BYTES
