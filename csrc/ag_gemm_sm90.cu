@@ -6,16 +6,21 @@
 // block: 384 threads, one CTA per SM (the builder takes ~215 KB of shared memory), and who
 // does what inside it:
 //
-//   warp 0 (loader WG)  : thread 0 runs the scheduling loop (decide: claims, pending slot,
-//                         mover slots, watchdog-bounded flag waits). A builder tile is only
-//                         returned once its A band flag is acquired; then warp 0 issues a
-//                         proxy fence (generic-proxy writes of the movers -> async-proxy TMA
-//                         reads), pushes the item into the tile ring and issues the tile's TMA
-//                         loads (BuilderSm90::produce_at: own rows from A_r, a peer's rows
-//                         from the gathered buffer viewed as (m_loc, K, W), batch = peer, so
-//                         partial tiles read zeros, never another rank's rows).
+//   thread 32 (loader)  : the scheduler (decide: claims, pending slot, mover slots,
+//                         watchdog-bounded flag waits). A builder tile is only returned once
+//                         its A band flag is acquired. While warp 0 issues a build tile's
+//                         loads, it claims the next tile ahead if one is ready
+//                         (claim_ready_build: a claim is ~10 dependent global accesses, which
+//                         between two tiles starved the MMAs 2-7 us per tile on the host
+//                         fabric); else it decides once the tile's loads are issued.
+//   warp 0 (loader WG)  : issues a proxy fence (generic-proxy writes of the movers and the
+//                         copy engine -> async-proxy TMA reads), pushes the item into the
+//                         tile ring and issues the tile's TMA loads (BuilderSm90::produce_at:
+//                         own rows from A_r, a peer's rows from the gathered buffer viewed as
+//                         (m_loc, K, W), batch = peer, so partial tiles read zeros, never
+//                         another rank's rows).
 //   warps 0-3 (loader)  : a mover item (AG_PULL) is copied by all 128 threads of the loader
-//                         warpgroup (16-byte ld.global.cg, copy_contig), then thread 0
+//                         warpgroup (16-byte ld.global.cg, copy_contig), then the scheduler
 //                         releases its band flag and its mover slot. The math warps keep
 //                         computing the tiles already in the ring meanwhile.
 //   warpgroups 1, 2     : pop item ids from the ring, wgmma over the tile
@@ -49,6 +54,7 @@ constexpr int kAgThreads = AgBuilder::kNumThreads;
 constexpr int kLoaderThreads = 128;
 constexpr int kBarLoader = 8;  // named barriers (0 is __syncthreads; CUTLASS's mainloop uses none)
 constexpr int kBarMath = 9;
+constexpr int kSched = 32;  // the scheduling thread (warp 1 of the loader warpgroup; warp 0 issues TMA)
 // setmaxnreg: the launch gives every thread 168 registers (64,512 per CTA); the loader
 // warpgroup keeps 88 (the scheduling loop and the 128-thread mover copy spill below that,
 // e.g. at the standalone kernel's 40), the math warpgroups get 208 (no spills already at 168).
@@ -60,7 +66,7 @@ static_assert(128 * kLoaderRegs + 256 * kMathRegs <= 384 * 168, "setmaxnreg beyo
 struct AgShared {
   AgBuilder::SharedStorage builder;
   AgRing::SharedStorage ring;
-  int cmd[2];
+  int cmd[3];  // scheduler -> loader: queue, item, all K-slices of its band in (no slice waits)
 };
 constexpr int kAgSmemBytes = int(sizeof(AgShared));
 static_assert(kAgSmemBytes <= 227 * 1024, "sm90 AG+GEMM shared memory exceeds 227 KB");
@@ -99,6 +105,16 @@ __device__ __noinline__ int slice_wait(const Wg* w, int flag, int item, int nkb,
   const uint32_t have = min(ld_acquire(f, w->sc.sys) - base, mult);
   fence_proxy_async_global();  // the copy engine's writes -> this thread's TMA reads
   return static_cast<int>((int64_t(have) * nkb) / mult);
+}
+
+// Scheduler, for a build item claimed ready ahead: whether every K-slice of its band is in
+// already (no k_stream, own rows, or the band flag at its full count), so that its tile issues
+// its loads without slice waits. Off the MMAs' critical path (the tile before is loading).
+__device__ __noinline__ bool band_landed(const Wg& w, int id) {
+  const Item it = load_item(w.ra.items[kQBuild], id);
+  if (!w.p.k_stream || it.dep_count == 0 || it.peer == w.ra.rank) return true;
+  const int f = w.ra.deps[it.dep_begin];
+  return flag_ready(ld_acquire(w.ra.flags[w.ra.rank] + f, w.sc.sys), target_of(w, f));
 }
 
 struct SliceWait {
@@ -144,36 +160,47 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
     cutlass::arch::warpgroup_reg_dealloc<kLoaderRegs>();
     if (!ra.skip) {
       if (tid == 0) entry_signal(w);
-      bool counted = false;    // thread 0: the current mover holds an in-flight slot
-      int pend[2] = {-1, -1};  // thread 0: claimed, not yet ready (policy self)
-      for (;;) {
-        if (tid == 0) {
-          int q = -1, id = -1;
+      bool counted = false;    // scheduler: the current mover holds an in-flight slot
+      int pend[2] = {-1, -1};  // scheduler: claimed, not yet ready (policy self)
+      auto decide_next = [&](int ahead, bool landed) {  // scheduler: the next item -> smem.cmd
+        int q = kQBuild, id = ahead;
+        if (ahead < 0) {
           counted = false;
           if (!decide<KOSMOS_OP_AG_GEMM>(w, &q, &id, &counted, pend)) q = -1;
-          smem.cmd[0] = q;
-          smem.cmd[1] = id;
         }
-        named_bar_sync(kBarLoader, kLoaderThreads);
+        smem.cmd[0] = q;
+        smem.cmd[1] = id;
+        smem.cmd[2] = landed;
+      };
+      if (tid == kSched) decide_next(-1, false);
+      for (;;) {
+        named_bar_sync(kBarLoader, kLoaderThreads);  // cmd written
         const int q = smem.cmd[0], id = smem.cmd[1];
-        named_bar_sync(kBarLoader, kLoaderThreads);
+        const bool landed = smem.cmd[2] != 0;
+        named_bar_sync(kBarLoader, kLoaderThreads);  // cmd read: the scheduler may write the next
         if (q < 0) break;
         const Item it = load_item(ra.items[q], id);
+        int ahead = -1;
+        bool ahead_landed = false;
         if (it.kind == kAgBuild) {
           // decide() returned it with its band flag acquired (watchdog-bounded wait).
           if (warp_idx == 0) {
-            fence_proxy_async_global();  // movers' generic writes -> this warp's TMA reads
+            fence_proxy_async_global();  // movers' / copy engine's writes -> this warp's TMA reads
             if (lane == 0) ring.push(id);
             __syncwarp();
             const bool own = it.peer == ra.rank;
             const int m_blk = it.m0 / AgBuilder::kBM, n_blk = it.n0 / AgBuilder::kBN;
             // K-slices of a remote band may still be arriving: load each k-block once its slice is there
-            const int slice_flag = (!own && p.k_stream && it.dep_count > 0) ? ra.deps[it.dep_begin] : -1;
+            const int slice_flag = (!own && p.k_stream && it.dep_count > 0 && !landed) ? ra.deps[it.dep_begin] : -1;
             builder.produce_at(own ? maps.own : maps.work, m_loc, own ? 1 : p.world, m_blk, n_blk, own ? 0 : it.peer,
                                SliceWait{&w, slice_flag, id, P.bp.num_k_blk});
+          } else if (tid == kSched) {
+            ahead = claim_ready_build(w, pend);
+            ahead_landed = ahead >= 0 && band_landed(w, ahead);
           }
+          named_bar_sync(kBarLoader, kLoaderThreads);  // the tile's loads are issued
         } else {  // AG_PULL: a byte slice of band (peer, m0) into the gathered buffer
-          const uint64_t t0 = (tid == 0) ? w.tr.now() : 0;
+          const uint64_t t0 = (tid == kSched) ? w.tr.now() : 0;
           const int64_t bytes = static_cast<int64_t>(it.rows) * K * 2;
           const int64_t per = (((bytes + 15) / 16 + it.cols - 1) / it.cols) * 16;  // it.cols slices, it.n0 = slice
           const int64_t begin = per * it.n0;
@@ -184,8 +211,9 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
             copy_contig(dst, src, static_cast<size_t>(len), tid, kLoaderThreads);
           }
           named_bar_sync(kBarLoader, kLoaderThreads);
-          if (tid == 0) finish_item(w, it, id, counted, t0);
+          if (tid == kSched) finish_item(w, it, id, counted, t0);
         }
+        if (tid == kSched) decide_next(ahead, ahead_landed);
       }
     }
     if (warp_idx == 0) {
@@ -202,13 +230,17 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
       const uint64_t t0 = (tid == 128 && p.trace) ? globaltimer_ns() : 0;
       const int32_t* row = ra.items[kQBuild] + static_cast<size_t>(id) * KOSMOS_ITEM_STRIDE;
       bf16* tile = C + (row[1] * int64_t(m_loc) + row[2]) * n_loc + row[4];  // peer, m0, n0
+      Item done{};  // what finish_item reads, loaded with the tile's row (no load after the MMAs)
+      done.kind = kAgBuild;
+      done.rel_rank = row[8];
+      done.rel_flag = row[9];
       builder.consume_to(reinterpret_cast<AgBuilder::dtype_t*>(tile), n_loc, row[3], row[5]);  // rows, cols
       named_bar_sync(kBarMath, AgBuilder::kNumMathThreads);  // every store of the tile before its release
       if (tid == 128) {
         // (re)built here so that none of the scheduling state stays live across the MMAs
         Wg wm = make_wg(p, ra, block);
         wm.tr.shared = true;
-        finish_item(wm, load_item(ra.items[kQBuild], id), id, false, t0);
+        finish_item(wm, done, id, false, t0);
       }
     }
   }

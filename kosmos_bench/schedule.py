@@ -85,6 +85,10 @@ saturated, the other WGs build), without a cap (device-memory fabrics) builder-f
   exhausted) > done. (Builders are always ready, so a
   builder-first rule would run the whole GEMM before any push; ready movers go first.)
 
+Lookahead (the sm90 AG kernel): while a WG's tile loads are being issued, its scheduling
+thread claims the next builder if one is ready right now (same rules; never a mover, never a
+wait; an unready claim becomes pending), so a claim's global round trips overlap the tile.
+
 ``policy='fixed:k'``: on each rank, WGs 0..k-1 only claim movers (and wait on them), the
 others only builders then reduces. ``'predicted'`` is fixed with k = :func:`predicted_movers`.
 Both loops are deadlock-free for *every* queue order: a WG blocks on an item only once

@@ -86,13 +86,20 @@ __device__ __forceinline__ bool wait_deps(const Wg& w, int q, int id) {
   return true;
 }
 
-// Thread 0: choose the next item. Returns false when this WG is done (or the call aborted).
+// Thread 0 (ag_gemm_sm90.cu: the scheduling thread): choose the next item. Returns false when
+// this WG is done (or the call aborted).
 template <int kOp>
 __device__ bool decide(const Wg& w, int* q_out, int* id_out, bool* counted, int* pend) {
   const KosmosRankArgs& ra = w.ra;
   const int k = ra.num_mover_wgs;
   int id;
   if (k > 0) {  // fixed roles
+    if (pend[0] >= 0) {  // a builder claimed ahead (claim_ready_build), not ready then
+      *q_out = pend[0];
+      *id_out = pend[1];
+      pend[0] = -1;
+      return wait_deps(w, *q_out, *id_out);
+    }
     if (w.wg < k) {
       id = claim_next(ra, kQMove);
       if (id < 0) return false;
@@ -232,6 +239,43 @@ __device__ bool decide(const Wg& w, int* q_out, int* id_out, bool* counted, int*
     }
     backoff_ns(64);
   }
+}
+
+// Lookahead claim (ag-gemm builders; the thread that runs decide(), while its WG still works on
+// a build tile): the next builder item if one can be claimed ready right now, else -1. Same
+// rules as decide() but never waits and never takes a mover: with a free mover slot (link-first
+// cap) or nothing ready it returns -1 and decide() runs after the tile as before; a claimed
+// builder that is not ready becomes pending, as in decide(). A claim costs a chain of ~10
+// dependent global accesses (counter, queue, item row, dep index, flag, ...): ahead, they
+// overlap the tile instead of starving the MMAs between two tiles.
+__device__ int claim_ready_build(const Wg& w, int* pend) {
+  const KosmosRankArgs& ra = w.ra;
+  if (aborted(w.sc) || (pend[0] >= 0 && pend[0] != kQBuild)) return -1;
+  if (pend[0] == kQBuild) {
+    if (!deps_ready(w, kQBuild, pend[1])) return -1;
+    pend[0] = -1;
+    return pend[1];
+  }
+  const int k = ra.num_mover_wgs;
+  int id;
+  if (k > 0) {  // fixed roles: builder WGs claim in order and wait
+    if (w.wg < k) return -1;
+    id = claim_next(ra, kQBuild);
+  } else {
+    const uint32_t cap = static_cast<uint32_t>(ra.max_inflight_movers);
+    if (cap != 0 && ld_relaxed(ra.ctr + kQMove) < static_cast<uint32_t>(ra.count[kQMove]) &&
+        ld_relaxed(ra.ctr + 4) < cap)
+      return -1;  // link-first: decide() takes the mover after the tile
+    uint32_t h;
+    id = peek(ra, kQBuild, &h);
+    if (id < 0 || !deps_ready(w, kQBuild, id)) return -1;
+    id = claim_next(ra, kQBuild);
+  }
+  if (id < 0) return -1;
+  if (deps_ready(w, kQBuild, id)) return id;
+  pend[0] = kQBuild;
+  pend[1] = id;
+  return -1;
 }
 
 __device__ __forceinline__ uint16_t role_of(int kind) {
