@@ -13,4 +13,4 @@ sed -e 's/policy: \[self, fixed:8, fixed:16, fixed:32\]/policy: [self, fixed:16,
 timeout 200 kosmos-bench sweep "$Y" -o "$OUT/run36" 2>&1 | grep -E "^ag-gemm|^# (verd|geo)" | grep -v skipped \
     | awk '{print $2, $4, $5, $6, $7, $11, $12, $13}'
 kosmos-bench compact "$OUT/run36" -o "$OUT/run36.parquet"
-timeout ${TEST_S:-240} python3 -m pytest -q -p no:cacheprovider tests/test_kosmos_gpu.py 2>&1 | tail -3
+timeout ${TEST_S:-240} python3 -m pytest -q -p no:cacheprovider tests/test_kosmos_gpu.py ${TEST_K:+-k "$TEST_K"} 2>&1 | tail -3

@@ -248,7 +248,7 @@ __device__ bool decide(const Wg& w, int* q_out, int* id_out, bool* counted, int*
 // builder that is not ready becomes pending, as in decide(). A claim costs a chain of ~10
 // dependent global accesses (counter, queue, item row, dep index, flag, ...): ahead, they
 // overlap the tile instead of starving the MMAs between two tiles.
-__device__ int claim_ready_build(const Wg& w, int* pend) {
+inline __device__ __noinline__ int claim_ready_build(const Wg& w, int* pend) {
   const KosmosRankArgs& ra = w.ra;
   if (aborted(w.sc) || (pend[0] >= 0 && pend[0] != kQBuild)) return -1;
   if (pend[0] == kQBuild) {
