@@ -8,11 +8,13 @@
 //
 //   thread 32 (loader)  : the scheduler (decide: claims, pending slot, mover slots,
 //                         watchdog-bounded flag waits). A builder tile is only returned once
-//                         its A band flag is acquired. While warp 0 issues a build tile's
-//                         loads, it claims the next tile ahead if one is ready
-//                         (claim_ready_build: a claim is ~10 dependent global accesses, which
-//                         between two tiles starved the MMAs 2-7 us per tile on the host
-//                         fabric); else it decides once the tile's loads are issued.
+//                         its A band flag is acquired. kAheadBlocks k-blocks before a build
+//                         tile's last load (signalled by warp 0), it claims the next tile
+//                         ahead if one is ready (claim_ready_build: a claim is ~10 dependent
+//                         global accesses, which between two tiles starved the MMAs 2-7 us
+//                         per tile on the host fabric; claimed at the tile's start instead,
+//                         ready tiles went to busy WGs while idle ones waited: copy-bound FC1
+//                         2-3.5% slower); else it decides once the tile's loads are issued.
 //   warp 0 (loader WG)  : issues a proxy fence (generic-proxy writes of the movers and the
 //                         copy engine -> async-proxy TMA reads), pushes the item into the
 //                         tile ring and issues the tile's TMA loads (BuilderSm90::produce_at:
@@ -55,6 +57,9 @@ constexpr int kLoaderThreads = 128;
 constexpr int kBarLoader = 8;  // named barriers (0 is __syncthreads; CUTLASS's mainloop uses none)
 constexpr int kBarMath = 9;
 constexpr int kSched = 32;  // the scheduling thread (warp 1 of the loader warpgroup; warp 0 issues TMA)
+// The scheduler claims the next tile this many k-blocks before the current tile's last load:
+// ~11 us at 1.4 GHz (128x256x64 per k-block), more than a claim takes, and at most that early.
+constexpr int kAheadBlocks = 16;
 // setmaxnreg: the launch gives every thread 168 registers (64,512 per CTA); the loader
 // warpgroup keeps 88 (the scheduling loop and the 128-thread mover copy spill below that,
 // e.g. at the standalone kernel's 40), the math warpgroups get 208 (no spills already at 168).
@@ -67,6 +72,7 @@ struct AgShared {
   AgBuilder::SharedStorage builder;
   AgRing::SharedStorage ring;
   int cmd[3];  // scheduler -> loader: queue, item, all K-slices of its band in (no slice waits)
+  int ahead;   // loader -> scheduler: build tiles whose load reached kAheadBlocks before the end
 };
 constexpr int kAgSmemBytes = int(sizeof(AgShared));
 static_assert(kAgSmemBytes <= 227 * 1024, "sm90 AG+GEMM shared memory exceeds 227 KB");
@@ -116,6 +122,16 @@ __device__ __noinline__ bool band_landed(const Wg& w, int id) {
   const int f = w.ra.deps[it.dep_begin];
   return flag_ready(ld_acquire(w.ra.flags[w.ra.rank] + f, w.sc.sys), target_of(w, f));
 }
+
+// produce_at hook: tells the scheduler (smem.ahead = tile count) when the tile's loads reach
+// k-block `at` (kAheadBlocks before the last).
+struct AheadSignal {
+  volatile int* ahead;
+  int at, tick;
+  __device__ __forceinline__ void operator()(int k) const {
+    if (k == at) *ahead = tick;
+  }
+};
 
 struct SliceWait {
   const Wg* w;
@@ -172,7 +188,9 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
         smem.cmd[1] = id;
         smem.cmd[2] = landed;
       };
+      if (tid == 0) smem.ahead = 0;
       if (tid == kSched) decide_next(-1, false);
+      int builds = 0;  // build items so far (warp 0 and the scheduler count alike)
       for (;;) {
         named_bar_sync(kBarLoader, kLoaderThreads);  // cmd written
         const int q = smem.cmd[0], id = smem.cmd[1];
@@ -184,6 +202,7 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
         bool ahead_landed = false;
         if (it.kind == kAgBuild) {
           // decide() returned it with its band flag acquired (watchdog-bounded wait).
+          ++builds;
           if (warp_idx == 0) {
             fence_proxy_async_global();  // movers' / copy engine's writes -> this warp's TMA reads
             if (lane == 0) ring.push(id);
@@ -193,8 +212,12 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
             // K-slices of a remote band may still be arriving: load each k-block once its slice is there
             const int slice_flag = (!own && p.k_stream && it.dep_count > 0 && !landed) ? ra.deps[it.dep_begin] : -1;
             builder.produce_at(own ? maps.own : maps.work, m_loc, own ? 1 : p.world, m_blk, n_blk, own ? 0 : it.peer,
-                               SliceWait{&w, slice_flag, id, P.bp.num_k_blk});
+                               SliceWait{&w, slice_flag, id, P.bp.num_k_blk},
+                               AheadSignal{&smem.ahead, max(0, P.bp.num_k_blk - kAheadBlocks), builds});
           } else if (tid == kSched) {
+            // until the loads reach kAheadBlocks before the tile's end (they always do: an aborted
+            // call's slice waits return and its loads go on)
+            while (*static_cast<volatile int*>(&smem.ahead) != builds) __nanosleep(100);
             ahead = claim_ready_build(w, pend);
             ahead_landed = ahead >= 0 && band_landed(w, ahead);
           }

@@ -273,12 +273,18 @@ struct BuilderSm90 {
   // first load of each k-block not yet known to be there, so that a tile can start while its
   // A still arrives in K order (the fused kernel's streamed K-slices). Its waits must be
   // bounded (watchdog): the loads are issued either way, so the math warps never block.
+  //
+  // hook (optional): `void hook(int k)`, called by the issuing lane before each k-block's load
+  // (the fused kernel signals its scheduler a few k-blocks before the tile's last load).
   struct AllThere {
     CUTLASS_DEVICE int operator()(int) const { return 1 << 30; }
   };
-  template <class KWait = AllThere>
+  struct NoHook {
+    CUTLASS_DEVICE void operator()(int) const {}
+  };
+  template <class KWait = AllThere, class KHook = NoHook>
   CUTLASS_DEVICE void produce_at(typename Mainloop::Params const& mp, int rows_a, int batches_a, int m_blk,
-                                 int n_blk, int l_a, KWait kwait = {}) {
+                                 int n_blk, int l_a, KWait kwait = {}, KHook hook = {}) {
     static_assert(kClusterM == 1, "produce_at loads whole tiles (no multicast)");
     using namespace cute;
     if (cute::elect_one_sync()) {
@@ -300,6 +306,7 @@ struct BuilderSm90 {
       int there = 0;  // leading k-blocks known to be in place
       CUTLASS_PRAGMA_NO_UNROLL
       for (int k = 0; k < params_.num_k_blk; ++k) {
+        hook(k);
         if (k >= there) there = kwait(k);
         pipeline_.producer_acquire(st);
         auto* bar = pipeline_.producer_get_barrier(st);
