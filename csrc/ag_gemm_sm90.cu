@@ -58,8 +58,9 @@ constexpr int kBarLoader = 8;  // named barriers (0 is __syncthreads; CUTLASS's 
 constexpr int kBarMath = 9;
 constexpr int kSched = 32;  // the scheduling thread (warp 1 of the loader warpgroup; warp 0 issues TMA)
 // The scheduler claims the next tile this many k-blocks before the current tile's last load:
-// ~11 us at 1.4 GHz (128x256x64 per k-block), more than a claim takes, and at most that early.
-constexpr int kAheadBlocks = 16;
+// 12-17 us at 1.98-1.41 GHz (128x256x64 per k-block), more than a claim takes (5-10 us), and
+// at most that early.
+constexpr int kAheadBlocks = 24;
 // setmaxnreg: the launch gives every thread 168 registers (64,512 per CTA); the loader
 // warpgroup keeps 88 (the scheduling loop and the 128-thread mover copy spill below that,
 // e.g. at the standalone kernel's 40), the math warpgroups get 208 (no spills already at 168).
@@ -216,8 +217,11 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
                                AheadSignal{&smem.ahead, max(0, P.bp.num_k_blk - kAheadBlocks), builds});
           } else if (tid == kSched) {
             // until the loads reach kAheadBlocks before the tile's end (they always do: an aborted
-            // call's slice waits return and its loads go on)
-            while (*static_cast<volatile int*>(&smem.ahead) != builds) __nanosleep(100);
+            // call's slice waits return and its loads go on); bounded all the same, and giving up
+            // is harmless (the claim is just earlier)
+            for (const uint64_t t0 = globaltimer_ns();
+                 *static_cast<volatile int*>(&smem.ahead) != builds && globaltimer_ns() - t0 < w.sc.timeout_ns;)
+              __nanosleep(100);
             ahead = claim_ready_build(w, pend);
             ahead_landed = ahead >= 0 && band_landed(w, ahead);
           }

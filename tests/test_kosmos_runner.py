@@ -103,8 +103,11 @@ def test_ce_settings_defaults_regimes_and_explicit_knobs():
     mma = K.ce_settings(1280, 132, False, True, env={})
     assert (mma.k_stream, mma.regime, mma.merge, mma.band_group) == (False, "", False, None)
     assert not fc1.head_main and K.ce_settings(7168, 132, True, True, env={"KOSMOS_CE_HEAD_MAIN": "1"}).head_main
+    assert (fc1.ramp, fc1.halve) == (True, True)
+    flat = K.ce_settings(7168, 132, True, True, env={"KOSMOS_BAND_RAMP": "0", "KOSMOS_BAND_HALVE": "0"})
+    assert (flat.ramp, flat.halve) == (False, False)
     for bad in ({"KOSMOS_BAND_GROUP": "x"}, {"KOSMOS_BAND_GROUP": "-2"}, {"KOSMOS_CE_TAIL_BANDS": "-1"},
-                {"KOSMOS_CE_HEAD_MAIN": "yes"},
+                {"KOSMOS_CE_HEAD_MAIN": "yes"}, {"KOSMOS_BAND_RAMP": "2"}, {"KOSMOS_BAND_HALVE": "no"},
                 {"KOSMOS_CE_SLICE_MB": "-1"}, {"KOSMOS_CE_SLICES": "0"}):
         with pytest.raises(ValueError, match="KOSMOS_|slice"):
             K.ce_settings(7168, 132, True, True, env=bad)

@@ -137,6 +137,21 @@ def test_band_groups_cover_in_order_and_shrink_at_the_end():
     assert [g.stop - g.start for g in S.band_groups(56, 132, ramp=True)] == [1, 2, 4, 8, 11, 11, 10, 5, 2, 1, 1]
 
 
+def test_band_groups_without_ramp_or_halving_stay_regular():
+    assert [g.stop - g.start for g in S.band_groups(56, 132, size=6, halve=False)] == [6] * 9 + [2]
+    assert [g.stop - g.start for g in S.band_groups(56, 132, size=6, tail=2, halve=False)] == [6] * 9 + [2]
+    assert [g.stop - g.start for g in S.band_groups(57, 132, size=6, tail=4, halve=False)] == [6] * 8 + [5, 4]
+    # the schedule's remote groups (KOSMOS_BAND_RAMP / _HALVE): the local segment is unchanged
+    kw = dict(BN=256, num_wgs=132, fabric="host", stream_k=True, band_group=6)
+    base = S.build_schedule("ag-gemm", 8192, 106496, 16384, 8, 0, **kw)
+    flat = S.build_schedule("ag-gemm", 8192, 106496, 16384, 8, 0, ramp=False, halve=False, **kw)
+    assert [len(g) for g in base.meta["remote_groups"]][:3] == [1, 2, 4]
+    assert [len(g) for g in flat.meta["remote_groups"]] == [6] * 9 + [2]
+    local = 8 * 52  # rank 0's own bands come first, in the same order either way
+    assert np.array_equal(base.builders.queue[:local], flat.builders.queue[:local])
+    assert sorted(base.builders.queue) == sorted(flat.builders.queue)
+
+
 def test_rs_demand_local_last_and_deps():
     W, r = 4, 1
     sch = S.build_schedule("gemm-rs", 512 * W, 384, 64 * W, W, r, BM=128, BN=128, num_wgs=8)

@@ -142,6 +142,14 @@ def _band_group_env(env) -> int | str | None:
     return n or None
 
 
+def _env_bool(name: str, env) -> bool:
+    """A 0/1 knob that defaults to 1."""
+    v = env_int(name, 1, env=env)
+    if v not in (0, 1):
+        raise ValueError(f"{name}={v!r}: expected 0 or 1")
+    return bool(v)
+
+
 @dataclass(frozen=True)
 class CeSettings:
     """How a runner with copy-engine movers cuts its plan (ce_plan.build) and groups its bands:
@@ -199,7 +207,7 @@ def ce_settings(n_loc: int, builders: int, streams: bool, host: bool, ce_slices=
             band_group = 1
         if "KOSMOS_CE_TAIL_BANDS" not in env:
             tail_bands = copy_bound_tail_bands(n_loc, builders)
-    ramp, halve = (bool(env_int(k, 1, env=env)) for k in ("KOSMOS_BAND_RAMP", "KOSMOS_BAND_HALVE"))
+    ramp, halve = (_env_bool(k, env) for k in ("KOSMOS_BAND_RAMP", "KOSMOS_BAND_HALVE"))
     return CeSettings(k_stream, regime, split, merge, band_group, slice_bytes, tail_groups, tail_bands,
                       head_main == "1", ramp, halve)
 
