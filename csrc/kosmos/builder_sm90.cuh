@@ -274,8 +274,9 @@ struct BuilderSm90 {
   // A still arrives in K order (the fused kernel's streamed K-slices). Its waits must be
   // bounded (watchdog): the loads are issued either way, so the math warps never block.
   //
-  // hook (optional): `void hook(int k)`, called by the issuing lane before each k-block's load
-  // (the fused kernel signals its scheduler a few k-blocks before the tile's last load).
+  // hook (optional): `void hook(int k)`, called by the issuing lane before each k-block's load,
+  // once that k-block's A is there (the fused kernel signals its scheduler a few k-blocks before
+  // the tile's last load; a tile still waiting for its K-slice claims nothing ahead).
   struct AllThere {
     CUTLASS_DEVICE int operator()(int) const { return 1 << 30; }
   };
@@ -306,8 +307,8 @@ struct BuilderSm90 {
       int there = 0;  // leading k-blocks known to be in place
       CUTLASS_PRAGMA_NO_UNROLL
       for (int k = 0; k < params_.num_k_blk; ++k) {
-        hook(k);
         if (k >= there) there = kwait(k);
+        hook(k);
         pipeline_.producer_acquire(st);
         auto* bar = pipeline_.producer_get_barrier(st);
         int const stage = st.index();
