@@ -411,6 +411,12 @@ def test_copy_engine_knobs_reach_the_simulator(monkeypatch):
     gp, _ = groups_and_time()
     assert gp == [1, 2, 5, 8, 8, 8, 8, 8, 4, 4]
     monkeypatch.delenv("KOSMOS_BAND_GROUP")
+    monkeypatch.setenv("KOSMOS_BAND_RAMP", "0")
+    monkeypatch.setenv("KOSMOS_BAND_HALVE", "0")
+    gf, _ = groups_and_time()
+    assert g0[:3] == [1, 2, 4] and gf[:-2] == [max(gf)] * (len(gf) - 2) and gf[0] > 4 and sum(gf) == sum(g0)
+    monkeypatch.delenv("KOSMOS_BAND_RAMP")
+    monkeypatch.delenv("KOSMOS_BAND_HALVE")
     monkeypatch.setenv("KOSMOS_CE_SLICES", "3,1")
     with pytest.raises(Unsupported, match="3,1"):
         simulate_point(p, prof)
