@@ -157,8 +157,7 @@ def compact(run_dir: Path | str, dest: Path | str) -> Path:
     rows = load_rows(run_dir)
     if rows.empty:
         raise FileNotFoundError(f"no result rows under {run_dir} (expected {run_dir}/points/*.parquet)")
-    mpath = run_dir / "manifest.json"
-    man = json.loads(mpath.read_text()) if mpath.exists() else {}
+    man = load_manifest(run_dir)
     table = pa.Table.from_pandas(rows, preserve_index=False)
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), MANIFEST_META: json.dumps(man).encode()})
     _atomic_write(dest, lambda tmp: pq.write_table(table, tmp))
@@ -166,7 +165,9 @@ def compact(run_dir: Path | str, dest: Path | str) -> Path:
 
 
 def load_manifest(path: Path | str) -> dict:
-    """A run directory's manifest.json, or the manifest inside a compacted Parquet file ({} if none)."""
+    """A run directory's manifest.json, or the manifest inside a compacted Parquet file ({} if none).
+    For a parent of runs (``sweep -o DIR`` writes DIR/<run-id>/): its first run's, with
+    ``runs`` naming every run under it when there are several."""
     path = Path(path)
     if path.is_file() and path.suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -174,7 +175,15 @@ def load_manifest(path: Path | str) -> dict:
         meta = pq.read_schema(path).metadata or {}
         return json.loads(meta[MANIFEST_META]) if MANIFEST_META in meta else {}
     mpath = path / "manifest.json"
-    return json.loads(mpath.read_text()) if mpath.exists() else {}
+    if mpath.exists():
+        return json.loads(mpath.read_text())
+    subs = sorted(path.glob("*/manifest.json"))
+    if not subs:
+        return {}
+    man = json.loads(subs[0].read_text())
+    if len(subs) > 1:
+        man["runs"] = [p.parent.name for p in subs]
+    return man
 
 
 def load_traces(root: Path | str, key: str | None = None) -> pd.DataFrame:

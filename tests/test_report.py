@@ -237,6 +237,14 @@ def test_compact_keeps_rows_and_manifest(tmp_path, capsys):
     assert len(load_rows(f)) == 2
     assert report([f]) == 0
     assert "NVIDIA H200" in capsys.readouterr().out
+    # `sweep -o DIR` writes DIR/<run-id>/: compacting DIR keeps that run's manifest
+    parent = tmp_path / "sweep-out"
+    parent.mkdir()
+    sub = make_run(parent, [row("kosmos", 70.0)], run_id="20261203-170000")
+    assert load_manifest(parent) == load_manifest(sub)
+    assert load_manifest(compact(parent, tmp_path / "p.parquet"))["git_sha"] == "abcdef1234567"
+    make_run(parent, [row("kosmos", 71.0)], run_id="20261203-180000")
+    assert load_manifest(parent)["runs"] == ["20261203-170000", "20261203-180000"]
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no result rows"):
         compact(tmp_path / "empty", tmp_path / "e.parquet")
