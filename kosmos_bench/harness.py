@@ -97,7 +97,9 @@ def _allreduce(vals: list[float], ctx: RankCtx, op: str) -> list[float]:
     return t.tolist()
 
 
-def _bench(fns: dict, p: Point, ctx: RankCtx) -> tuple[dict[str, np.ndarray], dict[str, float | None]]:
+def _bench(fns: dict, p: Point, ctx: RankCtx) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
+    """Per-call microseconds of each function (max over ranks) and, from NVML while they ran,
+    each one's median SM clock ("mhz"), board power ("w") and clock-event reasons ("why")."""
     before = agree = None
     if ctx.group is not None and ctx.procs > 1:
         import torch.distributed as dist
@@ -109,7 +111,9 @@ def _bench(fns: dict, p: Point, ctx: RankCtx) -> tuple[dict[str, np.ndarray], di
         s = timing.bench(fns, device=ctx.device, warmup=p.warmup, reps=p.reps, before_rep=before, agree=agree,
                          windows_out=windows)
     # a rep takes as long as its slowest rank; the clocks are this rank's GPU's
-    return {k: np.array(_allreduce(list(v), ctx, "max")) for k, v in s.items()}, nvml.per_window(clock.samples, windows)
+    clocks = {"mhz": nvml.per_window(clock.samples, windows), "w": nvml.per_window(clock.power, windows),
+              "why": nvml.reasons_per_window(clock.reasons, windows)}
+    return {k: np.array(_allreduce(list(v), ctx, "max")) for k, v in s.items()}, clocks
 
 
 def _gpu_uuid(device) -> str | None:
@@ -175,12 +179,15 @@ def run_point(p: Point, *, rank: int, procs: int) -> tuple[dict, object]:
             fns["comm"] = comm
             if device.type == "cuda" and p.concurrent:  # both alone at once, no dependency: the chip's own overlap
                 fns["both"] = nccl_impls.concurrent_alone(fns["gemm"], comm, device)
-        samples, mhz = _bench(fns, p, ctx)
+        samples, clocks = _bench(fns, p, ctx)
         row.update(timing.stats(samples["op"]))
         row["t_gemm_us"] = float(np.median(samples["gemm"]))
         row["t_comm_us"] = float(np.median(samples["comm"])) if comm is not None else None
         row["t_concurrent_us"] = float(np.median(samples["both"])) if "both" in samples else None
-        row.update(sm_mhz=mhz.get("op"), sm_mhz_gemm=mhz.get("gemm"), sm_mhz_comm=mhz.get("comm"))
+        mhz, watts, why = clocks["mhz"], clocks["w"], clocks["why"]
+        row.update(sm_mhz=mhz.get("op"), sm_mhz_gemm=mhz.get("gemm"), sm_mhz_comm=mhz.get("comm"),
+                   power_w=watts.get("op"), power_w_gemm=watts.get("gemm"), clock_limit=why.get("op"),
+                   clock_limit_gemm=why.get("gemm"))
         if p.trace and hasattr(runner, "run_traced"):
             trace = runner.run_traced()
             if trace is not None:

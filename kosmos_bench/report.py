@@ -332,6 +332,23 @@ def overlap_summary(df: pd.DataFrame) -> list[str]:
     return out
 
 
+def clock_limits(df: pd.DataFrame) -> list[str]:
+    """A footer line naming what held the SM clock below its maximum (NVML's clock-event
+    reasons while each op ran, the majority of its samples), per variant, when anything did:
+    a point whose op ran under a power brake or thermal limit, not the average power cap, is
+    slower for a reason overlap efficiency does not show."""
+    if "clock_limit" not in df.columns:
+        return []
+    ok = df[(df["status"].astype(str) == "ok") & df["clock_limit"].notna() & (df["clock_limit"] != "none")]
+    if ok.empty:
+        return []
+    parts = []
+    for variant, g in ok.groupby(ok["variant"].astype(str), sort=True):
+        counts = g["clock_limit"].astype(str).value_counts()
+        parts.append(f"{variant}: " + ", ".join(f"{why} {n}" for why, n in counts.items()))
+    return ["# clock held below max by (op, points): " + " | ".join(parts)]
+
+
 def footer_text(df: pd.DataFrame) -> str:
     """Footer lines: verdict counts, geometric-mean speedups per variant, best point, result.
 
@@ -356,6 +373,7 @@ def footer_text(df: pd.DataFrame) -> str:
             lines.append(f"# avg busbw (ok points): {bw.mean():.2f} GB/s")
     lines += overlap_summary(df)
     lines += alone_spread(df)
+    lines += clock_limits(df)
     for col, what in (("trace_dropped", "trace records dropped (per-WG buffer overflow)"),
                       ("trace_clipped", "overlapping trace records clipped")):
         if col in df.columns:

@@ -37,7 +37,7 @@ RESULT_COLUMNS = [
     "wrong", "max_rel_err", "deterministic",
     "t_median_us", "t_min_us", "t_p99_us", "cv", "reps",
     "t_gemm_us", "t_comm_us", "t_concurrent_us", "overlap_efficiency", "eff_concurrent", "speedup_vs_seq",
-    "sm_mhz", "sm_mhz_gemm", "sm_mhz_comm",
+    "sm_mhz", "sm_mhz_gemm", "sm_mhz_comm", "power_w", "power_w_gemm", "clock_limit", "clock_limit_gemm",
     "tflops", "algbw_gbs", "busbw_gbs", "flops", "comm_bytes",
     "collective", "emulated", "timestamp",
 ]

@@ -31,7 +31,7 @@ import torch
 from kosmos_bench.impls import nccl as nccl_impls
 from kosmos_bench.impls.kosmos import IMPLS
 from kosmos_bench.kernels import sm90_gemm
-from kosmos_bench.runtime.nvml import ClockSampler, _lib
+from kosmos_bench.runtime.nvml import ClockSampler, _lib, reasons_per_window
 from _host_point import W, append_rows, host_ce_point, nccl_overlap_run, script_args
 
 
@@ -133,8 +133,9 @@ def phase(fn, secs: float, energy: Energy, sampler: ClockSampler) -> dict:
     t1, e1 = time.perf_counter(), energy.mj()
     clk = [v for t, v in sampler.samples if t0 + 0.2 <= t <= t1]
     us = a.elapsed_time(b) * 1e3 / n
+    why = reasons_per_window(sampler.reasons, {"p": [(t0 + 0.2, t1)]})["p"]  # what held the clock
     return {"calls": n, "us": us, "J_per_call": (e1 - e0) / 1e3 / n, "W": (e1 - e0) / 1e3 / (t1 - t0),
-            "MHz": float(pd.Series(clk).median()) if clk else None}
+            "MHz": float(pd.Series(clk).median()) if clk else None, "clock_limit": why}
 
 
 def main() -> None:
@@ -184,7 +185,7 @@ def main() -> None:
                     r.update(tag=os.environ.get("B2B_TAG", "default"), shape=f"{M}x{N}x{K}", fn=name, rep=rep)
                     rows.append(r)
                     print(f"  {name:8s} rep {rep}: {r['us']:8.1f} us/call  {r['J_per_call']:6.3f} J/call  "
-                          f"{r['W']:5.0f} W  {r['MHz'] or 0:5.0f} MHz", flush=True)
+                          f"{r['W']:5.0f} W  {r['MHz'] or 0:5.0f} MHz  {r['clock_limit']}", flush=True)
         if os.environ.get("ENERGY_TRACE") == "1":  # one traced call each: where the landed kernel's time goes
             traced = {name: f.runner for name, f in fns.items() if hasattr(f, "runner")}
             traced["world1"] = world1_runner(M, N // W, K, dev)
@@ -203,7 +204,9 @@ def main() -> None:
     append_rows(out, "energy.parquet", rows)
     df = pd.DataFrame(rows)
     df = df[~df.fn.str.startswith("trace:")]
-    print(df.groupby(["tag", "shape", "fn"])[["us", "J_per_call", "W", "MHz"]].median().round(3).to_string())
+    g = df.groupby(["tag", "shape", "fn"])
+    print(g[["us", "J_per_call", "W", "MHz"]].median().round(3).join(g["clock_limit"].agg(lambda v: "/".join(map(str, v))))
+          .to_string())
 
 
 if __name__ == "__main__":

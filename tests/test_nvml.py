@@ -28,6 +28,18 @@ def test_sampler_without_a_gpu_is_inert():
     with nvml.ClockSampler(None, period_s=0.001) as s:
         time.sleep(0.01)
     assert not s.active and s.samples == [] and s.read() is None
+    assert s.power == [] and s.reasons == [] and s.read_power() is None and s.read_reasons() is None
+
+
+def test_clock_event_reasons_by_name_and_by_majority_per_window():
+    assert nvml.reason_names(0) == "none" and nvml.reason_names(0x1) == "none"  # idle alone says nothing
+    assert nvml.reason_names(0x4) == "sw_power_cap"
+    assert nvml.reason_names(0x4 | 0x80 | 0x1) == "sw_power_cap+hw_power_brake"
+    samples = [(0.1, 0x4), (0.2, 0x4 | 0x80), (0.3, 0x4), (1.1, 0x0), (1.2, 0x1), (1.3, 0x20)]
+    got = nvml.reasons_per_window(samples, {"op": [(0.0, 1.0)], "gemm": [(1.0, 2.0)], "never": [(5.0, 6.0)]})
+    assert got == {"op": "sw_power_cap", "gemm": "none", "never": None}  # brake in 1 of 3, thermal in 1 of 3
+    assert nvml.reasons_per_window(samples, {"op": [(0.0, 1.0)]}, min_samples=4) == {"op": None}
+    assert nvml.reasons_per_window(samples[:2], {"op": [(0.0, 1.0)]}) == {"op": "sw_power_cap+hw_power_brake"}
 
 
 def test_sampler_with_a_fake_library_records_timestamped_samples(monkeypatch):
@@ -44,6 +56,15 @@ def test_sampler_with_a_fake_library_records_timestamped_samples(monkeypatch):
             out._obj.value = 1755
             return 0
 
+    class FakeNvmlOld(FakeNvml):  # power, and the reasons under their pre-12.2 name
+        def nvmlDeviceGetPowerUsage(self, handle, out):
+            out._obj.value = 654321  # mW
+            return 0
+
+        def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle, out):
+            out._obj.value = 0x4 | 0x1
+            return 0
+
     monkeypatch.setattr(nvml, "_lib", lambda: FakeNvml())
     t0 = time.perf_counter()
     with nvml.ClockSampler("abc", period_s=0.001) as s:
@@ -54,6 +75,13 @@ def test_sampler_with_a_fake_library_records_timestamped_samples(monkeypatch):
     assert ts == sorted(ts) and t0 <= ts[0] and ts[-1] <= t1
     assert {v for _, v in s.samples} == {1755.0}
     assert nvml.per_window(s.samples, {"all": [(t0, t1)]}) == {"all": 1755.0}
+    assert s.power == [] and s.reasons == []  # a library without them: the clock alone
+    monkeypatch.setattr(nvml, "_lib", lambda: FakeNvmlOld())
+    with nvml.ClockSampler("abc", period_s=0.001) as s:
+        time.sleep(0.03)
+    t1 = time.perf_counter()
+    assert len(s.power) == len(s.samples) >= 3 and {w for _, w in s.power} == {654.321}
+    assert nvml.reasons_per_window(s.reasons, {"all": [(t0, t1)]}) == {"all": "sw_power_cap"}
 
 
 def test_bench_reports_each_reps_host_window_in_order():
@@ -101,3 +129,6 @@ def test_bench_windows_on_the_device_follow_the_events_and_the_clock_is_read():
     assert s.active, "NVML missing on a CUDA machine"
     mhz = nvml.per_window(s.samples, {"all": [(t0, t1)]})["all"]
     assert mhz is not None and 200 < mhz < 4000
+    watts = nvml.per_window(s.power, {"all": [(t0, t1)]})["all"]
+    assert watts is not None and 20 < watts < 2000
+    assert s.reasons and nvml.reasons_per_window(s.reasons, {"all": [(t0, t1)]})["all"] is not None

@@ -228,6 +228,20 @@ def test_report_reads_a_compacted_parquet_file_and_eff_concurrent(tmp_path, caps
     assert d.loc[d["impl"] == "nccl-seq", "eff_concurrent"].isna().all()
 
 
+def test_footer_names_what_held_the_clock_per_variant(tmp_path, capsys):
+    run = make_run(tmp_path, [row("nccl-seq", 100.0) | {"clock_limit": "none"},
+                              row("kosmos", 80.0) | {"clock_limit": "sw_power_cap", "power_w": 699.0},
+                              row("kosmos", 70.0, M=8192) | {"clock_limit": "sw_power_cap+hw_power_brake"},
+                              row("kosmos", 60.0, M=16384)])
+    assert report([run]) == 0
+    out = capsys.readouterr().out
+    assert ("# clock held below max by (op, points): kosmos[self]: sw_power_cap 1, "
+            "sw_power_cap+hw_power_brake 1") in out
+    quiet = make_run(tmp_path, [row("nccl-seq", 100.0), row("kosmos", 80.0) | {"clock_limit": "none"}], run_id="q")
+    assert report([quiet]) == 0
+    assert "clock held" not in capsys.readouterr().out
+
+
 def test_compact_keeps_rows_and_manifest(tmp_path, capsys):
     from kosmos_bench.store import compact, load_manifest, load_rows
 
