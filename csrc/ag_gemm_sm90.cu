@@ -59,7 +59,7 @@ constexpr int kBarMath = 9;
 constexpr int kSched = 32;  // the scheduling thread (warp 1 of the loader warpgroup; warp 0 issues TMA)
 // The scheduler claims the next tile this many k-blocks before the current tile's last load:
 // 12-17 us at 1.98-1.41 GHz (128x256x64 per k-block), more than a claim takes (5-10 us), and
-// at most that early.
+// at most that early (AgSm90Params.ahead_blocks, the default; KOSMOS_AHEAD_BLOCKS).
 constexpr int kAheadBlocks = 24;
 // setmaxnreg: the launch gives every thread 168 registers (64,512 per CTA); the loader
 // warpgroup keeps 88 (the scheduling loop and the 128-thread mover copy spill below that,
@@ -91,6 +91,7 @@ struct AgSm90Params {
   AgRankMaps maps[KOSMOS_MAX_WORLD];
   int32_t m_loc;
   int32_t n_loc;
+  int32_t ahead_blocks = kAheadBlocks;  // lookahead claim (kosmos_sm90_ag_set_ahead; -1: none)
 };
 static_assert(sizeof(AgSm90Params) <= 32000, "kernel parameters must fit the 32 KB parameter space");
 
@@ -204,6 +205,8 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
         if (it.kind == kAgBuild) {
           // decide() returned it with its band flag acquired (watchdog-bounded wait).
           ++builds;
+          // k-block at which the loads signal the scheduler's lookahead claim (-1: no lookahead)
+          const int ahead_at = P.ahead_blocks < 0 ? -1 : max(0, P.bp.num_k_blk - max(1, P.ahead_blocks));
           if (warp_idx == 0) {
             fence_proxy_async_global();  // movers' / copy engine's writes -> this warp's TMA reads
             if (lane == 0) ring.push(id);
@@ -214,8 +217,8 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
             const int slice_flag = (!own && p.k_stream && it.dep_count > 0 && !landed) ? ra.deps[it.dep_begin] : -1;
             builder.produce_at(own ? maps.own : maps.work, m_loc, own ? 1 : p.world, m_blk, n_blk, own ? 0 : it.peer,
                                SliceWait{&w, slice_flag, id, P.bp.num_k_blk},
-                               AheadSignal{&smem.ahead, max(0, P.bp.num_k_blk - kAheadBlocks), builds});
-          } else if (tid == kSched) {
+                               AheadSignal{&smem.ahead, ahead_at, builds});
+          } else if (tid == kSched && ahead_at >= 0) {
             // until the loads reach kAheadBlocks before the tile's end (they always do: an aborted
             // call's slice waits return and its loads go on); bounded all the same, and giving up
             // is harmless (the claim is just earlier)
@@ -320,6 +323,15 @@ int kosmos_sm90_ag_threads(void) { return kosmos::sm90::kAgThreads; }
 // Launch parameters (TMA descriptors) live in a host object; create once per runner.
 void* kosmos_sm90_ag_create(void) { return new (std::nothrow) AgSm90Params(); }
 void kosmos_sm90_ag_destroy(void* h) { delete static_cast<AgSm90Params*>(h); }
+
+// The lookahead claim: at the load this many k-blocks before a build tile's end (0 and 1: its
+// last load; the tile's k-blocks or more: its first), -1: none (decide after the tile's loads).
+int kosmos_sm90_ag_set_ahead(void* h, int blocks) {
+  if (!h) return kosmos::fail(KOSMOS_ERR_INVALID, "sm90 ag-gemm: null handle");
+  if (blocks < -1) return kosmos::fail(KOSMOS_ERR_INVALID, "sm90 ag-gemm: ahead blocks %d < -1", blocks);
+  static_cast<AgSm90Params*>(h)->ahead_blocks = blocks;
+  return KOSMOS_OK;
+}
 
 // Executed rank i: A_r (M/W x K), gathered buffer (M x K), B_r (K x N/W), C_r (M x N/W).
 int kosmos_sm90_ag_set_rank(void* h, int i, const void* A, const void* work, const void* B, const void* C, int M,

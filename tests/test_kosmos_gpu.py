@@ -589,6 +589,33 @@ def test_sm90_copy_engine_head_on_main(monkeypatch, shape, ce_slices):
 
 
 @sm90
+@pytest.mark.parametrize("ahead", ["-1", "0", "1", "8", "100000"])
+def test_sm90_lookahead_claim_settings_agree(monkeypatch, ahead):
+    """KOSMOS_AHEAD_BLOCKS: no lookahead (-1), at the last load (0, 1), 8 k-blocks before it, at
+    the first load: correct, and bitwise equal to the default's output, with CE movers (a
+    K-sliced tail) and with SM movers (policy self and fixed: claims ahead become pending)."""
+    W, M, N, K = 8, 8 * 1024, 8 * 2048, 2048
+    for kw in (dict(mover="ce"), dict(mover="sm", policy="self"), dict(mover="sm", policy="fixed:16")):
+        kw = {"policy": "self", **kw}
+        monkeypatch.delenv("KOSMOS_AHEAD_BLOCKS", raising=False)
+        p, ctx, inputs, A, B, ref = make("ag-gemm", W, M, N, K, fabric="host", builder="sm90", seed=31, **kw)
+        try:
+            ref.run()
+            ref.check()
+            want = ref.outputs[0].clone()
+        finally:
+            ref.close()
+        monkeypatch.setenv("KOSMOS_AHEAD_BLOCKS", ahead)
+        p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", builder="sm90", seed=31, **kw)
+        try:
+            assert runner.info["ahead_blocks"] == int(ahead)
+            expect_correct(p, runner, A, B, calls=2)
+            assert torch.equal(runner.outputs[0].view(torch.int16), want.view(torch.int16)), kw
+        finally:
+            runner.close()
+
+
+@sm90
 def test_sm90_copy_engine_whole_plan_on_main(monkeypatch):
     """KOSMOS_CE_HEAD_MAIN=1 with a head of every copy: the whole plan runs on the main stream
     (torch's default stream, whose handle is null) before the kernel, which starts after the

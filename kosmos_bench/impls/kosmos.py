@@ -72,6 +72,13 @@ DEFAULT_CE_HEAD_MAIN = "0"
 # costs 1-6% (t11), so only here.
 COPY_BOUND_RHO = 0.3
 COPY_BOUND_SLICES = 4
+# The sm90 AG kernel's lookahead claim (KOSMOS_AHEAD_BLOCKS; csrc/ag_gemm_sm90.cu kAheadBlocks):
+# the scheduler claims the next ready tile this many k-blocks before the current tile's last
+# load, so the claim's chain of global accesses overlaps the tile; -1: no lookahead (claim
+# after the loads, as before 2026-12-03: 2.6 us per tile lost on the host fabric), a large
+# value: at the tile's first load (ready tiles then went to busy WGs: copy-bound FC1 2-3.5%
+# slower). results/issue4-h200-20261203/ (session 16:52-19:52).
+DEFAULT_AHEAD_BLOCKS = 24
 # Sleep between two polls of a flag spin (Params.spin_ns; KOSMOS_SPIN_NS).
 DEFAULT_SPIN_NS = 32
 
@@ -356,6 +363,7 @@ class KosmosRunner:
         self._mapped: list[int] = []  # kosmos_alloc_mapped host pointers
         self._runner_streams: list[int] = []  # KOSMOS_CE_PLAN_STREAMS=runner: this runner's own pair
         self.sm90_handle = None
+        self.ahead_blocks = None  # sm90 builder: the lookahead claim (KOSMOS_AHEAD_BLOCKS)
         self.ce_plan = None  # C handle (kosmos_ce_plan_create) when the copy engine moves
         try:
             self._setup(point, ctx, inputs, **kw)
@@ -597,6 +605,9 @@ class KosmosRunner:
             self.sm90_handle = self.sm90.kosmos_sm90_ag_create()
             if not self.sm90_handle:
                 raise MemoryError("kosmos_sm90_ag_create failed")
+            self.ahead_blocks = env_int("KOSMOS_AHEAD_BLOCKS", DEFAULT_AHEAD_BLOCKS, lo=-1)
+            self._call(self.sm90.kosmos_sm90_ag_set_ahead(ctypes.c_void_p(self.sm90_handle), self.ahead_blocks),
+                       "kosmos_sm90_ag_set_ahead")
             for i, r in enumerate(ranks):
                 d = per_rank[r]
                 self._sm90_set_rank(i, d["A"], d["work"], d["B"], d["C"])
@@ -617,7 +628,7 @@ class KosmosRunner:
                      "ce_head_main": int(self.ce.head_main),
                      "ce_merge": self.ce.merge if self.mover == "ce" else False,
                      "ce_regime": self.ce.regime, "band_group": -1 if band_group == S.PEER_GROUPS else int(band_group or 0),
-                     "spin_ns": self.spin_ns,
+                     "spin_ns": self.spin_ns, "ahead_blocks": self.ahead_blocks,
                      "kosmos_policy": _policy(point), "trace_dropped": 0}
         torch.cuda.synchronize(self.dev)
 
