@@ -489,7 +489,7 @@ def report(run_dirs: list[Path], *, as_json: bool = False, compare: tuple[Path, 
 _DESC = ["op", "variant", "world", "M", "N", "K", "dtype", "fabric", "backend"]
 _CMP_COLS = [("op", 8, "<"), ("variant", 30, "<"), ("world", 5, ">"), ("M", 7, ">"), ("N", 7, ">"), ("K", 7, ">"),
              ("A time(us)", 11, ">"), ("B time(us)", 11, ">"), ("A/B", 7, ">"), ("A TFLOP/s", 9, ">"),
-             ("B TFLOP/s", 9, ">"), ("B status", 8, "<")]
+             ("B TFLOP/s", 9, ">"), ("A eff", 5, ">"), ("B eff", 5, ">"), ("B status", 8, "<")]
 
 
 def match_runs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
@@ -540,7 +540,8 @@ def _compare(a_dir: Path, b_dir: Path, *, as_json: bool, out) -> int:
                "improved": int((r > 1.03).sum()), "regressed": int((r < 1 / 1.03).sum()), "exit_code": code}
     if as_json:
         keep = ["key_a", "key_b", "match", *_DESC, "t_median_us_a", "t_median_us_b", "ratio",
-                "tflops_a", "tflops_b", "status_a", "status_b", "wrong_a", "wrong_b"]
+                "tflops_a", "tflops_b", "overlap_efficiency_a", "overlap_efficiency_b", "status_a", "status_b",
+                "wrong_a", "wrong_b"]
         cols = [c for c in keep if c in pairs.columns]
         out(json.dumps({"a": str(a_dir), "b": str(b_dir), "pairs": _records(pairs[cols]), "summary": summary},
                        indent=1, default=str))
@@ -550,12 +551,13 @@ def _compare(a_dir: Path, b_dir: Path, *, as_json: bool, out) -> int:
         git = m.get("git_sha")
         out(f"# {tag}: {m.get('time', '?')} | {', '.join(m.get('gpus') or ['no GPU'])} | "
             f"git {str(git)[:10] if git else '?'}{' (dirty)' if m.get('git_dirty') else ''} | {m.get('command', '?')}")
-    out("# A/B = A time / B time: > 1 means B is faster")
+    out("# A/B = A time / B time: > 1 means B is faster; eff = overlap efficiency, max(GEMM alone, collective alone) / time")
     out("#" + " ".join(_fit(t, w - (1 if i == 0 else 0), al) for i, (t, w, al) in enumerate(_CMP_COLS)))
     for p in _sorted(pairs.assign(impl=pairs.get("impl_a"))).to_dict(orient="records"):
         vals = [p["op"], p["variant"], int(p["world"]), int(p["M"]), int(p["N"]), int(p["K"]),
                 _num(p["t_median_us_a"], ".2f"), _num(p["t_median_us_b"], ".2f"), _num(p["ratio"], ".3f"),
-                _num(p.get("tflops_a"), ".2f"), _num(p.get("tflops_b"), ".2f"), p["status_b"]]
+                _num(p.get("tflops_a"), ".2f"), _num(p.get("tflops_b"), ".2f"),
+                _num(p.get("overlap_efficiency_a"), ".2f"), _num(p.get("overlap_efficiency_b"), ".2f"), p["status_b"]]
         out(" ".join(_fit(v, w, al) for v, (_, w, al) in zip(vals, _CMP_COLS)).rstrip())
     out(f"# matched {summary['matched']} points ({summary['compared']} ok in both); only in A: {only_a}, only in B: {only_b}")
     if len(r):

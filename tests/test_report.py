@@ -197,7 +197,7 @@ def test_compare(tmp_path, capsys):
     b = make_run(tmp_path, [row("nccl-seq", 100.0), row("kosmos", 40.0), row("kosmos", 10.0, M=16384)], run_id="b")
     assert report([], compare=(a, b)) == 0
     out = capsys.readouterr().out
-    assert "A/B" in out and "2.000" in out and "1.000" in out
+    assert "A/B" in out and "2.000" in out and "1.000" in out and "A eff" in out and "B eff" in out
     assert "matched 2 points" in out and "only in A: 1, only in B: 1" in out
     assert report([], compare=(a, b), as_json=True) == 0
     obj = json.loads(capsys.readouterr().out)
