@@ -73,7 +73,10 @@ struct AgShared {
   AgBuilder::SharedStorage builder;
   AgRing::SharedStorage ring;
   int cmd[3];  // scheduler -> loader: queue, item, all K-slices of its band in (no slice waits)
-  int ahead;   // loader -> scheduler: build tiles whose load reached kAheadBlocks before the end
+  // loader -> scheduler: a build tile's loads reached kAheadBlocks before its end (an mbarrier,
+  // one arrival per tile: the scheduler sleeps in try_wait instead of polling, which drew
+  // ~40 W at the power limit)
+  alignas(8) uint64_t ahead_bar;
 };
 constexpr int kAgSmemBytes = int(sizeof(AgShared));
 static_assert(kAgSmemBytes <= 227 * 1024, "sm90 AG+GEMM shared memory exceeds 227 KB");
@@ -125,13 +128,13 @@ __device__ __noinline__ bool band_landed(const Wg& w, int id) {
   return flag_ready(ld_acquire(w.ra.flags[w.ra.rank] + f, w.sc.sys), target_of(w, f));
 }
 
-// produce_at hook: tells the scheduler (smem.ahead = tile count) when the tile's loads reach
-// k-block `at` (kAheadBlocks before the last).
+// produce_at hook: tells the scheduler (one arrival on smem.ahead_bar) when the tile's loads
+// reach k-block `at` (kAheadBlocks before the last; produce_at passes every k once).
 struct AheadSignal {
-  volatile int* ahead;
-  int at, tick;
+  uint64_t* bar;
+  int at;
   __device__ __forceinline__ void operator()(int k) const {
-    if (k == at) *ahead = tick;
+    if (k == at) cutlass::arch::ClusterBarrier::arrive(bar);
   }
 };
 
@@ -167,6 +170,8 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
   if (tid == 0) {
     AgBuilder::Mainloop::prefetch_tma_descriptors(maps.own);
     AgBuilder::Mainloop::prefetch_tma_descriptors(maps.work);
+    cutlass::arch::ClusterBarrier::init(&smem.ahead_bar, 1);
+    cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
 
@@ -190,9 +195,8 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
         smem.cmd[1] = id;
         smem.cmd[2] = landed;
       };
-      if (tid == 0) smem.ahead = 0;
       if (tid == kSched) decide_next(-1, false);
-      int builds = 0;  // build items so far (warp 0 and the scheduler count alike)
+      uint32_t ahead_phase = 0;  // scheduler: parity of the next ahead_bar phase (one per build tile)
       for (;;) {
         named_bar_sync(kBarLoader, kLoaderThreads);  // cmd written
         const int q = smem.cmd[0], id = smem.cmd[1];
@@ -204,7 +208,6 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
         bool ahead_landed = false;
         if (it.kind == kAgBuild) {
           // decide() returned it with its band flag acquired (watchdog-bounded wait).
-          ++builds;
           // k-block at which the loads signal the scheduler's lookahead claim (-1: no lookahead)
           const int ahead_at = P.ahead_blocks < 0 ? -1 : max(0, P.bp.num_k_blk - max(1, P.ahead_blocks));
           if (warp_idx == 0) {
@@ -217,14 +220,17 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
             const int slice_flag = (!own && p.k_stream && it.dep_count > 0 && !landed) ? ra.deps[it.dep_begin] : -1;
             builder.produce_at(own ? maps.own : maps.work, m_loc, own ? 1 : p.world, m_blk, n_blk, own ? 0 : it.peer,
                                SliceWait{&w, slice_flag, id, P.bp.num_k_blk},
-                               AheadSignal{&smem.ahead, ahead_at, builds});
+                               AheadSignal{&smem.ahead_bar, ahead_at});
           } else if (tid == kSched && ahead_at >= 0) {
             // until the loads reach kAheadBlocks before the tile's end (they always do: an aborted
             // call's slice waits return and its loads go on); bounded all the same, and giving up
-            // is harmless (the claim is just earlier)
+            // is harmless (the claim is just earlier; the parity still advances once per tile, as
+            // the arrivals do). try_wait suspends the thread in hardware between checks.
             for (const uint64_t t0 = globaltimer_ns();
-                 *static_cast<volatile int*>(&smem.ahead) != builds && globaltimer_ns() - t0 < w.sc.timeout_ns;)
-              __nanosleep(100);
+                 !cutlass::arch::ClusterBarrier::try_wait(&smem.ahead_bar, ahead_phase) &&
+                 globaltimer_ns() - t0 < w.sc.timeout_ns;) {
+            }
+            ahead_phase ^= 1u;
             ahead = claim_ready_build(w, pend);
             ahead_landed = ahead >= 0 && band_landed(w, ahead);
           }
