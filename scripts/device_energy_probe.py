@@ -11,7 +11,7 @@ clock, and the names of the GPU kernels cuBLAS runs for the GEMM alone (torch.pr
 
 ENERGY_FNS=kosmos,cublas limits the functions (also: both = cuBLAS and the copy issued together
 with no dependency, the harness's t_concurrent_us; overlap / seq = the nccl-overlap / nccl-seq
-baselines; landed = the fused kernel alone, its data and flags landed once before (no copies:
+baselines; world1 = the fused kernel at world 1 on the rank GEMM (no deps, no peers); landed = the fused kernel alone, its data and flags landed once before (no copies:
 the kernel as a plain GEMM with this shape's schedule); serial = the runner's copy plan, then
 the kernel, one after the other on the main stream); B2B_TAG names the variant (kosmos knobs come from
 the environment), so `B2B_SCRIPT=device_energy_probe.py B2B_VARIANTS="g3: g6:KOSMOS_BAND_GROUP=6"
@@ -165,6 +165,7 @@ def main() -> None:
                 "copy": lambda: nccl_impls.comm_alone(p, ctx, inputs),
                 "both": lambda: nccl_impls.concurrent_alone(cublas, nccl_impls.comm_alone(p, ctx, inputs), dev),
                 "landed": lambda: landed_kernel(p, ctx, inputs, serial=False),
+                "world1": lambda: world1_runner(M, N // W, K, dev).run,
                 "serial": lambda: landed_kernel(p, ctx, inputs, serial=True),
                 "overlap": lambda: nccl_overlap_run(p, ctx, inputs),
                 "seq": lambda: nccl_overlap_run(p, ctx, inputs, impl="nccl-seq")}

@@ -36,3 +36,13 @@ def test_named_result_files_exist(readme):
 def test_the_check_sees_references():
     text = "`run1/` and `probes/a.parquet`, not `results/<run-id>/` or `x*.parquet` or `KOSMOS_X=1`"
     assert REF.findall(text) == ["run1/", "probes/a.parquet"]
+
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_docs_name_result_files_that_exist(doc):
+    refs = re.findall(r"`(results/[\w.\-/]+)`", doc.read_text())
+    missing = [r for r in refs if not (ROOT / r).exists()]
+    assert not missing, f"{doc.relative_to(ROOT)} names result files that are not in the repo: {missing}"
