@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# carry=[".kb-cache"]: where does the landed fused kernel's extra energy come from (405b FC1 8k,
-# run38: landed 5600-5640 us / 3.75-3.86 J at 1395-1410 MHz vs our world-1 builder 5300 us /
-# 3.48-3.60 J at 1455-1470)? Back to back, fresh process per variant: the standalone builder
-# (sm90), the fused kernel at world 1 (world1: its machinery, no deps), landed with the default
-# schedule, and landed with world-1's tile order (8-band groups, no ramp, no halving).
+# carry=[".kb-cache"]: a first call for the next session (nothing on main is unverified: the
+# kernel of 0683190 passed 142 GPU tests on 2026-12-03 18:40). The GPU test files, then the CE
+# host sweep once (kosmos self + nccl-overlap) as the day's reference (run<N>.parquet).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 KOSMOS_BENCH_CACHE=$PWD/.kb-cache
 OUT=${OUT:-/tmp/kb-out}; mkdir -p "$OUT"
-LV_SHAPES=8192x106496x16384 LV_FNS=sm90,world1,landed,cublas \
-LV_VARIANTS="e-def:KOSMOS_AHEAD_BLOCKS=24 e-g8flat:KOSMOS_BAND_GROUP=8;KOSMOS_BAND_RAMP=0;KOSMOS_BAND_HALVE=0" \
-    bash scripts/device_landed_variants.sh 2>&1 | grep -v "bitwise = fused call: True"
+python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARN | tail -2
+timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_kosmos_gpu.py tests/test_builder_sm90_gpu.py 2>&1 \
+    | tail -1 > "$OUT/tests.txt"
+Y=$OUT/sweep.yaml
+sed -e 's/impls: \[kosmos, nccl-seq, nccl-overlap\]/impls: [kosmos, nccl-overlap]/' \
+    -e 's/policy: \[self, fixed:8, fixed:16, fixed:32\]/policy: [self]/' -e 's/mover: \[sm, ce\]/mover: [ce]/' \
+    sweeps/h200-host-ag-gemm-sm90.yaml > "$Y"
+timeout 100 kosmos-bench sweep "$Y" -o "$OUT/sweep" 2>&1 | grep -E "^ag-gemm" | awk '{print $2, $4, $5, $6, $7, $11, $13}'
+kosmos-bench compact "$OUT/sweep" -o "$OUT/sweep.parquet" >/dev/null && rm -rf "$OUT/sweep"
+echo "== tests"; cat "$OUT/tests.txt"
