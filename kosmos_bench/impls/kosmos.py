@@ -77,7 +77,8 @@ COPY_BOUND_SLICES = 4
 # load, so the claim's chain of global accesses overlaps the tile; -1: no lookahead (claim
 # after the loads, as before 2026-12-03: 2.6 us per tile lost on the host fabric), a large
 # value: at the tile's first load (ready tiles then went to busy WGs: copy-bound FC1 2-3.5%
-# slower). results/issue4-h200-20261203/ (session 16:52-19:52).
+# slower). 24 keeps both: run37 (results/issue4-h200-20261203/, session 18:11-21:11) 70b FC1 8k
+# 2246-2256 us (tile start 2320), 405b FC1 8k 4884 (none 4982).
 DEFAULT_AHEAD_BLOCKS = 24
 # Sleep between two polls of a flag spin (Params.spin_ns; KOSMOS_SPIN_NS).
 DEFAULT_SPIN_NS = 32
