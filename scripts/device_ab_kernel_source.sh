@@ -6,9 +6,7 @@
 # on the CPU box beforehand (cp it over csrc/, build, restore: the device has no CUTLASS headers).
 #   AB_SOURCES="v0=.gl/ag_v0.cu" AB_NOW="v1:KOSMOS_AHEAD_BLOCKS=24 v1g8:KOSMOS_BAND_GROUP=8" \
 #     bash scripts/device_ab_kernel_source.sh        (AB_FNS, AB_SHAPES as LV_FNS, LV_SHAPES)
-set -uo pipefail
-export PYTHONUNBUFFERED=1 KOSMOS_BENCH_CACHE=$PWD/.kb-cache
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARN | tail -2
+source scripts/_device_env.sh  # set -uo pipefail, .kb-cache, $OUT, pip install -e .
 probe() { LV_SHAPES=${AB_SHAPES:-8192x106496x16384} LV_FNS=${AB_FNS:-sm90,world1,landed} LV_VARIANTS="$1" \
     bash scripts/device_landed_variants.sh 2>&1 | grep -v "bitwise = fused call: True"; }
 cp csrc/ag_gemm_sm90.cu /tmp/ag_now.cu

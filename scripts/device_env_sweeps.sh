@@ -6,10 +6,7 @@
 # (what made run27 as device_stream_sweeps.sh, and run29 as device_tail_sweeps.sh with "1 0" / "0 1").
 # SWEEP_SED: more sed expressions for the sweep file, e.g. only 405b FC1:
 #   SWEEP_SED='s/names: \[llama3-70b, llama3-405b\]/names: [llama3-405b]/;s/layers: \[qkv, fc1\]/layers: [fc1]/'
-set -uo pipefail
-export PYTHONUNBUFFERED=1 KOSMOS_BENCH_CACHE=$PWD/.kb-cache
-OUT=${OUT:-/tmp/kb-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARN | tail -2
+source scripts/_device_env.sh  # set -uo pipefail, .kb-cache, $OUT, pip install -e .
 Y=$OUT/ce.yaml
 sed -e 's/policy: \[self, fixed:8, fixed:16, fixed:32\]/policy: [self]/' -e 's/mover: \[sm, ce\]/mover: [ce]/' \
     -e 's/reps: 5/reps: 10/' -e "${SWEEP_SED:-}" sweeps/h200-host-ag-gemm-sm90.yaml > "$Y"

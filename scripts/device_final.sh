@@ -6,10 +6,7 @@
 #  4. world-1 baselines vs torch.matmul (interleaved timing)
 # Run with carry=[".kb-cache"] so the kernels are not rebuilt. Plots and validate-sim run
 # on the CPU afterwards from the returned results.
-set -uo pipefail
-export PYTHONUNBUFFERED=1 KOSMOS_BENCH_CACHE=$PWD/.kb-cache
-OUT=${OUT:-/tmp/kb-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARN | tail -2
+source scripts/_device_env.sh  # set -uo pipefail, .kb-cache, $OUT, pip install -e .
 R="$OUT/r"
 timeout 200 kosmos-bench sweep h200-host-ag-gemm --trace -o "$R/host-ag"
 timeout 150 kosmos-bench sweep h200-host-gemm-rs -o "$R/host-rs"

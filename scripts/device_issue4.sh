@@ -6,10 +6,7 @@
 #   3. the world-1 builder sweep (fused AG+GEMM kernel at world 1 vs cuBLAS), and the
 #      standalone builder on builder-quick for comparison
 # Prints the tables; run directories are tarred under $OUT.
-set -uo pipefail
-export PYTHONUNBUFFERED=1 KOSMOS_BENCH_CACHE=$PWD/.kb-cache
-OUT=${OUT:-/tmp/kb-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARN | tail -2
+source scripts/_device_env.sh  # set -uo pipefail, .kb-cache, $OUT, pip install -e .
 timeout 170 python3 -m pytest -q -p no:cacheprovider -rs tests/test_kosmos_gpu.py tests/test_builder_sm90_gpu.py 2>&1 \
   | tail -12 | tee "$OUT/pytest.log"
 timeout 60 python3 scripts/device_ce_plan.py 16384 10240 8192 2>&1 | tee "$OUT/ce_plan.log"

@@ -2,10 +2,7 @@
 # Issue 4, copy-engine movers only (carry=[".kb-cache"]): their GPU tests, the CE plan alone
 # against one memcpy, and the host-fabric sweep's kosmos[self,sm90,ce-mover] points with
 # nccl-overlap timed in the same run (traced).
-set -uo pipefail
-export PYTHONUNBUFFERED=1 KOSMOS_BENCH_CACHE=$PWD/.kb-cache
-OUT=${OUT:-/tmp/kb-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARN | tail -2
+source scripts/_device_env.sh  # set -uo pipefail, .kb-cache, $OUT, pip install -e .
 timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_kosmos_gpu.py 2>&1 | tail -3
 timeout 40 python3 scripts/device_ce_plan.py 16384 10240 8192
 Y=$OUT/ce.yaml

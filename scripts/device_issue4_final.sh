@@ -3,10 +3,7 @@
 # kosmos GPU tests, the CE-only host sweep traced with whole bands (KOSMOS_CE_SLICES=1) and
 # with the default plan (last group in K-slices), the SM clock / power probe, and (RUN_VARIANTS=1)
 # interleaved variants on shared pages.
-set -uo pipefail
-export PYTHONUNBUFFERED=1 KOSMOS_BENCH_CACHE=$PWD/.kb-cache
-OUT=${OUT:-/tmp/kb-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARN | tail -2
+source scripts/_device_env.sh  # set -uo pipefail, .kb-cache, $OUT, pip install -e .
 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_kosmos_gpu.py 2>&1 | tail -2
 Y=$OUT/ce.yaml
 sed -e 's/policy: \[self, fixed:8, fixed:16, fixed:32\]/policy: [self]/' -e 's/mover: \[sm, ce\]/mover: [ce]/' \

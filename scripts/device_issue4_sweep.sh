@@ -3,10 +3,7 @@
 # default plan (last group in 2 K-slices, demand_group sizes) against nccl-seq / nccl-overlap, traced, 10 reps.
 # Pass the commit from the machine that holds the repo (the device copy's .git can be stale):
 #   KOSMOS_GIT_SHA=<git rev-parse HEAD here> RUN_NAME=... bash scripts/device_issue4_sweep.sh
-set -uo pipefail
-export PYTHONUNBUFFERED=1 KOSMOS_BENCH_CACHE=$PWD/.kb-cache
-OUT=${OUT:-/tmp/kb-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARN | tail -2
+source scripts/_device_env.sh  # set -uo pipefail, .kb-cache, $OUT, pip install -e .
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_kosmos_gpu.py tests/test_nvml.py 2>&1 | tail -2
 Y=$OUT/ce.yaml
 sed -e 's/policy: \[self, fixed:8, fixed:16, fixed:32\]/policy: [self]/' -e 's/mover: \[sm, ce\]/mover: [ce]/' \

@@ -4,10 +4,7 @@
 # 1. what the head-on-main runner enqueues, and one call's time against copy alone;
 # 2. energy back to back at the power limit: cuBLAS, the fused call, the fused kernel alone with
 #    its data landed ("landed"), copy plan then kernel ("serial"), cuBLAS + copy concurrently.
-set -uo pipefail
-export PYTHONUNBUFFERED=1 KOSMOS_BENCH_CACHE=$PWD/.kb-cache
-OUT=${OUT:-/tmp/kb-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARN | tail -2
+source scripts/_device_env.sh  # set -uo pipefail, .kb-cache, $OUT, pip install -e .
 cd scripts
 KOSMOS_CE_HEAD_MAIN=1 KOSMOS_CE_HEAD_MB=100000 timeout 60 python3 - <<'PY' 2>&1 | grep -v -i warn
 import torch

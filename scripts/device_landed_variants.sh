@@ -4,10 +4,7 @@
 # remote band groups: where does it lose to cuBLAS on FC1? ENERGY_TRACE=1 adds one traced call
 # of each runner (and of the world-1 kernel on the same rank GEMM): tile time, gaps, idle.
 #   LV_VARIANTS="def: flat:KOSMOS_BAND_RAMP=0;KOSMOS_BAND_HALVE=0" bash scripts/device_landed_variants.sh
-set -uo pipefail
-export PYTHONUNBUFFERED=1 KOSMOS_BENCH_CACHE=$PWD/.kb-cache
-OUT=${OUT:-/tmp/kb-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARN | tail -2
+source scripts/_device_env.sh  # set -uo pipefail, .kb-cache, $OUT, pip install -e .
 SHAPES=${LV_SHAPES:-8192x106496x16384,8192x57344x8192}
 VARIANTS=${LV_VARIANTS:-"def:ENERGY_TRACE=1 flat:KOSMOS_BAND_RAMP=0;KOSMOS_BAND_HALVE=0;ENERGY_TRACE=1 s1:KOSMOS_CE_SLICES=1 flat11:KOSMOS_BAND_RAMP=0;KOSMOS_BAND_HALVE=0;KOSMOS_BAND_GROUP=11"}
 cd scripts

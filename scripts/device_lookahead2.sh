@@ -4,10 +4,7 @@
 # (self) and nccl-overlap only, in fresh workers with the claim 24 blocks ahead, none (-1), at
 # the tile's first load (100000), 24 again (run37-<ahead>-<i>.parquet); 3. the landed kernel and
 # the fused call vs cuBLAS back to back with 24 / -1 (energy.parquet, tags a24 / a-1).
-set -uo pipefail
-export PYTHONUNBUFFERED=1 KOSMOS_BENCH_CACHE=$PWD/.kb-cache
-OUT=${OUT:-/tmp/kb-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARN | tail -2
+source scripts/_device_env.sh  # set -uo pipefail, .kb-cache, $OUT, pip install -e .
 [ -n "${GPU_TESTS_DONE:-}" ] || timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_kosmos_gpu.py -k sm90 2>&1 | tail -1
 Y=$OUT/sweep.yaml
 sed -e 's/impls: \[kosmos, nccl-seq, nccl-overlap\]/impls: [kosmos, nccl-overlap]/' \

@@ -3,10 +3,7 @@
 # copy-stream probe with dirty pool streams (variant A), then the issue-4 host sweep
 # (its kosmos + nvml GPU tests first).
 #   KOSMOS_GIT_SHA=<HEAD here> RUN_NAME=host-ce-own-streams bash scripts/device_own_streams.sh
-set -uo pipefail
-export PYTHONUNBUFFERED=1 KOSMOS_BENCH_CACHE=$PWD/.kb-cache
-OUT=${OUT:-/tmp/kb-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARN | tail -2
+source scripts/_device_env.sh  # set -uo pipefail, .kb-cache, $OUT, pip install -e .
 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_builder_sm90_gpu.py 2>&1 | tail -1
 (cd scripts && CS_TAG=A-own CS_REPS=6 timeout 90 python3 device_copy_streams.py "$OUT" 8192x57344x8192 2>&1 \
     | grep -E "^\[|kosmos|sweep loop|streams")

@@ -3,10 +3,7 @@
 # GPU tests (runner set-up/close split, assert fold, ce_regime), then the slow-copy state probe
 # (scripts/device_point_repeat.py) as measured (k,o,k,u,o), with the pinned-host cache emptied
 # before every point, and in another order.
-set -uo pipefail
-export PYTHONUNBUFFERED=1 KOSMOS_BENCH_CACHE=$PWD/.kb-cache
-OUT=${OUT:-/tmp/kb-out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v WARN | tail -2
+source scripts/_device_env.sh  # set -uo pipefail, .kb-cache, $OUT, pip install -e .
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_kosmos_gpu.py 2>&1 | tail -2
 cd scripts
 for v in "k,o,k,u,o 0" "k,o,k,u,o 1" "o,k,k,o,k 0"; do
