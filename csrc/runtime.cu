@@ -156,8 +156,8 @@ int kosmos_stream_destroy(void* stream) {
 // kernel launch (begin: entries [0, head), end: the rest). With head_main the head entries
 // (copies and releases) go on the main stream itself, before the kernel, which then starts
 // once the head has landed; the flag stream waits for the head's releases (a later K-slice
-// release must not land first). An ablation: the first byte moved no earlier on the H200 (the
-// copy stream's event hop already overlaps the kernel launch).
+// release must not land first). An ablation (off by default: it serialised the call on the
+// H200, results/issue4-h200-20261203/probes/tail_probe-6-head-main.parquet).
 struct CePlan {
   std::vector<uint64_t> dst, src, width, height, pitch, flag;
   std::vector<uint32_t> mult, back;

@@ -32,6 +32,13 @@ ag-gemm (pull), rank r: gathered A is ``M x K``; rank p's rows are ``[p*m_loc, (
 * builder ``AG_BUILD`` (p, mt, nt): C_r rows ``p*m_loc + m0 ..`` (``m0`` is the row inside
   shard p), cols ``n0 .. n0+cols``; A rows come from A_r itself when p == r (no deps), else
   from the gathered buffer (dep: band flag (p, mt // chunk)). K = full K.
+* builder ``AG_PART`` (p, mt, nt, s) (``split_bands``/``split_k``, sm90 builder only): K-part
+  ``kpart = s`` of ``S = split_k`` of a tile of one of the last ``split_bands`` remote bands:
+  k-blocks ``[s*nkb//S, (s+1)*nkb//S)``, fp32 partial into the split workspace, then one
+  release of the tile's split flag (multiplicity S); the part whose release completes the
+  count sums the S partials in part order (bitwise deterministic whichever part is last) and
+  stores the tile. Same deps as the tile. The tail after the last band lands is then a part
+  (1/S of a tile) on up to S x tiles CTAs instead of a whole tile on as many CTAs as tiles.
 
 gemm-rs (push, owner reduces), rank r: A_r is ``M x K/W``, partials are ``M x N``.
 
@@ -112,15 +119,16 @@ OPS = ("ag-gemm", "gemm-rs")
 QUEUE_ORDERS = ("demand", "fifo", "reverse", "random")
 
 # Item kinds (column 'kind' of an item row).
-AG_PULL, AG_BUILD, RS_BUILD, RS_PUSH, RS_PROXY, RS_REDUCE = range(6)
-KIND_NAMES = ("AG_PULL", "AG_BUILD", "RS_BUILD", "RS_PUSH", "RS_PROXY", "RS_REDUCE")
+AG_PULL, AG_BUILD, RS_BUILD, RS_PUSH, RS_PROXY, RS_REDUCE, AG_PART = range(7)
+KIND_NAMES = ("AG_PULL", "AG_BUILD", "RS_BUILD", "RS_PUSH", "RS_PROXY", "RS_REDUCE", "AG_PART")
 # Roles in traces (TRACE_COLUMNS 'role').
 ROLE_MOVE, ROLE_BUILD, ROLE_REDUCE, ROLE_WAIT = range(4)
 ROLE_NAMES = ("MOVE", "BUILD", "REDUCE", "WAIT")
 # Queue indices (the kernel's per-rank queue slots).
 Q_BUILD, Q_MOVE, Q_REDUCE = range(3)
 
-ITEM_FIELDS = ("kind", "peer", "m0", "rows", "n0", "cols", "dep_begin", "dep_count", "rel_rank", "rel_flag")
+ITEM_FIELDS = ("kind", "peer", "m0", "rows", "n0", "cols", "dep_begin", "dep_count", "rel_rank", "rel_flag",
+               "kpart")
 ITEM_STRIDE = len(ITEM_FIELDS)  # int32 words per item row; must match csrc/kosmos/queue.cuh
 F = {name: i for i, name in enumerate(ITEM_FIELDS)}
 
@@ -163,7 +171,8 @@ class FlagLayout:
       my buffers"), written by s into every rank's array at ``entry + s``.
     * ``[exit, exit+W)``: exit flag of rank s ("I will not touch your buffers again this
       call"), written by s into every rank's array at ``exit + s``.
-    * ag-gemm: band flag (p, j) at ``band + p*num_bands + j``.
+    * ag-gemm: band flag (p, j) at ``band + p*num_bands + j``; split tile i (``AG_PART``, in
+      (p, mt, nt) order) at ``split + i``, released once by each of its K-parts.
     * gemm-rs: builder flag (d, mt, nt) at ``built + (d*mt_per_band_set + mt)*nt_n + nt``
       (``mt_per_band_set = m_tiles``), arrival flag (s, j, nt) at
       ``arrived + (s*num_bands + j)*nt_n + nt``.
@@ -173,6 +182,7 @@ class FlagLayout:
     entry: int
     exit: int
     band: int = -1
+    split: int = -1
     built: int = -1
     arrived: int = -1
     num_flags: int = 0
@@ -381,8 +391,9 @@ class _Tab:
         self.flops: list[float] = []
         self.bytes: list[float] = []
 
-    def add(self, kind, peer, m0, rows, n0, cols, deps_list, deps, rel_rank, rel_flag, flops, nbytes) -> int:
-        self.rows.append([kind, peer, m0, rows, n0, cols, len(deps), len(deps_list), rel_rank, rel_flag])
+    def add(self, kind, peer, m0, rows, n0, cols, deps_list, deps, rel_rank, rel_flag, flops, nbytes,
+            kpart: int = 0) -> int:
+        self.rows.append([kind, peer, m0, rows, n0, cols, len(deps), len(deps_list), rel_rank, rel_flag, kpart])
         deps.extend(deps_list)
         self.flops.append(float(flops))
         self.bytes.append(float(nbytes))
@@ -518,7 +529,8 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
                    seed: int = 0, local_first: bool | None = None, fabric: str = "local",
                    model: dict | None = None, mover_bytes: int = 256 * 1024,
                    stream_k: bool = False, band_group: int | str | None = None,
-                   tail_bands: int | None = None, ramp: bool = True, halve: bool = True) -> RankSchedule:
+                   tail_bands: int | None = None, ramp: bool = True, halve: bool = True,
+                   split_bands: int = 0, split_k: int = 1) -> RankSchedule:
     """The schedule of one rank. ``num_wgs`` is the WG count of THIS rank (on the local
     fabric: ``np.diff(wg_starts(G, W))[rank]``). ``local_first`` defaults to True for
     ag-gemm and False (local destination last) for gemm-rs. ``fabric='host'`` adds the
@@ -530,7 +542,10 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
     ``PEER_GROUPS`` ("peer"): groups aligned to peer shards (``peer_groups``). ``tail_bands``
     (``stream_k``): bands of the last remote group instead of one wave of tiles. ``ramp`` /
     ``halve`` (ag-gemm): the remote groups start small and double / shrink toward the end
-    (``band_groups``); off, every remote group is regular.
+    (``band_groups``); off, every remote group is regular. ``split_bands`` / ``split_k``
+    (ag-gemm, sm90 builder): the last ``split_bands`` remote bands are one-band groups at the
+    end of the demand order whose tiles are ``split_k`` ``AG_PART`` items each (part-major:
+    every tile's part 0, then part 1, ...).
     """
     why = validate(op, M, N, K, world, BM, BN, chunk)
     if why:
@@ -554,10 +569,21 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
     mult: dict[int, int] = {}
 
     remote_groups: list = []
+    split_k = int(split_k) if split_bands else 1
+    if split_k < 1 or split_bands < 0:
+        raise ValueError(f"split_bands={split_bands}, split_k={split_k}: expected >= 0 and >= 1")
+    if split_k > 1 and (op != "ag-gemm" or band_group == PEER_GROUPS):
+        raise ValueError("split_k > 1 is for ag-gemm with demand-order band groups only")
     if op == "ag-gemm":
         n_loc = N // W
         nt_n = cdiv(n_loc, BN)
-        lay = FlagLayout(W, entry=0, exit=W, band=2 * W, num_flags=2 * W + W * nb)
+        ring_bands = [(p, mt) for p in ring for mt in range(mt_n)]
+        split_set = ring_bands[len(ring_bands) - min(split_bands, len(ring_bands)):] if split_k > 1 else []
+        split_tiles = [(p, mt, nt) for p in range(W) for mt in range(mt_n) if (p, mt) in split_set
+                       for nt in range(nt_n)]
+        split_flag = {t: 2 * W + W * nb + i for i, t in enumerate(split_tiles)}
+        lay = FlagLayout(W, entry=0, exit=W, band=2 * W, split=2 * W + W * nb,
+                         num_flags=2 * W + W * nb + len(split_tiles))
         pull_id: dict[tuple[int, int], list[int]] = {}
         for p in range(W):
             if p == r:
@@ -572,12 +598,21 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
                 mult[lay.band + p * nb + j] = S
                 pull_id[p, j] = [mv.add(AG_PULL, p, m0, rows, s, S, [lay.entry + p], deps, r, lay.band + p * nb + j,
                                         0, max(0, min(per, nbytes - s * per))) for s in range(S)]
-        build_id: dict[tuple[int, int, int], int] = {}
+        build_id: dict[tuple[int, int, int], list[int]] = {}  # a tile's items (its K-parts when split)
         for p in range(W):
             for mt, m0, rows, nt, n0, cols in _tiles(m_loc, BM, n_loc, BN):
                 dl = [] if p == r else [lay.band + p * nb + mt // chunk]
-                build_id[p, mt, nt] = bt.add(AG_BUILD, p, m0, rows, n0, cols, dl, deps, -1, -1,
-                                             2.0 * rows * cols * K, (rows * K + K * cols + rows * cols) * ELEM_BYTES)
+                if (p, mt, nt) in split_flag:
+                    f = split_flag[p, mt, nt]
+                    mult[f] = split_k
+                    build_id[p, mt, nt] = [
+                        bt.add(AG_PART, p, m0, rows, n0, cols, dl, deps, r, f, 2.0 * rows * cols * K / split_k,
+                               (rows * K + K * cols) * ELEM_BYTES / split_k + rows * cols * 4 * 2, kpart=s)
+                        for s in range(split_k)]
+                else:
+                    build_id[p, mt, nt] = [bt.add(AG_BUILD, p, m0, rows, n0, cols, dl, deps, -1, -1,
+                                                  2.0 * rows * cols * K,
+                                                  (rows * K + K * cols + rows * cols) * ELEM_BYTES)]
         b_demand = []
         for seg in ([r], ring) if local_first else (ring, [r]):  # local bands ready at entry, remote as they arrive
             bands = [(p, mt) for p in seg for mt in range(mt_n)]
@@ -588,10 +623,14 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
                                                       else max(1, round(math.sqrt(builders_n))))
             g = int(g) if isinstance(g, int) else max(1, round(math.sqrt(builders_n)))  # "peer" on the local segment
             tail = (tail_bands or min(max(1, builders_n // nt_n), g)) if (stream_k and seg is ring) else 1
+            ns = len(split_set) if seg is ring else 0  # split bands: one-band groups at the end
             groups = (peer_groups(len(ring), mt_n, tail) if by_peer else
-                      band_groups(len(bands), builders_n, ramp=ramp and seg is ring, tail=tail, size=g,
-                                  halve=halve or seg is not ring))
-            b_demand += [build_id[p, mt, nt] for grp in groups for nt in range(nt_n) for p, mt in bands[grp]]
+                      band_groups(len(bands) - ns, builders_n, ramp=ramp and seg is ring, tail=tail, size=g,
+                                  halve=halve or seg is not ring) if len(bands) > ns else [])
+            groups += [slice(i, i + 1) for i in range(len(bands) - ns, len(bands))]
+            for grp in groups:  # column by column; a split band part-major (part 0 of every tile, ...)
+                b_demand += [build_id[p, mt, nt][s] for s in range(split_k if (bands[grp][0] in split_set) else 1)
+                             for nt in range(nt_n) for p, mt in bands[grp]]
             if seg is ring:  # tile rows of the remote bands needed together (copy-engine movers copy them together)
                 remote_groups = [[(p, mt) for p, mt in bands[grp]] for grp in groups]
         m_demand = [i for p in ring for j in range(nb) for i in pull_id[p, j]]
@@ -668,7 +707,9 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
         queue_order=queue_order, local_first=bool(local_first), fabric=fabric, flags=lay,
         builders=builders, movers=movers, reduces=reduces, deps=np.asarray(deps, dtype=np.int32),
         peer_flags=np.asarray(peer_flags, dtype=np.int32), flag_mult=_mult_array(lay.num_flags, mult),
-        meta={"m_loc": m_loc, "m_tiles": mt_n, "n_tiles": nt_n, "num_bands": nb, "remote_groups": remote_groups},
+        meta={"m_loc": m_loc, "m_tiles": mt_n, "n_tiles": nt_n, "num_bands": nb, "remote_groups": remote_groups,
+              "split_k": split_k if op == "ag-gemm" else 1,
+              "split_tiles": len(split_tiles) if op == "ag-gemm" else 0},
     )
 
 

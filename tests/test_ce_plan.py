@@ -244,3 +244,19 @@ def test_split_head_sends_the_first_band_alone(shape, merge):
     assert head[2:] == plan[2:]
     one = [ce_plan.CeEntry(1, 0, 128, 0, K, 5, 1, 0)]
     assert ce_plan.first_band_alone(one, 128) == one
+
+
+def test_split_bands_are_copied_one_band_per_copy_last():
+    """Split tail bands (schedule split_bands) are one-band groups: the plan copies each alone, at
+    the end, and still covers every remote byte once."""
+    M, N, K, W, r = 8192, 57344, 8192, 8, 1
+    m_loc = M // W
+    sch = S.build_schedule("ag-gemm", M, N, K, W, r, BM=128, BN=256, fabric="host", num_wgs=132, stream_k=True,
+                           split_bands=4, split_k=4)
+    plan, mult = ce_plan.build(sch, K, 2, bk=64)
+    cover, flags = _replay(sch, plan, K, m_loc)
+    _assert_remote_bytes_once(cover, W, r, m_loc)
+    copies = [e for e in plan if e.rows > 0]
+    last4 = [(e.peer, e.row0 // 128) for e in copies[-5:-2]]  # three whole-band copies, then the K-sliced last band
+    assert last4 == [tuple(b) for g in sch.meta["remote_groups"][-4:-1] for b in g]
+    assert all(e.rows == 128 for e in copies[-5:])

@@ -616,6 +616,54 @@ def test_sm90_lookahead_claim_settings_agree(monkeypatch, ahead):
 
 
 @sm90
+@pytest.mark.parametrize("split", ["2:4", "3:5"])
+@pytest.mark.parametrize("case", ["host-ce", "host-sm-self", "host-sm-fixed", "local-random", "host-ce-wide"])
+def test_sm90_split_tiles(monkeypatch, case, split):
+    """KOSMOS_SPLIT_K=bands:parts: the last remote bands' tiles as K-parts (AG_PART: fp32
+    partials, the last part sums them in part order): correct on fresh data with poisoned
+    outputs, bitwise stable over calls (whichever part ends last), epochs in step after a traced
+    call; on the host fabric with copy-engine movers (K-sliced and split bands together) and SM
+    movers (self and fixed), on the local fabric with every rank's tail split, random queue
+    order; awkward shapes (partial tiles in M and N, K = 1000: 16 k-blocks in 5 uneven parts)."""
+    from kosmos_bench import schedule as S
+
+    monkeypatch.setenv("KOSMOS_SPLIT_K", split)
+    bands, parts = (int(x) for x in split.split(":"))
+    fabric, kw = {"host-ce": ("host", dict(mover="ce", policy="self")),
+                  "host-ce-wide": ("host", dict(mover="ce", policy="self")),
+                  "host-sm-self": ("host", dict(mover="sm", policy="self")),
+                  "host-sm-fixed": ("host", dict(mover="sm", policy="fixed:16")),
+                  "local-random": ("local", dict(policy="self", queue_order="random"))}[case]
+    W = 4 if fabric == "local" else 8
+    M, N, K = (8 * 1024, 8 * 2048, 2048) if case == "host-ce-wide" else (3000 * W, 776 * W, 1000)
+    p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric=fabric, builder="sm90", seed=41, **kw)
+    try:
+        assert runner.info["split_k"] == split
+        for sch in runner.scheds:
+            kinds = sch.builders.col("kind")
+            n_tiles = sch.meta["n_tiles"]
+            assert int((kinds == S.AG_PART).sum()) == bands * n_tiles * parts == sch.meta["split_tiles"] * parts
+            assert [len(g) for g in sch.meta["remote_groups"][-bands:]] == [1] * bands
+        expect_correct(p, runner, A, B, calls=4)
+        runner.run_traced()
+        expect_correct(p, runner, A, B, calls=2)
+    finally:
+        runner.close()
+
+
+@sm90
+def test_sm90_split_tiles_refused(monkeypatch):
+    """KOSMOS_SPLIT_K: a malformed value, more parts than k-blocks, or the mma builder: a
+    one-line ValueError at set-up."""
+    W, M, N, K = 8, 8 * 512, 8 * 512, 512  # 8 k-blocks
+    for val, kw, msg in (("4", {}, "KOSMOS_SPLIT_K"), ("2:0", {}, "KOSMOS_SPLIT_K"), ("2:9", {}, "k-blocks"),
+                         ("2:4", {"builder": "mma"}, "sm90 builder")):
+        monkeypatch.setenv("KOSMOS_SPLIT_K", val)
+        with pytest.raises(ValueError, match=msg):
+            make("ag-gemm", W, M, N, K, fabric="host", policy="self", **{"builder": "sm90", **kw})
+
+
+@sm90
 def test_sm90_copy_engine_whole_plan_on_main(monkeypatch):
     """KOSMOS_CE_HEAD_MAIN=1 with a head of every copy: the whole plan runs on the main stream
     (torch's default stream, whose handle is null) before the kernel, which starts after the

@@ -382,3 +382,78 @@ def test_env_int_knob_parser():
         env_int("K_X", 0, env={"K_X": "-2"}, words=("peer",))
     with pytest.raises(ValueError, match=r"K_X='x': expected an integer >= 1"):
         env_int("K_X", 1, lo=1, env={"K_X": "x"})
+
+
+@pytest.mark.parametrize("bands,parts", [(1, 2), (3, 4), (100, 3)])
+def test_split_tiles_are_k_parts_of_the_last_remote_bands(bands, parts):
+    """split_bands / split_k: the last remote bands (ring order) become one-band groups at the
+    end of the demand order, each tile `parts` AG_PART items (part-major, kpart 0..parts-1)
+    releasing the tile's own split flag (multiplicity parts, after the band flags), with the
+    tile's deps and 1/parts of its FLOPs; every other tile is unchanged."""
+    W, r, M, N, K = 8, 2, 8 * 512, 8 * 768, 1024
+    kw = dict(BM=128, BN=256, fabric="host", num_wgs=20, stream_k=True)
+    base = S.build_schedule("ag-gemm", M, N, K, W, r, **kw)
+    sch = S.build_schedule("ag-gemm", M, N, K, W, r, split_bands=bands, split_k=parts, **kw)
+    _check_queues(sch)
+    mt_n, nt_n = sch.meta["m_tiles"], sch.meta["n_tiles"]
+    ring = [(p, mt) for p in [(r + i) % W for i in range(1, W)] for mt in range(mt_n)]
+    split = ring[-min(bands, len(ring)):]
+    t = sch.builders.table
+    part = t[:, S.F["kind"]] == S.AG_PART
+    assert int(part.sum()) == len(split) * nt_n * parts == sch.meta["split_tiles"] * parts
+    assert sch.flags.split == base.flags.num_flags and sch.flags.num_flags == base.flags.num_flags + len(split) * nt_n
+    assert np.all(t[part, S.F["rel_rank"]] == r)
+    flags = t[part, S.F["rel_flag"]]
+    assert set(flags) == set(range(sch.flags.split, sch.flags.num_flags))
+    assert np.all(sch.flag_mult[flags] == parts)
+    for f in set(flags):  # one item per part, same tile, same deps
+        rows = t[part][flags == f]
+        assert sorted(rows[:, S.F["kpart"]]) == list(range(parts))
+        assert len({tuple(x) for x in rows[:, [S.F["peer"], S.F["m0"], S.F["n0"], S.F["rows"], S.F["cols"]]]}) == 1
+    assert np.isclose(sch.builders.flops.sum(), base.builders.flops.sum())
+    assert np.all(t[~part, S.F["kpart"]] == 0)
+    # demand order: the split bands last, one band at a time, part-major within a band
+    q = list(sch.builders.queue)
+    tail = q[len(q) - len(split) * nt_n * parts:]
+    assert all(part[i] for i in tail)
+    for b, (p, mt) in enumerate(split):
+        seg = tail[b * nt_n * parts:(b + 1) * nt_n * parts]
+        assert {(t[i, S.F["peer"]], t[i, S.F["m0"]] // 128) for i in seg} == {(p, mt)}
+        assert [t[i, S.F["kpart"]] for i in seg] == [s for s in range(parts) for _ in range(nt_n)]
+    assert sch.meta["remote_groups"][-len(split):] == [[b] for b in split]
+    S.simulate_steps([S.build_schedule("ag-gemm", M, N, K, W, 0, split_bands=bands, split_k=parts, **kw)],
+                     static_peers=True)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("policy", ["self", "fixed:2"])
+def test_split_tiles_no_deadlock(order, policy):
+    W = 3
+    sch = S.build_all("ag-gemm", 300 * W, 90 * W, 96, W, 3 * W + 1, BM=64, BN=64, policy=policy, queue_order=order,
+                      seed=5, mover_bytes=8192, split_bands=2, split_k=3)
+    assert all(int((s.builders.col("kind") == S.AG_PART).sum()) > 0 for s in sch)
+    rng = np.random.default_rng(1)
+    durs = rng.integers(1, 6, size=100000)
+    S.simulate_steps(sch, durations=lambda rk, q, i: int(durs[(rk * 997 + q * 131 + i) % len(durs)]))
+
+
+def test_split_tiles_refused_where_undefined():
+    with pytest.raises(ValueError, match="split_k"):
+        S.build_schedule("gemm-rs", 1024, 1024, 1024, 8, 0, split_bands=2, split_k=2)
+    with pytest.raises(ValueError, match="split_k"):
+        S.build_schedule("ag-gemm", 1024 * 8, 1024, 1024, 8, 0, split_bands=2, split_k=2, band_group=S.PEER_GROUPS)
+    with pytest.raises(ValueError, match="split_bands"):
+        S.build_schedule("ag-gemm", 1024 * 8, 1024, 1024, 8, 0, split_bands=2, split_k=0)
+    same = S.build_schedule("ag-gemm", 1024 * 8, 1024, 1024, 8, 0, split_bands=0, split_k=4)  # no bands: no split
+    assert not (same.builders.col("kind") == S.AG_PART).any() and same.meta["split_k"] == 1
+
+
+def test_split_k_knob(monkeypatch):
+    from kosmos_bench.impls.kosmos import split_k_setting
+
+    assert split_k_setting({}) == (0, 1)
+    assert split_k_setting({"KOSMOS_SPLIT_K": "4:4"}) == (4, 4)
+    assert split_k_setting({"KOSMOS_SPLIT_K": "3:1"}) == (0, 1)  # one part: no split
+    for bad in ("4", "a:b", "0:4", "2:0", "1:2:3"):
+        with pytest.raises(ValueError, match="KOSMOS_SPLIT_K"):
+            split_k_setting({"KOSMOS_SPLIT_K": bad})

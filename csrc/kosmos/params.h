@@ -6,10 +6,10 @@
 #pragma once
 #include <stdint.h>
 
-#define KOSMOS_ABI_VERSION 5
+#define KOSMOS_ABI_VERSION 6
 #define KOSMOS_MAX_WORLD 8
-#define KOSMOS_ITEM_STRIDE 10
-#define KOSMOS_NUM_CTR 8       // uint32 counters per rank in Params.state (after 4 globals)  // int32 words per item row (schedule.ITEM_FIELDS)
+#define KOSMOS_ITEM_STRIDE 11  // int32 words per item row (schedule.ITEM_FIELDS)
+#define KOSMOS_NUM_CTR 8       // uint32 counters per rank in Params.state (after 4 globals)
 
 enum KosmosOp { KOSMOS_OP_AG_GEMM = 0, KOSMOS_OP_GEMM_RS = 1 };
 

@@ -61,8 +61,9 @@ DEFAULT_CE_MERGE = "0"
 DEFAULT_CE_TAIL_INLINE = "1"
 # KOSMOS_CE_HEAD_MAIN=1: the plan's first copy, cut to its first band, goes on the main stream
 # before the kernel (no event hop before the first byte; the kernel starts when it has landed).
-# Off: the first byte moved no earlier on 70b FC1 / QKV (probes/tail_probe-4-head-main.parquet;
-# the copy stream's hop overlaps the kernel launch already).
+# Off: measured back to back on 70b FC1 8k (probes/tail_probe-6-head-main.parquet, 2026-12-03
+# 21:05) the call then serialises: 3423-3430 us (tail after the last byte 1050 us, i.e. the
+# whole GEMM) against 2248-2249 us off; why the kernel waits for the copies is not understood.
 DEFAULT_CE_HEAD_MAIN = "0"
 # Copy-bound shapes (rho = schedule.link_compute_ratio < COPY_BOUND_RHO: the QKV layers on the
 # host fabric, rho <= 0.16; FC1 is 0.47-0.88): the builders wait for the link anyway, so what
@@ -80,6 +81,27 @@ COPY_BOUND_SLICES = 4
 # slower). 24 keeps both: run37 (results/issue4-h200-20261203/, session 18:11-21:11) 70b FC1 8k
 # 2246-2256 us (tile start 2320), 405b FC1 8k 4884 (none 4982).
 DEFAULT_AHEAD_BLOCKS = 24
+# Split tiles (sm90 builder; KOSMOS_SPLIT_K="bands:parts", e.g. "4:4"; "0": none): the last
+# `bands` remote bands are one-band groups whose tiles are `parts` K-parts each (schedule
+# AG_PART), so that the work left when the last band lands is a part of a tile on up to parts x
+# tiles CTAs instead of a whole tile (or the last K-slice of one) on as many CTAs as tiles.
+DEFAULT_SPLIT_K = "0"
+
+
+def split_k_setting(env=None) -> tuple[int, int]:
+    """(bands, parts) of KOSMOS_SPLIT_K ("0" or "bands:parts", both >= 1; (0, 1): no split)."""
+    v = (os.environ if env is None else env).get("KOSMOS_SPLIT_K", DEFAULT_SPLIT_K).strip()
+    if v in ("", "0"):
+        return 0, 1
+    try:
+        bands, parts = (int(x) for x in v.split(":"))
+    except ValueError:
+        bands = parts = 0
+    if bands < 1 or parts < 1:
+        raise ValueError(f"KOSMOS_SPLIT_K={v!r}: expected 0 or bands:parts with both >= 1 (e.g. 4:4)")
+    return (bands, parts) if parts > 1 else (0, 1)
+
+
 # Sleep between two polls of a flag spin (Params.spin_ns; KOSMOS_SPIN_NS).
 DEFAULT_SPIN_NS = 32
 
@@ -450,6 +472,13 @@ class KosmosRunner:
                   halve=ce.halve)
         if self.sm90 is not None:  # loader-warpgroup movers, CTA builders
             kw["model"] = ag_sm90.schedule_model(kw["fabric"])
+        self.split_bands, self.split_k = split_k_setting()
+        if self.split_k > 1:
+            if self.sm90 is None:
+                raise ValueError("KOSMOS_SPLIT_K: split tiles need the sm90 builder")
+            if self.split_k > S.cdiv(K, ag_sm90.BK):
+                raise ValueError(f"KOSMOS_SPLIT_K: {self.split_k} parts > {S.cdiv(K, ag_sm90.BK)} k-blocks of K={K}")
+            kw.update(split_bands=self.split_bands, split_k=self.split_k)
         self.scheds = [S.build_schedule(op, M, N, K, W, r, num_wgs=int(sizes[i]), **kw) for i, r in enumerate(ranks)]
         dt = torch.bfloat16
         m_loc = M // W
@@ -612,6 +641,14 @@ class KosmosRunner:
             for i, r in enumerate(ranks):
                 d = per_rank[r]
                 self._sm90_set_rank(i, d["A"], d["work"], d["B"], d["C"])
+                tiles = self.scheds[i].meta["split_tiles"]
+                if tiles:  # fp32 partials of the split tiles: [tile][part][128 x 256]
+                    ws = torch.empty(tiles * self.split_k * ag_sm90.BM * ag_sm90.BN, dtype=torch.float32, device=self.dev)
+                    self._keep.append(ws)
+                    self._call(self.sm90.kosmos_sm90_ag_set_split(ctypes.c_void_p(self.sm90_handle), i,
+                                                                  ctypes.c_void_p(ws.data_ptr()),
+                                                                  self.scheds[i].flags.split),
+                               "kosmos_sm90_ag_set_split")
 
         self.mover_bulk = bool(int(os.environ.get("KOSMOS_MOVER_BULK", "0"))) if mover_bulk is None else bool(mover_bulk)
         self.timeout_ns = int((timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S) * 1e9)
@@ -630,6 +667,7 @@ class KosmosRunner:
                      "ce_merge": self.ce.merge if self.mover == "ce" else False,
                      "ce_regime": self.ce.regime, "band_group": -1 if band_group == S.PEER_GROUPS else int(band_group or 0),
                      "spin_ns": self.spin_ns, "ahead_blocks": self.ahead_blocks,
+                     "split_k": f"{self.split_bands}:{self.split_k}" if self.split_k > 1 else "0",
                      "kosmos_policy": _policy(point), "trace_dropped": 0}
         torch.cuda.synchronize(self.dev)
 

@@ -42,8 +42,8 @@ LOOP_RULES = {
     "builder": [(_B, E.ANY), (_R, E.ANY)],
 }
 
-_ROLE_OF_KIND = {S.AG_PULL: E.MOVE, S.AG_BUILD: E.BUILD, S.RS_BUILD: E.BUILD, S.RS_PUSH: E.MOVE,
-                 S.RS_PROXY: E.MOVE, S.RS_REDUCE: E.REDUCE}
+_ROLE_OF_KIND = {S.AG_PULL: E.MOVE, S.AG_BUILD: E.BUILD, S.AG_PART: E.BUILD, S.RS_BUILD: E.BUILD,
+                 S.RS_PUSH: E.MOVE, S.RS_PROXY: E.MOVE, S.RS_REDUCE: E.REDUCE}
 
 
 class Unsupported(Exception):
