@@ -235,9 +235,8 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
           int kb0, kb1;  // its k-blocks (a K-part: a range)
           k_range(ra, it.kind, it.rel_flag, it.kpart, P.bp.num_k_blk, &kb0, &kb1);
           // k-block at which the loads signal the scheduler's lookahead claim (-1: no lookahead); a
-          // K-part claims at the same fraction of its k-blocks as a tile (24 blocks before the end
-          // of a 32-block part held ready parts on busy CTAs while idle ones waited: tail 83-123 us
-          // instead of the part's ~25, probes/tail_probe-7-split.parquet)
+          // K-part claims at the same fraction of its k-blocks as a tile (so a busy CTA does not
+          // hold a ready part for most of its own; measured the same either way, tail_probe-7/-8)
           const int ahead_at = P.ahead_blocks < 0 ? -1
               : max(kb0, kb1 - max(1, static_cast<int>(int64_t(P.ahead_blocks) * (kb1 - kb0) / P.bp.num_k_blk)));
           if (warp_idx == 0) {

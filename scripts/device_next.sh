@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# carry=[".kb-cache"]: a first call for the next session (nothing on main is unverified: the
-# kernel of 0683190 passed 142 GPU tests on 2026-12-03 18:40). The GPU test files, then the CE
-# host sweep once (kosmos self + nccl-overlap) as the day's reference (run<N>.parquet).
+# carry=[".kb-cache"]: the GPU test files (the kernel with split tiles, AG_PART, off by default,
+# ITEM_STRIDE 11), then the CE host sweep once (kosmos self + nccl-overlap) as the day's
+# reference (run<N>.parquet).
 source scripts/_device_env.sh  # set -uo pipefail, .kb-cache, $OUT, pip install -e .
 timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_kosmos_gpu.py tests/test_builder_sm90_gpu.py 2>&1 \
     | tail -1 > "$OUT/tests.txt"

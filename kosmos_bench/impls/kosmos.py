@@ -84,7 +84,12 @@ DEFAULT_AHEAD_BLOCKS = 24
 # Split tiles (sm90 builder; KOSMOS_SPLIT_K="bands:parts", e.g. "4:4"; "0": none): the last
 # `bands` remote bands are one-band groups whose tiles are `parts` K-parts each (schedule
 # AG_PART), so that the work left when the last band lands is a part of a tile on up to parts x
-# tiles CTAs instead of a whole tile (or the last K-slice of one) on as many CTAs as tiles.
+# tiles CTAs instead of the last K-slice of a tile on as many CTAs as tiles. Off: on 70b FC1
+# (8k / 16k tokens) every setting lengthened the tail after the last byte (79-143 us vs 53-82,
+# results/issue4-h200-20261203/probes/tail_probe-7-split, -8-split-ahead): a quarter part runs
+# 31-36 us, not the ~23 of a quarter tile (fill, fp32 partial out, fence, the last part's sum of
+# 4 x 128 KB), so split bands cost ~45% more CTA time and their parts queue behind each other
+# (probes/split_trace-70b-fc1-8k.parquet). An ablation.
 DEFAULT_SPLIT_K = "0"
 
 

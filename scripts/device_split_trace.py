@@ -1,0 +1,64 @@
+"""Where the end of a fused call goes, from one traced call (host fabric, sm90 + CE movers;
+variant from the environment, e.g. KOSMOS_SPLIT_K): per remote demand group of the last few
+(and the local/early work before them), the items' starts, durations and ends relative to the
+call's last trace record, and how many CTAs are busy in the last 200 us. One fresh process per
+variant via scripts/device_b2b_variants.sh (B2B_SCRIPT=device_split_trace.py B2B_LINES=12).
+
+    B2B_TAG=s4 KOSMOS_SPLIT_K=4:4 python3 scripts/device_split_trace.py OUT [MxNxK,...]
+Appends per-group rows to OUT/split_trace.parquet.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from kosmos_bench import schedule as S
+from kosmos_bench.impls.kosmos import KosmosImpl
+from _host_point import append_rows, host_ce_point, script_args
+
+GROUPS = int(os.environ.get("ST_GROUPS", "7"))
+
+
+def main() -> None:
+    out, shapes, dev = script_args("/tmp/split-trace")
+    tag = os.environ.get("B2B_TAG", "default")
+    rows = []
+    for M, N, K in shapes:
+        p, ctx, inputs = host_ce_point(M, N, K, dev)
+        runner = KosmosImpl().prepare(p, ctx, inputs)
+        for _ in range(5):
+            runner.run()
+        runner.run_traced()
+        tr = runner.run_traced()
+        sch = runner.scheds[0]
+        runner.close()
+        b = tr[tr["role"] == "BUILD"].copy()
+        t = sch.builders.table
+        b["peer"] = t[b["item"].to_numpy(), S.F["peer"]]
+        b["mt"] = t[b["item"].to_numpy(), S.F["m0"]] // sch.BM
+        b["part"] = t[b["item"].to_numpy(), S.F["kind"]] == S.AG_PART
+        end = tr["t1_ns"].max()
+        b["s"] = (b["t0_ns"] - end) / 1e3
+        b["e"] = (b["t1_ns"] - end) / 1e3
+        b["d"] = b["e"] - b["s"]
+        groups = sch.meta["remote_groups"]
+        gid = {tuple(x): g for g, grp in enumerate(groups) for x in grp}
+        b["g"] = [gid.get((pp, mm), -1) for pp, mm in zip(b["peer"], b["mt"])]
+        for g in range(max(0, len(groups) - GROUPS), len(groups)):
+            x = b[b["g"] == g]
+            r = {"tag": tag, "M": M, "N": N, "K": K, "group": g - len(groups), "bands": len(groups[g]),
+                 "items": len(x), "parts": int(x["part"].sum()), "start_min": x["s"].min(),
+                 "start_med": x["s"].median(), "start_max": x["s"].max(), "dur_med": x["d"].median(),
+                 "dur_max": x["d"].max(), "end_max": x["e"].max(), "ctas": x["wg"].nunique()}
+            rows.append(r)
+            print(f"{tag:8s} {M}x{N}x{K} g{r['group']:+d} ({r['bands']} bands, {r['items']} items, {r['parts']} parts, "
+                  f"{r['ctas']} CTAs): start {r['start_min']:.0f}/{r['start_med']:.0f}/{r['start_max']:.0f}  "
+                  f"dur {r['dur_med']:.1f} (max {r['dur_max']:.1f})  end {r['end_max']:.0f} us", flush=True)
+        busy = [int(((b["s"] <= -t_) & (b["e"] > -t_)).sum()) for t_ in range(200, -1, -20)]
+        print(f"{tag:8s} {M}x{N}x{K} busy CTAs at -200..0 us step 20: {busy}", flush=True)
+    append_rows(out, "split_trace.parquet", rows)
+
+
+if __name__ == "__main__":
+    main()
