@@ -57,6 +57,13 @@ def expect_correct(p, runner, A, B, calls=2):
     assert same, f"outputs differ bitwise across {calls} calls"
 
 
+def expect_correct_around_trace(p, runner, A, B, calls=4):
+    """expect_correct, one traced call, expect_correct again (the epochs stay in step)."""
+    expect_correct(p, runner, A, B, calls=calls)
+    runner.run_traced()
+    expect_correct(p, runner, A, B, calls=2)
+
+
 def assert_checked(p, runner, A, B, calls=2):
     """expect_correct, then close the runner (also when it fails)."""
     try:
@@ -481,9 +488,7 @@ def test_sm90_copy_engine_streamed_k_slices(shape, ce_slices):
         if n > 1:
             assert max(e.mult for e in runner.ce_entries) == min(n, -(-K // 64))
             assert any(0 < e.cols < K for e in runner.ce_entries)  # 2-D copies present
-        expect_correct(p, runner, A, B, calls=4)
-        runner.run_traced()
-        expect_correct(p, runner, A, B, calls=2)
+        expect_correct_around_trace(p, runner, A, B, calls=4)
     finally:
         runner.close()
 
@@ -581,9 +586,7 @@ def test_sm90_copy_engine_head_on_main(monkeypatch, shape, ce_slices):
     try:
         assert runner.info["ce_head_main"] == 1 and runner.ce_entries[0].rows == 128
         assert runner.ce_head == next(i for i, e in enumerate(runner.ce_entries) if i and e.rows)
-        expect_correct(p, runner, A, B, calls=3)
-        runner.run_traced()
-        expect_correct(p, runner, A, B, calls=2)
+        expect_correct_around_trace(p, runner, A, B, calls=3)
     finally:
         runner.close()
 
@@ -644,9 +647,7 @@ def test_sm90_split_tiles(monkeypatch, case, split):
             n_tiles = sch.meta["n_tiles"]
             assert int((kinds == S.AG_PART).sum()) == bands * n_tiles * parts == sch.meta["split_tiles"] * parts
             assert [len(g) for g in sch.meta["remote_groups"][-bands:]] == [1] * bands
-        expect_correct(p, runner, A, B, calls=4)
-        runner.run_traced()
-        expect_correct(p, runner, A, B, calls=2)
+        expect_correct_around_trace(p, runner, A, B, calls=4)
     finally:
         runner.close()
 
