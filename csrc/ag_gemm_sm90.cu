@@ -21,6 +21,9 @@
 //                         own rows from A_r, a peer's rows from the gathered buffer viewed as
 //                         (m_loc, K, W), batch = peer, so partial tiles read zeros, never
 //                         another rank's rows).
+//   SM tail (AG_PULL_K)  : a K-slice of a band (2-D, rows x K/S) copied the same way; the
+//                         scheduler releases the band flag only after slice n0-1 of the band
+//                         (the flag counts the slices there in K order, as slice_wait reads it).
 //   warps 0-3 (loader)  : a mover item (AG_PULL) is copied by all 128 threads of the loader
 //                         warpgroup (16-byte ld.global.cg, copy_contig), then the scheduler
 //                         releases its band flag and its mover slot. The math warps keep
@@ -264,6 +267,25 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
             ahead_landed = ahead >= 0 && band_landed(w, ahead);
           }
           named_bar_sync(kBarLoader, kLoaderThreads);  // the tile's loads are issued
+        } else if (it.kind == kAgPullK) {  // K-slice it.n0 of it.cols of band (peer, m0), all its rows
+          const uint64_t t0 = (tid == kSched) ? w.tr.now() : 0;
+          const int nkb = P.bp.num_k_blk;  // the k-blocks of builder slice_wait: [s*nkb/S, (s+1)*nkb/S)
+          const int64_t c0 = int64_t(it.n0) * nkb / it.cols * AgBuilder::kBK;
+          const int64_t c1 = min(K, int64_t(it.n0 + 1) * nkb / it.cols * AgBuilder::kBK);
+          if (c1 > c0)
+            copy_tile(static_cast<bf16*>(ra.work) + (it.peer * int64_t(m_loc) + it.m0) * K + c0, K,
+                      static_cast<const bf16*>(ra.peer_A[it.peer]) + it.m0 * K + c0, K, it.rows, int(c1 - c0), tid,
+                      kLoaderThreads);
+          named_bar_sync(kBarLoader, kLoaderThreads);
+          if (tid == kSched) {
+            // Released in K order (the band flag counts the slices there, as the builders read it):
+            // after slice n0-1 of the band, claimed before this one (watchdog-bounded).
+            const uint32_t S = static_cast<uint32_t>(ra.flag_mult[it.rel_flag]);
+            if (it.n0 > 0)
+              wait_flag(w.sc, ra.flags[ra.rank] + it.rel_flag, w.sc.epoch * S - S + uint32_t(it.n0), kQMove, id, ra.rank,
+                        it.rel_flag);
+            finish_item(w, it, id, counted, t0);
+          }
         } else {  // AG_PULL: a byte slice of band (peer, m0) into the gathered buffer
           const uint64_t t0 = (tid == kSched) ? w.tr.now() : 0;
           const int64_t bytes = static_cast<int64_t>(it.rows) * K * 2;

@@ -2,7 +2,8 @@
 that one call enqueues (``kosmos_ce_plan_begin``/``_end``, csrc/runtime.cu), derived from a rank's
 schedule. Pure: rows and columns, no pointers (the runner turns them into addresses).
 
-* Copies go in mover (consumer-demand) order. Consecutive bands of one peer that the
+* Copies go in mover (consumer-demand) order; the schedule's SM-tail groups (``meta["sm_groups"]``,
+  moved by the WGs in K-slices) get no entries. Consecutive bands of one peer that the
   builders need together (one of the schedule's remote band groups, ``meta["remote_groups"]``)
   travel as one copy: a copy costs the engine ~5 us of setup (2 MB copies ran at 0.85-0.9x
   of one big copy), so few large copies.
@@ -121,7 +122,8 @@ def build(sch, K: int, slices: int = 1, bk: int = 64, slice_bytes: int = 0,
         if key not in seen:
             seen.add(key)
             bands.append((key[0], key[1], int(row[S.F["rows"]]), int(row[S.F["rel_flag"]])))
-    last = max(group_of.values(), default=-1)
+    # the trailing groups the WGs pull themselves (schedule sm_tail_bands: AG_PULL_K) are not the engine's
+    last = max(group_of.values(), default=-1) - int(sch.meta.get("sm_groups", 0))
     merged = -2  # the segment id of every merged (unsliced) group
 
     def seg(run_or_band) -> int | None:
@@ -151,6 +153,9 @@ def build(sch, K: int, slices: int = 1, bk: int = 64, slice_bytes: int = 0,
         j = i
         while j < len(runs) and seg(runs[j]) == g:
             j += 1
+        if g is not None and g > last:  # an SM-tail group: no copy, no release
+            i = j
+            continue
         grp = runs[i:j]
         nbytes = sum(b[2] for run in grp for b in run) * K * 2
         tail = g is not None and g != merged and g > last - tail_groups

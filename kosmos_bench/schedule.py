@@ -29,6 +29,17 @@ ag-gemm (pull), rank r: gathered A is ``M x K``; rank p's rows are ``[p*m_loc, (
   that many WGs cooperate on the head band and bands arrive in order over a slow link);
   copy the slice into the gathered buffer at row ``p*m_loc + m0``; release band flag (p, j)
   of rank r, whose multiplicity is S.
+* mover ``AG_PULL_K`` (p != r, band j, K-slice s) (``sm_tail_bands``/``sm_tail_slices``, copy-engine
+  movers with the sm90 builder): K-slice ``n0 = s`` of ``cols = S`` of a band (k-blocks
+  ``[s*nkb//S, (s+1)*nkb//S)`` of 64 columns, all its rows; a 2-D copy) into the gathered
+  buffer; the band flag (multiplicity S) then counts the slices there *in K order* (the item
+  releases only after slice s-1 of its band has, watchdog-bounded), which is what the builders'
+  K-streaming slice waits read. The last ``sm_tail_bands`` remote bands are moved this way by
+  the WGs instead of the copy engine, slice-major within each of their groups, every item
+  gated on the band flag of the copy engine's last band (``deps``: the kernel does not claim
+  one before the engine's last copy has landed, so the SMs never share the link with it). A
+  group leaves at least one WG outside its tiles (those wait inside for slices that only a WG
+  outside them can pull; with the link-first rule free WGs take movers before tiles).
 * builder ``AG_BUILD`` (p, mt, nt): C_r rows ``p*m_loc + m0 ..`` (``m0`` is the row inside
   shard p), cols ``n0 .. n0+cols``; A rows come from A_r itself when p == r (no deps), else
   from the gathered buffer (dep: band flag (p, mt // chunk)). K = full K.
@@ -119,8 +130,8 @@ OPS = ("ag-gemm", "gemm-rs")
 QUEUE_ORDERS = ("demand", "fifo", "reverse", "random")
 
 # Item kinds (column 'kind' of an item row).
-AG_PULL, AG_BUILD, RS_BUILD, RS_PUSH, RS_PROXY, RS_REDUCE, AG_PART = range(7)
-KIND_NAMES = ("AG_PULL", "AG_BUILD", "RS_BUILD", "RS_PUSH", "RS_PROXY", "RS_REDUCE", "AG_PART")
+AG_PULL, AG_BUILD, RS_BUILD, RS_PUSH, RS_PROXY, RS_REDUCE, AG_PART, AG_PULL_K = range(8)
+KIND_NAMES = ("AG_PULL", "AG_BUILD", "RS_BUILD", "RS_PUSH", "RS_PROXY", "RS_REDUCE", "AG_PART", "AG_PULL_K")
 # Roles in traces (TRACE_COLUMNS 'role').
 ROLE_MOVE, ROLE_BUILD, ROLE_REDUCE, ROLE_WAIT = range(4)
 ROLE_NAMES = ("MOVE", "BUILD", "REDUCE", "WAIT")
@@ -530,7 +541,8 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
                    model: dict | None = None, mover_bytes: int = 256 * 1024,
                    stream_k: bool = False, band_group: int | str | None = None,
                    tail_bands: int | None = None, ramp: bool = True, halve: bool = True,
-                   split_bands: int = 0, split_k: int = 1) -> RankSchedule:
+                   split_bands: int = 0, split_k: int = 1, sm_tail_bands: int = 0,
+                   sm_tail_slices: int = 0) -> RankSchedule:
     """The schedule of one rank. ``num_wgs`` is the WG count of THIS rank (on the local
     fabric: ``np.diff(wg_starts(G, W))[rank]``). ``local_first`` defaults to True for
     ag-gemm and False (local destination last) for gemm-rs. ``fabric='host'`` adds the
@@ -545,7 +557,12 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
     (``band_groups``); off, every remote group is regular. ``split_bands`` / ``split_k``
     (ag-gemm, sm90 builder): the last ``split_bands`` remote bands are one-band groups at the
     end of the demand order whose tiles are ``split_k`` ``AG_PART`` items each (part-major:
-    every tile's part 0, then part 1, ...).
+    every tile's part 0, then part 1, ...). ``sm_tail_bands`` / ``sm_tail_slices`` (ag-gemm,
+    ``stream_k``): the last ``sm_tail_bands`` remote bands are pulled by the WGs in
+    ``sm_tail_slices`` K-slices each (``AG_PULL_K``), in groups of one wave of tiles after the
+    copy engine's groups; ``meta["sm_groups"]`` / ``meta["sm_movers"]``: how many trailing remote
+    groups and mover-queue items that is (the copy-engine plan skips those groups; the kernel's
+    mover queue is that suffix).
     """
     why = validate(op, M, N, K, world, BM, BN, chunk)
     if why:
@@ -574,6 +591,14 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
         raise ValueError(f"split_bands={split_bands}, split_k={split_k}: expected >= 0 and >= 1")
     if split_k > 1 and (op != "ag-gemm" or band_group == PEER_GROUPS):
         raise ValueError("split_k > 1 is for ag-gemm with demand-order band groups only")
+    sm_tail_bands = int(sm_tail_bands) if sm_tail_slices else 0
+    if sm_tail_bands < 0 or sm_tail_slices < 0:
+        raise ValueError(f"sm_tail_bands={sm_tail_bands}, sm_tail_slices={sm_tail_slices}: expected >= 0")
+    if sm_tail_bands and (op != "ag-gemm" or not stream_k or band_group == PEER_GROUPS or split_k > 1
+                          or queue_order != "demand"):
+        raise ValueError("sm_tail_bands: ag-gemm with K-streaming, demand order and demand-order band groups, "
+                         "without split tiles")
+    sm_groups = 0
     if op == "ag-gemm":
         n_loc = N // W
         nt_n = cdiv(n_loc, BN)
@@ -585,10 +610,17 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
         lay = FlagLayout(W, entry=0, exit=W, band=2 * W, split=2 * W + W * nb,
                          num_flags=2 * W + W * nb + len(split_tiles))
         pull_id: dict[tuple[int, int], list[int]] = {}
+        sm_set = ring_bands[len(ring_bands) - min(sm_tail_bands, len(ring_bands)):] if sm_tail_bands else []
+        # the copy engine's last band: its flag gates the SM tail (released after every engine copy)
+        gate = [lay.band + ring_bands[-len(sm_set) - 1][0] * nb + ring_bands[-len(sm_set) - 1][1]] \
+            if sm_set and len(sm_set) < len(ring_bands) else []
         for p in range(W):
             if p == r:
                 continue
             for j in range(nb):
+                if (p, j) in sm_set:  # K-slices, added per group below (slice-major within a group)
+                    mult[lay.band + p * nb + j] = sm_tail_slices
+                    continue
                 m0 = j * band_rows
                 rows = min(band_rows, m_loc - m0)
                 nbytes = rows * K * ELEM_BYTES
@@ -624,16 +656,37 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
             g = int(g) if isinstance(g, int) else max(1, round(math.sqrt(builders_n)))  # "peer" on the local segment
             tail = (tail_bands or min(max(1, builders_n // nt_n), g)) if (stream_k and seg is ring) else 1
             ns = len(split_set) if seg is ring else 0  # split bands: one-band groups at the end
+            nsm = len(sm_set) if seg is ring else 0  # SM tail: groups of one wave (`tail`) at the end
             groups = (peer_groups(len(ring), mt_n, tail) if by_peer else
-                      band_groups(len(bands) - ns, builders_n, ramp=ramp and seg is ring, tail=tail, size=g,
-                                  halve=halve or seg is not ring) if len(bands) > ns else [])
+                      band_groups(len(bands) - ns - nsm, builders_n, ramp=ramp and seg is ring, tail=tail, size=g,
+                                  halve=halve or seg is not ring) if len(bands) > ns + nsm else [])
             groups += [slice(i, i + 1) for i in range(len(bands) - ns, len(bands))]
+            if nsm:
+                # one wave, leaving a CTA outside the group's tiles: they wait inside for slices
+                # that only a WG outside them can pull
+                per = min(max(1, tail), (num_wgs - 1) // nt_n)
+                if per < 1:
+                    raise ValueError(f"sm_tail_bands: one band has {nt_n} tiles, no fewer than the {num_wgs} WGs")
+                cuts = list(range(len(bands), len(bands) - nsm, -per))[::-1]
+                sm_slices = [slice(max(len(bands) - nsm, c - per), c) for c in cuts]
+                groups += sm_slices
+                sm_groups = len(sm_slices)
+                for grp in sm_slices:
+                    for s in range(sm_tail_slices):
+                        for p, j in bands[grp]:
+                            m0 = j * band_rows
+                            rows = min(band_rows, m_loc - m0)
+                            pull_id.setdefault((p, j), []).append(
+                                mv.add(AG_PULL_K, p, m0, rows, s, sm_tail_slices, [lay.entry + p] + gate, deps, r,
+                                       lay.band + p * nb + j, 0, rows * K * ELEM_BYTES / sm_tail_slices))
             for grp in groups:  # column by column; a split band part-major (part 0 of every tile, ...)
                 b_demand += [build_id[p, mt, nt][s] for s in range(split_k if (bands[grp][0] in split_set) else 1)
                              for nt in range(nt_n) for p, mt in bands[grp]]
             if seg is ring:  # tile rows of the remote bands needed together (copy-engine movers copy them together)
                 remote_groups = [[(p, mt) for p, mt in bands[grp]] for grp in groups]
-        m_demand = [i for p in ring for j in range(nb) for i in pull_id[p, j]]
+        sm_items = [i for grp in (remote_groups[len(remote_groups) - sm_groups:] if sm_groups else [])
+                    for i in sorted(i for b in grp for i in pull_id[b])]  # per group: slice-major (id order)
+        m_demand = [i for p in ring for j in range(nb) if (p, j) not in sm_set for i in pull_id[p, j]] + sm_items
         builders = bt.done(_order(list(range(len(bt.rows))), b_demand, queue_order, rng))
         movers = mv.done(_order(list(range(len(mv.rows))), m_demand, queue_order, rng))
         reduces = rd.done([])
@@ -708,7 +761,8 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
         builders=builders, movers=movers, reduces=reduces, deps=np.asarray(deps, dtype=np.int32),
         peer_flags=np.asarray(peer_flags, dtype=np.int32), flag_mult=_mult_array(lay.num_flags, mult),
         meta={"m_loc": m_loc, "m_tiles": mt_n, "n_tiles": nt_n, "num_bands": nb, "remote_groups": remote_groups,
-              "split_k": split_k if op == "ag-gemm" else 1,
+              "split_k": split_k if op == "ag-gemm" else 1, "sm_groups": sm_groups,
+              "sm_movers": len(sm_items) if op == "ag-gemm" else 0,
               "split_tiles": len(split_tiles) if op == "ag-gemm" else 0},
     )
 

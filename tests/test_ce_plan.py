@@ -260,3 +260,29 @@ def test_split_bands_are_copied_one_band_per_copy_last():
     last4 = [(e.peer, e.row0 // 128) for e in copies[-5:-2]]  # three whole-band copies, then the K-sliced last band
     assert last4 == [tuple(b) for g in sch.meta["remote_groups"][-4:-1] for b in g]
     assert all(e.rows == 128 for e in copies[-5:])
+
+
+@pytest.mark.parametrize("merge", [False, True])
+@pytest.mark.parametrize("slices", [1, 2])
+def test_sm_tail_groups_get_no_copies_and_the_rest_is_covered_once(slices, merge):
+    """The schedule's SM-tail groups (AG_PULL_K) are the WGs': no copy, no release; every other
+    remote byte is copied once and its band released; the plan's last release is the SM tail's
+    gate (the band flag the AG_PULL_K items wait for)."""
+    M, N, K, W, r = 8192, 57344, 8192, 8, 5
+    m_loc = M // W
+    sch = S.build_schedule("ag-gemm", M, N, K, W, r, BM=128, BN=256, fabric="host", num_wgs=132, stream_k=True,
+                           model=ag_sm90.schedule_model("host"), sm_tail_bands=8, sm_tail_slices=16)
+    plan, mult = ce_plan.build(sch, K, slices, bk=64, merge=merge)
+    cover, flags = _replay(sch, plan, K, m_loc)
+    t = sch.movers.table
+    sm = {(int(x[S.F["peer"]]), int(x[S.F["m0"]]) // 128) for x in t if x[S.F["kind"]] == S.AG_PULL_K}
+    assert len(sm) == 8
+    for p in range(W):
+        for mt in range(m_loc // 128):
+            rows = cover[p * m_loc + mt * 128:p * m_loc + (mt + 1) * 128]
+            assert np.all(rows == (0 if p == r or (p, mt) in sm else 1)), (p, mt)
+    flag_of = _band_flags(sch)
+    assert set(flags) == set(mult) == {f for b, f in flag_of.items() if b not in sm}
+    q = sch.movers.queue
+    gate = sch.movers.deps_of(int(q[len(q) - sch.meta["sm_movers"]]), sch.deps)[-1]
+    assert plan[-1].flag == gate and plan[-1].value(3) == 3 * mult[gate]

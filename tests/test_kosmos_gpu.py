@@ -769,3 +769,56 @@ def test_harness_concurrent_timing_off():
     row, _ = harness.run_point(p, rank=0, procs=1)
     assert row["status"] == "ok", row.get("error")
     assert row["t_comm_us"] > 0 and row.get("t_concurrent_us") is None and row.get("eff_concurrent") is None
+
+
+@sm90
+@pytest.mark.parametrize("case,sm_tail", [("fc1", "8:16"), ("fc1-sliced", "4:3"), ("awkward", "5:7"),
+                                          ("copy-bound", "3:4"), ("all-bands", "1000:2")])
+def test_sm90_copy_engine_sm_tail(monkeypatch, case, sm_tail):
+    """KOSMOS_CE_SM_TAIL=bands:slices: the last remote bands pulled by the CTAs in K-slices
+    (AG_PULL_K, released in K order, gated on the copy engine's last copy; every band when bands
+    exceeds them: no gate): correct on fresh data with poisoned outputs, bitwise stable over calls
+    and around a traced call, and bitwise the same output as the plan without it (the tiles sum
+    the same k-blocks in the same order whoever moved them); the engine's plan skips those bands."""
+    from kosmos_bench import schedule as S
+
+    W = 8
+    M, N, K = {"fc1": (8 * 1024, 8 * 7168, 2048), "fc1-sliced": (8 * 1024, 8 * 7168, 2048),
+               "awkward": (3000 * W, 776 * W, 1000), "copy-bound": (8 * 1024, 8 * 1280, 2048),
+               "all-bands": (8 * 512, 8 * 2048, 1024)}[case]
+    if case == "fc1-sliced":
+        monkeypatch.setenv("KOSMOS_CE_SLICES", "2")  # the engine's last group K-sliced before the SM tail
+    kw = dict(fabric="host", policy="self", builder="sm90", mover="ce", seed=13)
+    p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, **kw)
+    try:
+        expect_correct(p, runner, A, B, calls=1)
+        want = {r: t.clone() for r, t in runner.outputs.items()}
+    finally:
+        runner.close()
+    monkeypatch.setenv("KOSMOS_CE_SM_TAIL", sm_tail)
+    bands, slices = (int(x) for x in sm_tail.split(":"))
+    p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, **kw)
+    try:
+        sch = runner.scheds[0]
+        remote = (W - 1) * sch.meta["m_tiles"]
+        assert runner.info["ce_sm_tail"] == sm_tail
+        assert sch.meta["sm_movers"] == min(bands, remote) * slices
+        assert runner.ce_copies == 0 if bands >= remote else runner.ce_copies > 0
+        assert int((sch.movers.col("kind") == S.AG_PULL_K).sum()) == sch.meta["sm_movers"]
+        expect_correct_around_trace(p, runner, A, B, calls=3)
+        assert all(torch.equal(want[r], runner.outputs[r]) for r in want), "differs from the plan without the SM tail"
+    finally:
+        runner.close()
+
+
+@sm90
+def test_sm90_sm_tail_refused(monkeypatch):
+    """KOSMOS_CE_SM_TAIL: malformed, more slices than k-blocks, SM movers or the mma builder:
+    a one-line ValueError at set-up."""
+    W, M, N, K = 8, 8 * 512, 8 * 512, 512  # 8 k-blocks
+    for val, kw, msg in (("4", {}, "KOSMOS_CE_SM_TAIL"), ("2:9", {}, "k-blocks"),
+                         ("2:4", {"mover": "sm"}, "KOSMOS_CE_SM_TAIL"),
+                         ("2:4", {"builder": "mma"}, "KOSMOS_CE_SM_TAIL")):
+        monkeypatch.setenv("KOSMOS_CE_SM_TAIL", val)
+        with pytest.raises(ValueError, match=msg):
+            make("ag-gemm", W, M, N, K, fabric="host", policy="self", **{"builder": "sm90", "mover": "ce", **kw})

@@ -457,3 +457,75 @@ def test_split_k_knob(monkeypatch):
     for bad in ("4", "a:b", "0:4", "2:0", "1:2:3"):
         with pytest.raises(ValueError, match="KOSMOS_SPLIT_K"):
             split_k_setting({"KOSMOS_SPLIT_K": bad})
+
+
+@pytest.mark.parametrize("bands,slices", [(8, 16), (6, 3), (1, 1), (500, 5)])
+def test_sm_tail_pulls_the_last_bands_in_k_slices_gated_on_the_engine(bands, slices):
+    """sm_tail_bands / sm_tail_slices: the last remote bands (ring order) are pulled as AG_PULL_K
+    K-slices (n0 = slice of cols = slices), in one-wave groups at the end of the demand order,
+    slice-major within a group and at the end of the mover queue (``meta["sm_movers"]`` items);
+    each waits for its peer's entry and the band flag of the engine's last band (the gate) and
+    releases its band flag, whose multiplicity is the slice count. Builders are the same items."""
+    W, r, M, N, K = 8, 2, 8 * 1024, 8 * 7168, 1024
+    kw = dict(BM=128, BN=256, fabric="host", num_wgs=132, stream_k=True)
+    base = S.build_schedule("ag-gemm", M, N, K, W, r, **kw)
+    sch = S.build_schedule("ag-gemm", M, N, K, W, r, sm_tail_bands=bands, sm_tail_slices=slices, **kw)
+    _check_queues(sch)
+    mt_n, nt_n, nb = sch.meta["m_tiles"], sch.meta["n_tiles"], sch.meta["num_bands"]
+    ring = [(p, mt) for p in [(r + i) % W for i in range(1, W)] for mt in range(mt_n)]
+    sm = ring[-min(bands, len(ring)):]
+    t = sch.movers.table
+    pull_k = t[:, S.F["kind"]] == S.AG_PULL_K
+    assert int(pull_k.sum()) == len(sm) * slices == sch.meta["sm_movers"]
+    q = list(sch.movers.queue)
+    suffix = q[len(q) - sch.meta["sm_movers"]:]
+    assert all(pull_k[i] for i in suffix) and not any(pull_k[i] for i in q[:len(q) - len(suffix)])
+    groups = sch.meta["remote_groups"][len(sch.meta["remote_groups"]) - sch.meta["sm_groups"]:]
+    assert [tuple(b) for g in groups for b in g] == sm
+    assert all(1 <= len(g) <= 132 // nt_n for g in groups)
+    band = lambda p, mt: sch.flags.band + p * nb + mt  # noqa: E731
+    gate = [band(*ring[-len(sm) - 1])] if len(sm) < len(ring) else []
+    pos = 0
+    for g in groups:
+        seg = suffix[pos:pos + len(g) * slices]
+        pos += len(seg)
+        assert [(t[i, S.F["peer"]], t[i, S.F["m0"]] // 128, t[i, S.F["n0"]]) for i in seg] == \
+            [(p, mt, s) for s in range(slices) for p, mt in g]
+    for i in suffix:
+        p, mt = int(t[i, S.F["peer"]]), int(t[i, S.F["m0"]]) // 128
+        assert list(sch.movers.deps_of(i, sch.deps)) == [sch.flags.entry + p] + gate
+        assert (t[i, S.F["cols"]], t[i, S.F["rel_rank"]], t[i, S.F["rel_flag"]]) == (slices, r, band(p, mt))
+        assert sch.flag_mult[band(p, mt)] == slices
+    assert np.isclose(sch.movers.bytes.sum(), base.movers.bytes.sum())
+    other = [c for c in range(S.ITEM_STRIDE) if c != S.F["dep_begin"]]  # same builders, same deps
+    assert np.array_equal(sch.builders.table[:, other], base.builders.table[:, other])
+    assert all(np.array_equal(sch.builders.deps_of(i, sch.deps), base.builders.deps_of(i, base.deps))
+               for i in range(len(base.builders)))
+
+
+def test_sm_tail_refused_where_undefined():
+    kw = dict(BM=128, BN=256, fabric="host", num_wgs=132, sm_tail_bands=4, sm_tail_slices=4)
+    for bad in (dict(stream_k=False), dict(stream_k=True, queue_order="random"),
+                dict(stream_k=True, band_group=S.PEER_GROUPS), dict(stream_k=True, split_bands=2, split_k=2)):
+        with pytest.raises(ValueError, match="sm_tail_bands"):
+            S.build_schedule("ag-gemm", 8 * 1024, 8 * 1024, 1024, 8, 0, **{**kw, **bad})
+    with pytest.raises(ValueError, match="sm_tail_bands"):
+        S.build_schedule("gemm-rs", 8 * 1024, 8 * 1024, 1024, 8, 0, **{**kw, "stream_k": True})
+    off = S.build_schedule("ag-gemm", 8 * 1024, 8 * 1024, 1024, 8, 0, stream_k=True, sm_tail_bands=4, sm_tail_slices=0)
+    assert off.meta["sm_movers"] == 0 and not (off.movers.col("kind") == S.AG_PULL_K).any()
+
+
+def test_sm_tail_knob():
+    from kosmos_bench.impls import kosmos as K
+
+    assert K.sm_tail_setting({}) == (0, 0)
+    assert K.sm_tail_setting({"KOSMOS_CE_SM_TAIL": "8:16"}) == (8, 16)
+    for bad in ("8", "a:b", "0:4", "2:0", "1:2:3"):
+        with pytest.raises(ValueError, match="KOSMOS_CE_SM_TAIL"):
+            K.sm_tail_setting({"KOSMOS_CE_SM_TAIL": bad})
+    on = K.ce_settings(7168, 132, True, True, env={"KOSMOS_CE_SM_TAIL": "8:16"})
+    assert (on.k_stream, on.slices, on.sm_tail_bands, on.sm_tail_slices) == (True, 1, 8, 16)  # engine: whole bands
+    sliced = K.ce_settings(1280, 132, True, True, env={"KOSMOS_CE_SM_TAIL": "4:8", "KOSMOS_CE_SLICES": "2"})
+    assert (sliced.slices, sliced.regime) == (2, "copy-bound")  # explicit slices win
+    with pytest.raises(ValueError, match="KOSMOS_CE_SM_TAIL"):
+        K.ce_settings(7168, 132, False, True, env={"KOSMOS_CE_SM_TAIL": "8:16"})  # no sm90 builder

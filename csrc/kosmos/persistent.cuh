@@ -86,6 +86,18 @@ __device__ __forceinline__ bool wait_deps(const Wg& w, int q, int id) {
   return true;
 }
 
+// Under Params.k_stream (copy-engine movers) the mover queue holds only the SM-streamed tail
+// (AG_PULL_K items, gated on the band flag of the engine's last copy): while its head is not
+// ready no WG claims it, since a claimed mover parks its WG until the engine's last copy lands
+// (most of the call). Idle WGs poll decide() instead, and never block on a builder while tail
+// movers are left (a builder of the tail may need them).
+__device__ __forceinline__ bool mover_gated(const Wg& w) {
+  if (!w.p.k_stream) return false;
+  uint32_t h;
+  const int m = peek(w.ra, kQMove, &h);
+  return m >= 0 && !deps_ready(w, kQMove, m);
+}
+
 // Thread 0 (ag_gemm_sm90.cu: the scheduling thread): choose the next item. Returns false when
 // this WG is done (or the call aborted).
 template <int kOp>
@@ -165,7 +177,7 @@ __device__ bool decide(const Wg& w, int* q_out, int* id_out, bool* counted, int*
     if (kOp == KOSMOS_OP_AG_GEMM) {
       // [link-first: mover if a slot is free] > builder head ready (claim; not ready ->
       // pending) > mover (slot) > block on pending / next builder (movers exhausted)
-      if (cap != 0) {
+      if (cap != 0 && !mover_gated(w)) {
         id = mover_with_slot();
         if (id >= 0) return take(kQMove, id, true);
       }
@@ -181,8 +193,10 @@ __device__ bool decide(const Wg& w, int* q_out, int* id_out, bool* counted, int*
         }
       }
       if (left(kQMove)) {
-        id = mover_with_slot();
-        if (id >= 0) return take(kQMove, id, true);
+        if (!mover_gated(w)) {
+          id = mover_with_slot();
+          if (id >= 0) return take(kQMove, id, true);
+        }
       } else {
         if (pend[0] >= 0) return take_pending(true);
         id = claim_next(ra, kQBuild);
@@ -264,7 +278,7 @@ inline __device__ __noinline__ int claim_ready_build(const Wg& w, int* pend) {
   } else {
     const uint32_t cap = static_cast<uint32_t>(ra.max_inflight_movers);
     if (cap != 0 && ld_relaxed(ra.ctr + kQMove) < static_cast<uint32_t>(ra.count[kQMove]) &&
-        ld_relaxed(ra.ctr + 4) < cap)
+        ld_relaxed(ra.ctr + 4) < cap && !mover_gated(w))
       return -1;  // link-first: decide() takes the mover after the tile
     uint32_t h;
     id = peek(ra, kQBuild, &h);
@@ -281,6 +295,7 @@ inline __device__ __noinline__ int claim_ready_build(const Wg& w, int* pend) {
 __device__ __forceinline__ uint16_t role_of(int kind) {
   switch (kind) {
     case kAgPull:
+    case kAgPullK:
     case kRsPush:
     case kRsProxy:
       return kRoleMove;

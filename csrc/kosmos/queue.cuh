@@ -12,7 +12,16 @@
 namespace kosmos {
 
 enum Queue { kQBuild = 0, kQMove = 1, kQReduce = 2 };
-enum ItemKind { kAgPull = 0, kAgBuild = 1, kRsBuild = 2, kRsPush = 3, kRsProxy = 4, kRsReduce = 5, kAgPart = 6 };
+enum ItemKind {
+  kAgPull = 0,
+  kAgBuild = 1,
+  kRsBuild = 2,
+  kRsPush = 3,
+  kRsProxy = 4,
+  kRsReduce = 5,
+  kAgPart = 6,
+  kAgPullK = 7,  // a K-slice (n0 of cols) of a band, released in K order (sm90 kernel only)
+};
 
 struct Item {
   int kind, peer, m0, rows, n0, cols, dep_begin, dep_count, rel_rank, rel_flag;

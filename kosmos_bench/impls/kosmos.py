@@ -91,6 +91,31 @@ DEFAULT_AHEAD_BLOCKS = 24
 # 4 x 128 KB), so split bands cost ~45% more CTA time and their parts queue behind each other
 # (probes/split_trace-70b-fc1-8k.parquet). An ablation.
 DEFAULT_SPLIT_K = "0"
+# SM-streamed tail (sm90 + copy-engine movers; KOSMOS_CE_SM_TAIL="bands:slices", e.g. "8:16";
+# "0": none): the last `bands` remote bands are pulled by the CTAs themselves (schedule
+# AG_PULL_K: one item per band and K-slice, released in K order) in groups of one wave of
+# tiles, once the copy engine's last copy has landed; the engine copies the rest (whole bands
+# unless KOSMOS_CE_SLICES says otherwise). Their tiles then stream K as it arrives slice by
+# slice, without the engine's ~2.5 us per copy, so the work left at the last byte is one
+# slice of each tile instead of half a tile (~50 us at K = 8192). The SMs pull pinned host
+# memory at 48-50 GB/s against the engine's 52-53 (probes/pcie_aggregate-*), which those bands
+# pay. An ablation until measured.
+DEFAULT_CE_SM_TAIL = "0"
+
+
+def sm_tail_setting(env=None) -> tuple[int, int]:
+    """(bands, slices) of KOSMOS_CE_SM_TAIL ("0" or "bands:slices", bands >= 1, slices >= 1;
+    (0, 0): off)."""
+    v = (os.environ if env is None else env).get("KOSMOS_CE_SM_TAIL", DEFAULT_CE_SM_TAIL).strip()
+    if v in ("", "0"):
+        return 0, 0
+    try:
+        bands, slices = (int(x) for x in v.split(":"))
+    except ValueError:
+        bands = slices = 0
+    if bands < 1 or slices < 1:
+        raise ValueError(f"KOSMOS_CE_SM_TAIL={v!r}: expected 0 or bands:slices with both >= 1 (e.g. 8:16)")
+    return bands, slices
 
 
 def split_k_setting(env=None) -> tuple[int, int]:
@@ -202,6 +227,8 @@ class CeSettings:
     head_main: bool = False  # the first band's copy on the main stream, before the kernel
     ramp: bool = True  # remote groups start small and double (KOSMOS_BAND_RAMP)
     halve: bool = True  # remote groups shrink toward the end (KOSMOS_BAND_HALVE)
+    sm_tail_bands: int = 0  # the last remote bands the CTAs pull in K-slices (AG_PULL_K)
+    sm_tail_slices: int = 0
 
     @property
     def slices(self) -> int:
@@ -231,10 +258,16 @@ def ce_settings(n_loc: int, builders: int, streams: bool, host: bool, ce_slices=
     head_main = env.get("KOSMOS_CE_HEAD_MAIN", DEFAULT_CE_HEAD_MAIN)
     if head_main not in ("0", "1"):
         raise ValueError(f"KOSMOS_CE_HEAD_MAIN={head_main!r}: expected 0 or 1")
-    k_stream = streams and (sum(split) > 1 or slice_bytes > 0)
+    sm_bands, sm_slices = sm_tail_setting(env)
+    if sm_bands and not (streams and host):
+        raise ValueError("KOSMOS_CE_SM_TAIL: the SM-streamed tail needs copy-engine movers, the sm90 builder and "
+                         "the host fabric")
+    if sm_bands and ce_slices is None and "KOSMOS_CE_SLICES" not in env:
+        split = (1,)  # the engine's last group lands whole: the SM tail streams after it
+    k_stream = streams and (sum(split) > 1 or slice_bytes > 0 or sm_bands > 0)
     regime = ce_regime(n_loc, builders) if k_stream and host else ""
     if regime == "copy-bound":  # explicit settings win
-        if ce_slices is None and "KOSMOS_CE_SLICES" not in env:
+        if ce_slices is None and "KOSMOS_CE_SLICES" not in env and not sm_bands:
             split = (1,) * COPY_BOUND_SLICES
         if "KOSMOS_CE_MERGE" not in env:
             merge = True
@@ -244,7 +277,7 @@ def ce_settings(n_loc: int, builders: int, streams: bool, host: bool, ce_slices=
             tail_bands = copy_bound_tail_bands(n_loc, builders)
     ramp, halve = (_env_bool(k, env) for k in ("KOSMOS_BAND_RAMP", "KOSMOS_BAND_HALVE"))
     return CeSettings(k_stream, regime, split, merge, band_group, slice_bytes, tail_groups, tail_bands,
-                      head_main == "1", ramp, halve)
+                      head_main == "1", ramp, halve, sm_bands, sm_slices)
 
 
 class WatchdogError(RuntimeError):
@@ -484,6 +517,11 @@ class KosmosRunner:
             if self.split_k > S.cdiv(K, ag_sm90.BK):
                 raise ValueError(f"KOSMOS_SPLIT_K: {self.split_k} parts > {S.cdiv(K, ag_sm90.BK)} k-blocks of K={K}")
             kw.update(split_bands=self.split_bands, split_k=self.split_k)
+        if ce.sm_tail_bands:
+            if ce.sm_tail_slices > S.cdiv(K, ag_sm90.BK):
+                raise ValueError(f"KOSMOS_CE_SM_TAIL: {ce.sm_tail_slices} slices > {S.cdiv(K, ag_sm90.BK)} k-blocks "
+                                 f"of K={K}")
+            kw.update(sm_tail_bands=ce.sm_tail_bands, sm_tail_slices=ce.sm_tail_slices)
         self.scheds = [S.build_schedule(op, M, N, K, W, r, num_wgs=int(sizes[i]), **kw) for i, r in enumerate(ranks)]
         dt = torch.bfloat16
         m_loc = M // W
@@ -601,12 +639,13 @@ class KosmosRunner:
             a = ra_arr[i]
             arrs = sch.arrays()
             for q, name in enumerate(("builder", "mover", "reduce")):
-                ti, tq = _i32(self.dev, arrs[f"{name}_items"]), _i32(self.dev, arrs[f"{name}_queue"])
+                queue = arrs[f"{name}_queue"]
+                if q == S.Q_MOVE and self.mover == "ce":  # the copy engine moves; WGs build and pull the SM tail
+                    queue = queue[len(queue) - sch.meta["sm_movers"]:]
+                ti, tq = _i32(self.dev, arrs[f"{name}_items"]), _i32(self.dev, np.ascontiguousarray(queue))
                 self._keep += [ti, tq]
                 a.items[q], a.queue[q] = ti.data_ptr(), tq.data_ptr()
-                a.count[q] = len(sch.queues[q])
-                if q == S.Q_MOVE and self.mover == "ce":
-                    a.count[q] = 0  # the copy engine moves; WGs only build
+                a.count[q] = len(queue)
             if self.mover == "ce":  # band flags count the copy engine's releases (ce_plan.build)
                 arrs["flag_mult"] = arrs["flag_mult"].copy()
                 for f, m in self.ce_flag_mult.items():
@@ -673,6 +712,7 @@ class KosmosRunner:
                      "ce_regime": self.ce.regime, "band_group": -1 if band_group == S.PEER_GROUPS else int(band_group or 0),
                      "spin_ns": self.spin_ns, "ahead_blocks": self.ahead_blocks,
                      "split_k": f"{self.split_bands}:{self.split_k}" if self.split_k > 1 else "0",
+                     "ce_sm_tail": f"{self.ce.sm_tail_bands}:{self.ce.sm_tail_slices}" if self.ce.sm_tail_bands else "0",
                      "kosmos_policy": _policy(point), "trace_dropped": 0}
         torch.cuda.synchronize(self.dev)
 
@@ -778,6 +818,8 @@ class KosmosRunner:
         self.ce_entries, self.ce_work = entries, work
         self.ce_copies = sum(1 for e in entries if e.rows)
         copies = [i for i, e in enumerate(entries) if e.rows]
+        if not copies:  # the SM tail takes every remote band: nothing for the engine
+            return
         # Entries enqueued before the kernel launch: copies until KOSMOS_CE_HEAD_MB (default 0: the
         # first copy only; more keeps the engine busy while the host launches the kernel (32 KB
         # of parameters) and enqueues the rest: not yet measured on the device).
