@@ -170,10 +170,13 @@ struct CePlan {
 };
 
 // Entries [lo, hi): on the plan's streams, or every copy and release on *on when given (a
-// pointer: the legacy default stream's handle is null, so a null stream cannot mean "none").
-static int ce_enqueue(CePlan& P, int lo, int hi, uint32_t epoch, const cudaStream_t* on = nullptr) {
+// pointer: the legacy default stream's handle is null, so a null stream cannot mean "none");
+// copies_only: only the copies (and the inline releases after the last) on *on, the other
+// releases on the flag stream.
+static int ce_enqueue(CePlan& P, int lo, int hi, uint32_t epoch, const cudaStream_t* on = nullptr,
+                      bool copies_only = false) {
   if (lo >= hi) return KOSMOS_OK;
-  const cudaStream_t cs = on ? *on : P.cs, fs = on ? *on : P.fs;
+  const cudaStream_t cs = on ? *on : P.cs, fs = (on && !copies_only) ? *on : P.fs;
   size_t copy = 0;
   for (int i = 0; i < lo; ++i) copy += P.width[i] > 0;
   for (int i = lo; i < hi; ++i) {
@@ -287,6 +290,33 @@ int kosmos_ce_plan_end(void* h, void* main_stream, uint32_t epoch) {
   if (int rc = ce_enqueue(P, P.head, static_cast<int>(P.dst.size()), epoch)) return rc;
   cudaStream_t m = static_cast<cudaStream_t>(main_stream);
   KOSMOS_CUDA(cudaEventRecord(P.copies_done, P.cs));
+  KOSMOS_CUDA(cudaEventRecord(P.flags_done, P.fs));
+  KOSMOS_CUDA(cudaStreamWaitEvent(m, P.copies_done, 0));
+  KOSMOS_CUDA(cudaStreamWaitEvent(m, P.flags_done, 0));
+  return KOSMOS_OK;
+}
+
+// KOSMOS_CE_KERNEL_SIDE: the plan's copies on main_stream itself and the kernel on
+// kernel_stream (the caller launches it between the two calls): the first byte leaves without the
+// event hop from main to the copy stream (~10 us on the H200), and the kernel, whose first remote
+// band lands a copy later anyway, takes the hop instead. main_stream then waits for the kernel
+// and the flag stream.
+int kosmos_ce_plan_begin_side(void* h, void* main_stream, void* kernel_stream, uint32_t epoch) {
+  if (!h || !kernel_stream) return fail(KOSMOS_ERR_INVALID, "null CE plan or kernel stream");
+  CePlan& P = *static_cast<CePlan*>(h);
+  cudaStream_t m = static_cast<cudaStream_t>(main_stream), k = static_cast<cudaStream_t>(kernel_stream);
+  KOSMOS_CUDA(cudaEventRecord(P.ready, m));
+  KOSMOS_CUDA(cudaStreamWaitEvent(k, P.ready, 0));
+  KOSMOS_CUDA(cudaStreamWaitEvent(P.fs, P.ready, 0));
+  return ce_enqueue(P, 0, P.head, epoch, &m, true);
+}
+
+int kosmos_ce_plan_end_side(void* h, void* main_stream, void* kernel_stream, uint32_t epoch) {
+  if (!h || !kernel_stream) return fail(KOSMOS_ERR_INVALID, "null CE plan or kernel stream");
+  CePlan& P = *static_cast<CePlan*>(h);
+  cudaStream_t m = static_cast<cudaStream_t>(main_stream), k = static_cast<cudaStream_t>(kernel_stream);
+  if (int rc = ce_enqueue(P, P.head, static_cast<int>(P.dst.size()), epoch, &m, true)) return rc;
+  KOSMOS_CUDA(cudaEventRecord(P.copies_done, k));  // here: the kernel's end
   KOSMOS_CUDA(cudaEventRecord(P.flags_done, P.fs));
   KOSMOS_CUDA(cudaStreamWaitEvent(m, P.copies_done, 0));
   KOSMOS_CUDA(cudaStreamWaitEvent(m, P.flags_done, 0));

@@ -822,3 +822,32 @@ def test_sm90_sm_tail_refused(monkeypatch):
         monkeypatch.setenv("KOSMOS_CE_SM_TAIL", val)
         with pytest.raises(ValueError, match=msg):
             make("ag-gemm", W, M, N, K, fabric="host", policy="self", **{"builder": "sm90", "mover": "ce", **kw})
+
+
+@sm90
+@pytest.mark.parametrize("shape", [(8 * 1024, 8 * 7168, 2048), (8 * 1024, 8 * 1280, 2048)])
+def test_sm90_copy_engine_kernel_side(monkeypatch, shape):
+    """KOSMOS_CE_KERNEL_SIDE=1: the plan's copies on the caller's stream, the kernel on its own
+    stream: correct, bitwise stable around a traced call and the same output as the default
+    streams; the caller's stream waits for the kernel (outputs read right after run() on it)."""
+    M, N, K = shape
+    kw = dict(fabric="host", policy="self", builder="sm90", mover="ce", seed=17)
+    p, ctx, inputs, A, B, runner = make("ag-gemm", 8, M, N, K, **kw)
+    try:
+        expect_correct(p, runner, A, B, calls=1)
+        want = {r: t.clone() for r, t in runner.outputs.items()}
+    finally:
+        runner.close()
+    monkeypatch.setenv("KOSMOS_CE_KERNEL_SIDE", "1")
+    p, ctx, inputs, A, B, runner = make("ag-gemm", 8, M, N, K, **kw)
+    try:
+        assert runner.info["ce_kernel_side"] == 1
+        expect_correct_around_trace(p, runner, A, B, calls=3)
+        for out in runner.outputs.values():
+            out.fill_(float("nan"))
+        runner.run()
+        got = {r: t.clone() for r, t in runner.outputs.items()}  # stream-ordered after the call, no sync
+        torch.cuda.synchronize()
+        assert all(torch.equal(want[r], got[r]) for r in want), "differs from the default streams' output"
+    finally:
+        runner.close()

@@ -529,3 +529,7 @@ def test_sm_tail_knob():
     assert (sliced.slices, sliced.regime) == (2, "copy-bound")  # explicit slices win
     with pytest.raises(ValueError, match="KOSMOS_CE_SM_TAIL"):
         K.ce_settings(7168, 132, False, True, env={"KOSMOS_CE_SM_TAIL": "8:16"})  # no sm90 builder
+    assert not on.kernel_side and K.ce_settings(7168, 132, True, True, env={"KOSMOS_CE_KERNEL_SIDE": "1"}).kernel_side
+    for bad in ({"KOSMOS_CE_KERNEL_SIDE": "2"}, {"KOSMOS_CE_KERNEL_SIDE": "1", "KOSMOS_CE_HEAD_MAIN": "1"}):
+        with pytest.raises(ValueError, match="KOSMOS_CE_KERNEL_SIDE"):
+            K.ce_settings(7168, 132, True, True, env=bad)

@@ -120,6 +120,8 @@ void* kosmos_ce_plan_create(void* copy_stream, void* flag_stream, int n, const u
                             int inline_from, int head_main);
 int kosmos_ce_plan_begin(void* plan, void* main_stream, uint32_t epoch);
 int kosmos_ce_plan_end(void* plan, void* main_stream, uint32_t epoch);
+int kosmos_ce_plan_begin_side(void* plan, void* main_stream, void* kernel_stream, uint32_t epoch);
+int kosmos_ce_plan_end_side(void* plan, void* main_stream, void* kernel_stream, uint32_t epoch);
 void kosmos_ce_plan_destroy(void* plan);
 #ifdef __cplusplus
 }

@@ -65,6 +65,11 @@ DEFAULT_CE_TAIL_INLINE = "1"
 # 21:05) the call then serialises: 3423-3430 us (tail after the last byte 1050 us, i.e. the
 # whole GEMM) against 2248-2249 us off; why the kernel waits for the copies is not understood.
 DEFAULT_CE_HEAD_MAIN = "0"
+# KOSMOS_CE_KERNEL_SIDE=1: the plan's copies on the caller's (main) stream, the kernel on a stream
+# of its own (kernel_stream), so that the first byte leaves without the ~10 us event hop from
+# main to the copy stream and the kernel, whose first remote band lands a copy later anyway,
+# takes the hop instead; main then waits for the kernel. To be measured.
+DEFAULT_CE_KERNEL_SIDE = "0"
 # Copy-bound shapes (rho = schedule.link_compute_ratio < COPY_BOUND_RHO: the QKV layers on the
 # host fabric, rho <= 0.16; FC1 is 0.47-0.88): the builders wait for the link anyway, so what
 # counts is fewer copies and a short tail: one copy per peer (merge), 1-band groups and the
@@ -145,13 +150,13 @@ DEFAULT_SPIN_NS = 32
 _PLAN_STREAMS: dict[int, list[int]] = {}
 
 
-def make_stream_pair(lib, dev_index: int) -> list[int]:
-    """Two new kosmos_stream_create streams on device dev_index (none left behind on failure)."""
+def make_stream_pair(lib, dev_index: int, n: int = 2) -> list[int]:
+    """n (two) new kosmos_stream_create streams on device dev_index (none left behind on failure)."""
     import torch
 
     made: list[int] = []
     with torch.cuda.device(dev_index):
-        for _ in range(2):
+        for _ in range(n):
             h = ctypes.c_void_p()
             if lib.kosmos_stream_create(ctypes.byref(h)) != 0:
                 from .. import kernels
@@ -169,6 +174,17 @@ def plan_streams(lib, dev_index: int) -> list[int]:
     if dev_index not in _PLAN_STREAMS:
         _PLAN_STREAMS[dev_index] = make_stream_pair(lib, dev_index)
     return _PLAN_STREAMS[dev_index]
+
+
+_KERNEL_STREAMS: dict[int, int] = {}
+
+
+def kernel_stream(lib, dev_index: int) -> int:
+    """The stream the fused kernel runs on with KOSMOS_CE_KERNEL_SIDE=1 (one per device, shared
+    like the plan's pair)."""
+    if dev_index not in _KERNEL_STREAMS:
+        _KERNEL_STREAMS[dev_index] = make_stream_pair(lib, dev_index, 1)[0]
+    return _KERNEL_STREAMS[dev_index]
 
 
 def ce_regime(n_loc: int, builders: int) -> str:
@@ -229,6 +245,7 @@ class CeSettings:
     halve: bool = True  # remote groups shrink toward the end (KOSMOS_BAND_HALVE)
     sm_tail_bands: int = 0  # the last remote bands the CTAs pull in K-slices (AG_PULL_K)
     sm_tail_slices: int = 0
+    kernel_side: bool = False  # the plan's copies on the caller's stream, the kernel on its own
 
     @property
     def slices(self) -> int:
@@ -276,8 +293,11 @@ def ce_settings(n_loc: int, builders: int, streams: bool, host: bool, ce_slices=
         if "KOSMOS_CE_TAIL_BANDS" not in env:
             tail_bands = copy_bound_tail_bands(n_loc, builders)
     ramp, halve = (_env_bool(k, env) for k in ("KOSMOS_BAND_RAMP", "KOSMOS_BAND_HALVE"))
+    side = env.get("KOSMOS_CE_KERNEL_SIDE", DEFAULT_CE_KERNEL_SIDE)
+    if side not in ("0", "1") or (side == "1" and head_main == "1"):
+        raise ValueError(f"KOSMOS_CE_KERNEL_SIDE={side!r}: expected 0 or 1 (and not with KOSMOS_CE_HEAD_MAIN=1)")
     return CeSettings(k_stream, regime, split, merge, band_group, slice_bytes, tail_groups, tail_bands,
-                      head_main == "1", ramp, halve, sm_bands, sm_slices)
+                      head_main == "1", ramp, halve, sm_bands, sm_slices, side == "1")
 
 
 class WatchdogError(RuntimeError):
@@ -707,7 +727,7 @@ class KosmosRunner:
                      "ce_slice_mb": self.ce.slice_bytes / 2 ** 20 if self.k_stream else 0.0,
                      "ce_tail_groups": self.ce.tail_groups if self.k_stream else 0,
                      "ce_tail_bands": (self.ce.tail_bands or 0) if self.k_stream else 0,
-                     "ce_head_main": int(self.ce.head_main),
+                     "ce_head_main": int(self.ce.head_main), "ce_kernel_side": int(self.ce.kernel_side),
                      "ce_merge": self.ce.merge if self.mover == "ce" else False,
                      "ce_regime": self.ce.regime, "band_group": -1 if band_group == S.PEER_GROUPS else int(band_group or 0),
                      "spin_ns": self.spin_ns, "ahead_blocks": self.ahead_blocks,
@@ -881,14 +901,21 @@ class KosmosRunner:
         with ctx:
             # The first copy goes in before the kernel launch and the rest after it:
             # enqueueing a whole plan from Python used to delay the first band by ~100 us.
-            if self.ce_plan:
+            side = kernel_stream(self.lib, self.dev_index) if self.ce_plan and self.ce.kernel_side else None
+            if side:  # the copies on main, the kernel on its own stream (runtime.cu says why)
+                self._call(self.lib.kosmos_ce_plan_begin_side(self.ce_plan, main, side, epoch),
+                           "kosmos_ce_plan_begin_side")
+            elif self.ce_plan:
                 self._call(self.lib.kosmos_ce_plan_begin(self.ce_plan, main, epoch), "kosmos_ce_plan_begin")
+            on = side or main
             if self.sm90 is not None:
-                self._call(self.sm90.kosmos_sm90_ag_launch(self.sm90_handle, ctypes.byref(params), main),
+                self._call(self.sm90.kosmos_sm90_ag_launch(self.sm90_handle, ctypes.byref(params), on),
                            "kosmos_sm90_ag_launch")
             else:
-                self._call(self.lib.kosmos_launch(ctypes.byref(params), main), "kosmos_launch")
-            if self.ce_plan:
+                self._call(self.lib.kosmos_launch(ctypes.byref(params), on), "kosmos_launch")
+            if side:
+                self._call(self.lib.kosmos_ce_plan_end_side(self.ce_plan, main, side, epoch), "kosmos_ce_plan_end_side")
+            elif self.ce_plan:
                 self._call(self.lib.kosmos_ce_plan_end(self.ce_plan, main, epoch), "kosmos_ce_plan_end")
         self.calls += 1
 

@@ -86,11 +86,13 @@ def declare(lib: C.CDLL) -> C.CDLL:
     lib.kosmos_ce_plan_create.restype = P
     lib.kosmos_ce_plan_begin.argtypes = [P, P, C.c_uint32]
     lib.kosmos_ce_plan_end.argtypes = [P, P, C.c_uint32]
+    lib.kosmos_ce_plan_begin_side.argtypes = [P, P, P, C.c_uint32]
+    lib.kosmos_ce_plan_end_side.argtypes = [P, P, P, C.c_uint32]
     lib.kosmos_ce_plan_destroy.argtypes = [P]
     lib.kosmos_ce_plan_destroy.restype = None
     for f in ("kosmos_max_wgs", "kosmos_launch", "kosmos_host_device_ptr", "kosmos_alloc_mapped",
               "kosmos_free_mapped", "kosmos_smem_bytes", "kosmos_stream_write_u32", "kosmos_stream_create",
               "kosmos_stream_destroy", "kosmos_ce_plan_begin",
-              "kosmos_ce_plan_end"):
+              "kosmos_ce_plan_end", "kosmos_ce_plan_begin_side", "kosmos_ce_plan_end_side"):
         getattr(lib, f).restype = C.c_int
     return lib
