@@ -369,7 +369,7 @@ def test_sm90_host_fabric_ag_copy_engine_movers(shape):
     """builder sm90 + mover ce: the copy engine moves every band (enqueued after the kernel
     launch), all CTAs build; correct, bitwise stable, epochs in step across traced calls.
     Defaults by regime: copy-bound (N/W small) = per-peer copies, 1-band groups, 4 K-slices;
-    otherwise demand groups and 2 K-slices."""
+    link-bound (the larger N/W here) = 8-band groups without a ramp, 3 K-slices."""
     W = 8
     M, N, K = shape
     p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90",
@@ -377,9 +377,9 @@ def test_sm90_host_fabric_ag_copy_engine_movers(shape):
     try:
         assert runner.info["mover"] == "ce"
         if not any(k in os.environ for k in ("KOSMOS_CE_SLICES", "KOSMOS_CE_MERGE", "KOSMOS_BAND_GROUP")):
-            bound = N // W < 5000  # rho < COPY_BOUND_RHO at the host model's rates
+            bound = N // W < 5000  # rho < COPY_BOUND_RHO at the host model's rates; else rho < 0.7
             want = {"ce_regime": "copy-bound", "ce_slices": 4, "ce_merge": True, "band_group": 1} if bound else \
-                {"ce_regime": "compute", "ce_slices": 2, "ce_merge": False, "band_group": 0}
+                {"ce_regime": "link-bound", "ce_slices": 3, "ce_merge": False, "band_group": 8}
             assert runner.k_stream and {k: runner.info[k] for k in want} == want
         expect_correct(p, runner, A, B, calls=4)
         df = runner.run_traced()

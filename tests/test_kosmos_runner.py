@@ -81,15 +81,22 @@ def test_plan_streams_failure_names_the_cause(monkeypatch):
 
 
 def test_ce_settings_defaults_regimes_and_explicit_knobs():
-    """One decision for the GPU runner and the simulator: FC1 (compute) 2 K-slices, sqrt groups;
+    """One decision for the GPU runner and the simulator: 70b FC1 (link-bound) 3 K-slices, 8-band
+    groups, no ramp; 405b FC1 (compute) 2 K-slices, the schedule's groups;
     QKV (copy-bound) 4 slices, per-peer copies, 1-band groups; explicit knobs win; no K-streaming
     without the sm90 builder; bad values are one-line errors."""
     from kosmos_bench import schedule as S
     from kosmos_bench.impls import kosmos as K
 
-    fc1 = K.ce_settings(7168, 132, True, True, env={})
-    assert (fc1.k_stream, fc1.regime, fc1.slices, fc1.merge, fc1.band_group, fc1.tail_bands) == \
-        (True, "compute", K.DEFAULT_CE_SLICES, False, None, None)
+    fc1 = K.ce_settings(7168, 132, True, True, env={})  # 70b FC1: link-bound
+    assert (fc1.k_stream, fc1.regime, fc1.slices, fc1.merge, fc1.band_group, fc1.tail_bands, fc1.ramp) == \
+        (True, "link-bound", K.LINK_BOUND_SLICES, False, K.LINK_BOUND_GROUP, None, False)
+    big = K.ce_settings(13312, 132, True, True, env={})  # 405b FC1: link and builders balanced
+    assert (big.regime, big.slices, big.merge, big.band_group, big.ramp) == \
+        ("compute", K.DEFAULT_CE_SLICES, False, None, True)
+    fc1_env = K.ce_settings(7168, 132, True, True, env={"KOSMOS_BAND_GROUP": "11", "KOSMOS_BAND_RAMP": "1",
+                                                        "KOSMOS_CE_SLICES": "2"})
+    assert (fc1_env.band_group, fc1_env.ramp, fc1_env.slices) == (11, True, 2)  # explicit settings win
     qkv = K.ce_settings(1280, 132, True, True, env={})
     assert (qkv.regime, qkv.slices, qkv.merge, qkv.band_group) == ("copy-bound", K.COPY_BOUND_SLICES, True, 1)
     # the last group: a K-slice of its bands on the link >= a slice of a tile on a CTA (H200: 3 bands)
@@ -103,7 +110,7 @@ def test_ce_settings_defaults_regimes_and_explicit_knobs():
     mma = K.ce_settings(1280, 132, False, True, env={})
     assert (mma.k_stream, mma.regime, mma.merge, mma.band_group) == (False, "", False, None)
     assert not fc1.head_main and K.ce_settings(7168, 132, True, True, env={"KOSMOS_CE_HEAD_MAIN": "1"}).head_main
-    assert (fc1.ramp, fc1.halve) == (True, True)
+    assert (big.ramp, big.halve) == (True, True)
     flat = K.ce_settings(7168, 132, True, True, env={"KOSMOS_BAND_RAMP": "0", "KOSMOS_BAND_HALVE": "0"})
     assert (flat.ramp, flat.halve) == (False, False)
     for bad in ({"KOSMOS_BAND_GROUP": "x"}, {"KOSMOS_BAND_GROUP": "-2"}, {"KOSMOS_CE_TAIL_BANDS": "-1"},

@@ -411,10 +411,14 @@ def test_copy_engine_knobs_reach_the_simulator(monkeypatch):
     gp, _ = groups_and_time()
     assert gp == [1, 2, 5, 8, 8, 8, 8, 8, 4, 4]
     monkeypatch.delenv("KOSMOS_BAND_GROUP")
+    assert g0[:3] == [8, 8, 8]  # link-bound defaults: peer-sized groups, no ramp
+    monkeypatch.setenv("KOSMOS_BAND_RAMP", "1")
+    gr, _ = groups_and_time()
+    assert gr[:3] == [1, 2, 4]
     monkeypatch.setenv("KOSMOS_BAND_RAMP", "0")
     monkeypatch.setenv("KOSMOS_BAND_HALVE", "0")
     gf, _ = groups_and_time()
-    assert g0[:3] == [1, 2, 4] and gf[:-2] == [max(gf)] * (len(gf) - 2) and gf[0] > 4 and sum(gf) == sum(g0)
+    assert gf[:-2] == [max(gf)] * (len(gf) - 2) and gf[0] > 4 and sum(gf) == sum(g0)
     monkeypatch.delenv("KOSMOS_BAND_RAMP")
     monkeypatch.delenv("KOSMOS_BAND_HALVE")
     monkeypatch.setenv("KOSMOS_CE_SLICES", "3,1")

@@ -78,6 +78,18 @@ DEFAULT_CE_KERNEL_SIDE = "0"
 # costs 1-6% (t11), so only here.
 COPY_BOUND_RHO = 0.3
 COPY_BOUND_SLICES = 4
+# Link-bound shapes (COPY_BOUND_RHO <= rho < schedule.BALANCED_RHO[0]: 70b FC1 on the host
+# fabric, rho 0.47): the builders have slack, so remote groups need not start small (no ramp)
+# and can be a peer's shard (8 bands), which saves the copies where groups straddle peers (11
+# instead of 17 at 8k tokens, ~2.5 us each), and the last group arrives in 3 K-slices (a third
+# of each tile's K after the last byte: tail 41-44 us against 55-60 with 2; 4 slices' narrower
+# copies cost more than they save). Back to back on 70b FC1 8k / 16k, fresh processes
+# (results/issue4-h200-20261203/probes/tail_probe-9-groups.parquet, 2026-12-03 22:30-23:20):
+# 2213-2215 / 4348-4350 us against 2242-2252 / 4382-4395 for the previous defaults (copy alone
+# 2138-2146 / 4253-4261): efficiency 0.966-0.970 / 0.978-0.980. Groups of 16 / 24 / 32 bands
+# and the ramp kept: 5-30 us slower.
+LINK_BOUND_GROUP = 8
+LINK_BOUND_SLICES = 3
 # The sm90 AG kernel's lookahead claim (KOSMOS_AHEAD_BLOCKS; csrc/ag_gemm_sm90.cu kAheadBlocks):
 # the scheduler claims the next ready tile this many k-blocks before the current tile's last
 # load, so the claim's chain of global accesses overlaps the tile; -1: no lookahead (claim
@@ -188,12 +200,12 @@ def kernel_stream(lib, dev_index: int) -> int:
 
 
 def ce_regime(n_loc: int, builders: int) -> str:
-    """'copy-bound' or 'compute': which CE-plan defaults a host-fabric shape gets (above; the
-    runner and the simulator decide the same way)."""
+    """'copy-bound', 'link-bound' or 'compute': which CE-plan defaults a host-fabric shape gets
+    (above; the runner and the simulator decide the same way)."""
     from ..kernels import ag_sm90
 
     rho = S.link_compute_ratio(n_loc, builders, "host", ag_sm90.schedule_model("host"))
-    return "copy-bound" if rho < COPY_BOUND_RHO else "compute"
+    return "copy-bound" if rho < COPY_BOUND_RHO else ("link-bound" if rho < S.BALANCED_RHO[0] else "compute")
 
 
 def copy_bound_tail_bands(n_loc: int, builders: int) -> int:
@@ -292,7 +304,14 @@ def ce_settings(n_loc: int, builders: int, streams: bool, host: bool, ce_slices=
             band_group = 1
         if "KOSMOS_CE_TAIL_BANDS" not in env:
             tail_bands = copy_bound_tail_bands(n_loc, builders)
+    elif regime == "link-bound":  # explicit settings win
+        if ce_slices is None and "KOSMOS_CE_SLICES" not in env and not sm_bands:
+            split = (1,) * LINK_BOUND_SLICES
+        if "KOSMOS_BAND_GROUP" not in env:
+            band_group = LINK_BOUND_GROUP
     ramp, halve = (_env_bool(k, env) for k in ("KOSMOS_BAND_RAMP", "KOSMOS_BAND_HALVE"))
+    if regime == "link-bound" and "KOSMOS_BAND_RAMP" not in env:
+        ramp = False
     side = env.get("KOSMOS_CE_KERNEL_SIDE", DEFAULT_CE_KERNEL_SIDE)
     if side not in ("0", "1") or (side == "1" and head_main == "1"):
         raise ValueError(f"KOSMOS_CE_KERNEL_SIDE={side!r}: expected 0 or 1 (and not with KOSMOS_CE_HEAD_MAIN=1)")
