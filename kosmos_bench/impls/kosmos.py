@@ -68,7 +68,10 @@ DEFAULT_CE_HEAD_MAIN = "0"
 # KOSMOS_CE_KERNEL_SIDE=1: the plan's copies on the caller's (main) stream, the kernel on a stream
 # of its own (kernel_stream), so that the first byte leaves without the ~10 us event hop from
 # main to the copy stream and the kernel, whose first remote band lands a copy later anyway,
-# takes the hop instead; main then waits for the kernel. To be measured.
+# takes the hop instead; main then waits for the kernel. Off: 120-150 us slower on 70b FC1 8k /
+# 16k (2347-2375 vs 2223 us; results/issue4-h200-20261203/probes/tail_probe-9-groups, call 5),
+# cause not measured (the probe's span events sit on the plan's copy stream, empty in this mode).
+# An ablation, like KOSMOS_CE_HEAD_MAIN.
 DEFAULT_CE_KERNEL_SIDE = "0"
 # Copy-bound shapes (rho = schedule.link_compute_ratio < COPY_BOUND_RHO: the QKV layers on the
 # host fabric, rho <= 0.16; FC1 is 0.47-0.88): the builders wait for the link anyway, so what
@@ -84,7 +87,7 @@ COPY_BOUND_SLICES = 4
 # instead of 17 at 8k tokens, ~2.5 us each), and the last group arrives in 3 K-slices (a third
 # of each tile's K after the last byte: tail 41-44 us against 55-60 with 2; 4 slices' narrower
 # copies cost more than they save). Back to back on 70b FC1 8k / 16k, fresh processes
-# (results/issue4-h200-20261203/probes/tail_probe-9-groups.parquet, 2026-12-03 22:30-23:20):
+# (results/issue4-h200-20261203/probes/tail_probe-9-groups.parquet, session of 2026-12-03 22:27):
 # 2213-2215 / 4348-4350 us against 2242-2252 / 4382-4395 for the previous defaults (copy alone
 # 2138-2146 / 4253-4261): efficiency 0.966-0.970 / 0.978-0.980. Groups of 16 / 24 / 32 bands
 # and the ramp kept: 5-30 us slower.
@@ -116,7 +119,12 @@ DEFAULT_SPLIT_K = "0"
 # slice, without the engine's ~2.5 us per copy, so the work left at the last byte is one
 # slice of each tile instead of half a tile (~50 us at K = 8192). The SMs pull pinned host
 # memory at 48-50 GB/s against the engine's 52-53 (probes/pcie_aggregate-*), which those bands
-# pay. An ablation until measured.
+# pay. Off: inside the fused call they pulled at only 33-41 GB/s (16 MB in 415-440 us; 14-40
+# mover slots, 4-32 slices per band: the CTAs pulling are the ones not waiting inside tail tiles,
+# each claim costs a chain of global round trips), so every setting lost 25-100 us on 70b FC1
+# 8k to what the engine would have moved (results/issue4-h200-20261203/probes/tail_probe-9-groups,
+# calls 2-3). Correct and bitwise equal to the engine's plan (tests/test_kosmos_gpu.py). An
+# ablation.
 DEFAULT_CE_SM_TAIL = "0"
 
 
