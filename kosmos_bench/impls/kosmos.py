@@ -128,33 +128,29 @@ DEFAULT_SPLIT_K = "0"
 DEFAULT_CE_SM_TAIL = "0"
 
 
-def sm_tail_setting(env=None) -> tuple[int, int]:
-    """(bands, slices) of KOSMOS_CE_SM_TAIL ("0" or "bands:slices", bands >= 1, slices >= 1;
-    (0, 0): off)."""
-    v = (os.environ if env is None else env).get("KOSMOS_CE_SM_TAIL", DEFAULT_CE_SM_TAIL).strip()
+def _bands_colon(name: str, default: str, what: str, env=None) -> tuple[int, int] | None:
+    """A "0" or "bands:<what>" knob (both >= 1, e.g. 4:4): None for "0"."""
+    v = (os.environ if env is None else env).get(name, default).strip()
     if v in ("", "0"):
-        return 0, 0
+        return None
     try:
-        bands, slices = (int(x) for x in v.split(":"))
+        bands, n = (int(x) for x in v.split(":"))
     except ValueError:
-        bands = slices = 0
-    if bands < 1 or slices < 1:
-        raise ValueError(f"KOSMOS_CE_SM_TAIL={v!r}: expected 0 or bands:slices with both >= 1 (e.g. 8:16)")
-    return bands, slices
+        bands = n = 0
+    if bands < 1 or n < 1:
+        raise ValueError(f"{name}={v!r}: expected 0 or bands:{what} with both >= 1 (e.g. 4:4)")
+    return bands, n
 
 
 def split_k_setting(env=None) -> tuple[int, int]:
-    """(bands, parts) of KOSMOS_SPLIT_K ("0" or "bands:parts", both >= 1; (0, 1): no split)."""
-    v = (os.environ if env is None else env).get("KOSMOS_SPLIT_K", DEFAULT_SPLIT_K).strip()
-    if v in ("", "0"):
-        return 0, 1
-    try:
-        bands, parts = (int(x) for x in v.split(":"))
-    except ValueError:
-        bands = parts = 0
-    if bands < 1 or parts < 1:
-        raise ValueError(f"KOSMOS_SPLIT_K={v!r}: expected 0 or bands:parts with both >= 1 (e.g. 4:4)")
-    return (bands, parts) if parts > 1 else (0, 1)
+    """(bands, parts) of KOSMOS_SPLIT_K ("0" or "bands:parts"; (0, 1): no split)."""
+    v = _bands_colon("KOSMOS_SPLIT_K", DEFAULT_SPLIT_K, "parts", env)
+    return v if v and v[1] > 1 else (0, 1)
+
+
+def sm_tail_setting(env=None) -> tuple[int, int]:
+    """(bands, slices) of KOSMOS_CE_SM_TAIL ("0" or "bands:slices"; (0, 0): off)."""
+    return _bands_colon("KOSMOS_CE_SM_TAIL", DEFAULT_CE_SM_TAIL, "slices", env) or (0, 0)
 
 
 # Sleep between two polls of a flag spin (Params.spin_ns; KOSMOS_SPIN_NS).
