@@ -274,6 +274,13 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
                               "KOSMOS_CE_TAIL_GROUPS are not modelled)")
         if cs.head_main:
             raise Unsupported("the simulator does not model the head copy on the main stream (KOSMOS_CE_HEAD_MAIN=1)")
+        if cs.sm_tail_bands or cs.kernel_side:
+            raise Unsupported("the simulator does not model the SM-streamed tail (KOSMOS_CE_SM_TAIL) or the kernel "
+                              "on a side stream (KOSMOS_CE_KERNEL_SIDE)")
+        from ..impls.kosmos import split_k_setting
+
+        if split_k_setting()[1] > 1:
+            raise Unsupported("the simulator does not model split tail tiles (KOSMOS_SPLIT_K)")
         stream_k, merge, band_group, tail_bands = cs.k_stream, cs.merge, cs.band_group, cs.tail_bands
         ramp, halve = cs.ramp, cs.halve
         ce_slices = cs.slices if stream_k else 1
