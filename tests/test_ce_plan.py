@@ -280,7 +280,8 @@ def test_sm_tail_groups_get_no_copies_and_the_rest_is_covered_once(slices, merge
     for p in range(W):
         for mt in range(m_loc // 128):
             rows = cover[p * m_loc + mt * 128:p * m_loc + (mt + 1) * 128]
-            assert np.all(rows == (0 if p == r or (p, mt) in sm else 1)), (p, mt)
+            want = 0 if p == r or (p, mt) in sm else 1  # own rows and the SM tail's: never copied
+            assert np.all(rows == want), (p, mt)
     flag_of = _band_flags(sch)
     assert set(flags) == set(mult) == {f for b, f in flag_of.items() if b not in sm}
     q = sch.movers.queue
