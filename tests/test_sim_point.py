@@ -421,10 +421,10 @@ def test_copy_engine_knobs_reach_the_simulator(monkeypatch):
     assert gf[:-2] == [max(gf)] * (len(gf) - 2) and gf[0] > 4 and sum(gf) == sum(g0)
     monkeypatch.delenv("KOSMOS_BAND_RAMP")
     monkeypatch.delenv("KOSMOS_BAND_HALVE")
-    monkeypatch.setenv("KOSMOS_CE_SLICES", "3,1")
-    with pytest.raises(Unsupported, match="3,1"):
+    monkeypatch.setenv("KOSMOS_CE_TAIL_GROUPS", "2")
+    with pytest.raises(Unsupported, match="KOSMOS_CE_TAIL_GROUPS"):
         simulate_point(p, prof)
-    monkeypatch.delenv("KOSMOS_CE_SLICES")
+    monkeypatch.delenv("KOSMOS_CE_TAIL_GROUPS")
     monkeypatch.setenv("KOSMOS_CE_HEAD_MAIN", "1")
     with pytest.raises(Unsupported, match="KOSMOS_CE_HEAD_MAIN"):
         simulate_point(p, prof)
@@ -435,6 +435,43 @@ def test_copy_engine_knobs_reach_the_simulator(monkeypatch):
             simulate_point(p, prof)
         monkeypatch.delenv(knob)
     model._schedule.cache_clear()
+
+
+def test_uneven_k_slices_arrive_with_the_last_slice_of_their_copy(monkeypatch):
+    """KOSMOS_CE_SLICES=6,4,2,1 (13 uniform slices in 4 copies): the slices of one copy arrive
+    together, when uniform slices would have delivered the copy's last one (plus the setup of
+    the copies before it), and a thin last copy leaves less work after the last byte."""
+    from kosmos_bench.sim import model
+
+    p = pt(M=8192, N=57344, K=8192, fabric="host", builder="sm90", mover="ce")
+    prof = prof_with("h200-host-pcie", copy_engine_setup_ns=0.0)
+    model._schedule.cache_clear()
+    monkeypatch.setenv("KOSMOS_CE_SLICES", "13")
+    uniform = model.build(p, prof)
+    t_uniform = simulate_point(p, prof)[0]["t_median_us"]
+    monkeypatch.setenv("KOSMOS_CE_SLICES", "6,4,2,1")
+    model._schedule.cache_clear()
+    split = model.build(p, prof)
+    t_split = simulate_point(p, prof)[0]["t_median_us"]
+    model._schedule.cache_clear()
+    rate, sch = float(prof["copy_engine_GBps"]["h2d"]), split.scheds[0]
+    a13, _ = model._ce_stream(sch, 13, 128, rate, 1.0)
+    a6421, _ = model._ce_stream(sch, 13, 128, rate, 1.0, split=(6, 4, 2, 1))
+    assert a13.keys() == a6421.keys() and len(a13) == 4
+    for band, times in a6421.items():
+        u = a13[band]
+        assert len(times) == 13 and times == sorted(times)
+        for lo, hi in ((0, 6), (6, 10), (10, 12), (12, 13)):
+            assert len(set(times[lo:hi])) == 1
+        last = list(a13)[-1]  # the group's last band: its slices end each copy
+        if band == last:
+            assert [times[i] for i in (5, 9, 11, 12)] == pytest.approx([u[i] for i in (5, 9, 11, 12)])
+    assert (split.problem.end_floor_ns > 0).sum() == (uniform.problem.end_floor_ns > 0).sum() > 0
+    monkeypatch.setenv("KOSMOS_CE_SLICES", "3")
+    t3 = simulate_point(p, prof)[0]["t_median_us"]
+    model._schedule.cache_clear()
+    # the last copy's 1/13 of K leaves what 13 uniform slices leave, less than a third of K
+    assert t_split == pytest.approx(t_uniform, rel=1e-3) and t_split < t3 - 3.0
 
 
 def test_copy_engine_start_delays_the_plan_and_its_slices():

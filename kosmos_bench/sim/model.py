@@ -114,7 +114,7 @@ def resolve_builder(p: Point, prof: dict) -> str:
 
 
 def _ce_copies(sch, K: int, slices: int, merge: bool, BM: int, move_offset: int, work: np.ndarray,
-               nbytes: np.ndarray, setup_ns: float, start_ns: float = 0.0) -> dict:
+               nbytes: np.ndarray, setup_ns: float, start_ns: float = 0.0, split: tuple = ()) -> dict:
     """The runner's CE plan (ce_plan.build, same settings) as the engine sees it: a copy's bytes
     travel with the first mover item of its first band, so its bands are released together when
     the copy ends (merged copies hold early bands back), and every copy beyond the first of its
@@ -123,11 +123,12 @@ def _ce_copies(sch, K: int, slices: int, merge: bool, BM: int, move_offset: int,
     calibrated rate). The first copy starts ``start_ns`` late (the plan's streams wait for the
     call's start on the main stream: an event hop). Edits work / nbytes in place; returns
     {(slice, (peer, M-tile)): extra copies up to and including that K-slice's copy} for the
-    sliced tail (``_ce_stream``)."""
+    sliced tail (``_ce_stream``); ``split``: slices per copy there (ce_plan.parse_split), every
+    slice of a copy gets the copy's count."""
     from .. import ce_plan
     from ..kernels import ag_sm90
 
-    plan, _ = ce_plan.build(sch, K, slices, bk=ag_sm90.BK, merge=merge)
+    plan, _ = ce_plan.build(sch, K, slices, bk=ag_sm90.BK, merge=merge, split=split or None)
     tab = sch.movers.table
     items: dict = {}
     for i in sch.movers.queue:
@@ -144,8 +145,9 @@ def _ce_copies(sch, K: int, slices: int, merge: bool, BM: int, move_offset: int,
         extra += beyond
         bands = [(e.peer, mt) for mt in range(e.row0 // BM, S.cdiv(e.row0 + e.rows, BM))]
         if e.cols < K:  # a K-slice of the last group: _ce_stream times it
-            s = starts.index(e.col0)
-            sliced.update({(s, b): extra for b in bands})
+            s0 = starts.index(e.col0)
+            s1 = starts.index(e.col0 + e.cols) if e.col0 + e.cols < K else slices
+            sliced.update({(s, b): extra for s in range(s0, s1) for b in bands})
             continue
         its = [it for b in bands for it in items.get(b, [])]
         if its:
@@ -157,11 +159,13 @@ def _ce_copies(sch, K: int, slices: int, merge: bool, BM: int, move_offset: int,
 
 
 def _ce_stream(sch, slices: int, BM: int, rate: float, elem_scale: float, setup_ns: float = 0.0,
-               extra: dict | None = None, start_ns: float = 0.0) -> tuple[dict, list[int]]:
+               extra: dict | None = None, start_ns: float = 0.0, split: tuple = ()) -> tuple[dict, list[int]]:
     """The copy engine's K-sliced tail (impls/kosmos.py's defaults, ce_plan.build): the bands of
     the last remote group arrive slice-major after every other band. One engine that never
     waits: slice s of band b arrives ``start_ns`` + the time the bytes before it take at ``rate``
-    (bytes/ns) + ``setup_ns`` for each extra copy up to its own (``extra``, from ``_ce_copies``). Returns ({(peer, M-tile): [arrival ns of each slice]}, the group's mover rows)."""
+    (bytes/ns) + ``setup_ns`` for each extra copy up to its own (``extra``, from ``_ce_copies``);
+    with ``split`` (slices per copy, e.g. (6, 4, 2, 1)) a slice arrives with the last slice of
+    its copy. Returns ({(peer, M-tile): [arrival ns of each slice]}, the group's mover rows)."""
     tab, queue = sch.movers.table, sch.movers.queue
     group = [(int(p), int(m)) for p, m in (sch.meta.get("remote_groups") or [[]])[-1]]
     in_group = set(group)
@@ -178,11 +182,15 @@ def _ce_stream(sch, slices: int, BM: int, rate: float, elem_scale: float, setup_
         else:
             before += b
     total = sum(nbytes.values())
+    parts = split or (1,) * slices
+    bounds = np.cumsum((0,) + tuple(parts))  # copy j holds slices [bounds[j], bounds[j+1])
     arrive, prefix = {}, 0.0
     for k in group:
         prefix += nbytes.get(k, 0.0)
-        arrive[k] = [start_ns + (before + (s * total + prefix) / slices) / rate
-                     + setup_ns * (extra or {}).get((s, k), 0) for s in range(slices)]
+        arrive[k] = []
+        for j, n_sl in enumerate(parts):
+            t = start_ns + (before + (bounds[j] * total + n_sl * prefix) / slices) / rate
+            arrive[k] += [t + setup_ns * (extra or {}).get((s, k), 0) for s in range(bounds[j], bounds[j + 1])]
     return arrive, [int(i) for i in queue if key(i) in in_group]
 
 
@@ -259,7 +267,7 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
 
     # copy-engine movers: the runner's settings (impls/kosmos.py ce_settings: K-sliced tail with
     # the sm90 builder, regime defaults, the KOSMOS_CE_* / KOSMOS_BAND_GROUP knobs)
-    stream_k, ce_slices, band_group, merge, tail_bands = False, 1, None, False, None
+    stream_k, ce_slices, ce_split, band_group, merge, tail_bands = False, 1, (), None, False, None
     ramp = halve = True
     if ce:
         from ..impls import kosmos as kimpl
@@ -268,9 +276,8 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
             cs = kimpl.ce_settings(p.N // W, sizes[0], sm90, True)
         except ValueError as e:
             raise Unsupported(str(e)) from None
-        if cs.k_stream and (len(set(cs.split)) > 1 or cs.slice_bytes or cs.tail_groups != 1):
-            raise Unsupported("the simulator models K-slices of the last group only, in copies of one slice "
-                              f"(KOSMOS_CE_SLICES={','.join(map(str, cs.split))}, KOSMOS_CE_SLICE_MB, "
+        if cs.k_stream and (cs.slice_bytes or cs.tail_groups != 1):
+            raise Unsupported("the simulator models K-slices of the last group only (KOSMOS_CE_SLICE_MB, "
                               "KOSMOS_CE_TAIL_GROUPS are not modelled)")
         if cs.head_main:
             raise Unsupported("the simulator does not model the head copy on the main stream (KOSMOS_CE_HEAD_MAIN=1)")
@@ -284,6 +291,7 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
         stream_k, merge, band_group, tail_bands = cs.k_stream, cs.merge, cs.band_group, cs.tail_bands
         ramp, halve = cs.ramp, cs.halve
         ce_slices = cs.slices if stream_k else 1
+        ce_split = tuple(cs.split) if stream_k else ()
 
     def sched(r):
         return _schedule(p.op, p.M, p.N, p.K, W, r, BM, BN, chunk, sizes[r], order, p.seed,
@@ -339,7 +347,7 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     setup_ns = float(prof.get("copy_engine_setup_ns", 0.0))
     start_ns = float(prof.get("copy_engine_start_ns", 0.0))
     sliced_extra = _ce_copies(scheds[ranks[0]], p.K, ce_slices, merge, BM, offset[ranks[0], S.Q_MOVE], work, nbytes,
-                              setup_ns, start_ns) if ce else {}
+                              setup_ns, start_ns, ce_split) if ce else {}
 
     # ---- dependencies: every dependency flag -> all items that release it
     remote_lat = float(prof["flag_latency_ns"]["remote"])
@@ -403,7 +411,7 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     if stream_k:  # the last group's tiles start on slice 0 and end after their last slice's work
         r0 = ranks[0]
         arrive, rows = _ce_stream(scheds[r0], ce_slices, BM, float(prof["copy_engine_GBps"]["h2d"]), elem_scale,
-                                  setup_ns, sliced_extra, start_ns)
+                                  setup_ns, sliced_extra, start_ns, ce_split)
         moved = offset[r0, S.Q_MOVE] + np.asarray(rows, dtype=np.int64)
         bt = scheds[r0].builders
         end_floor = np.zeros(n)
