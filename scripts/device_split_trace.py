@@ -5,7 +5,8 @@ call's last trace record, and how many CTAs are busy in the last 200 us. One fre
 variant via scripts/device_b2b_variants.sh (B2B_SCRIPT=device_split_trace.py B2B_LINES=12).
 
     B2B_TAG=s4 KOSMOS_SPLIT_K=4:4 python3 scripts/device_split_trace.py OUT [MxNxK,...]
-Appends per-group rows to OUT/split_trace.parquet.
+Appends per-group rows to OUT/split_trace.parquet; the last groups' tiles (one row each) go to
+OUT/split_trace_items-<tag>-<M>.parquet.
 """
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ def main() -> None:
             print(f"{tag:8s} {M}x{N}x{K} g{r['group']:+d} ({r['bands']} bands, {r['items']} items, {r['parts']} parts, "
                   f"{r['ctas']} CTAs): start {r['start_min']:.0f}/{r['start_med']:.0f}/{r['start_max']:.0f}  "
                   f"dur {r['dur_med']:.1f} (max {r['dur_max']:.1f})  end {r['end_max']:.0f} us", flush=True)
+        last = b[b["g"] >= len(groups) - GROUPS]
+        last.assign(tag=tag, M=M, N=N, K=K).drop(columns=["rank"]).to_parquet(
+            os.path.join(out, f"split_trace_items-{tag}-{M}.parquet"), index=False)  # the last groups' tiles
         busy = [int(((b["s"] <= -t_) & (b["e"] > -t_)).sum()) for t_ in range(200, -1, -20)]
         print(f"{tag:8s} {M}x{N}x{K} busy CTAs at -200..0 us step 20: {busy}", flush=True)
     append_rows(out, "split_trace.parquet", rows)
