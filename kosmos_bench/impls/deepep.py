@@ -12,10 +12,8 @@ from .base import RankCtx
 from .symm_mem import (
     MULTI_GPU_FABRICS,
     dist_version,
-    gpu_nccl_ready,
-    module_present,
     multi_gpu_unsupported,
-    probe_import,
+    optional_available,
 )
 
 _MODULE = "deep_ep"
@@ -28,20 +26,11 @@ class DeepEpImpl:
     module = _MODULE
 
     def available(self, backend: str) -> tuple[bool, str]:
-        try:
-            if not module_present(_MODULE):
-                return False, "deepep: DeepEP is not installed (no module 'deep_ep'; build it from github.com/deepseek-ai/DeepEP)"
-            ok, why = gpu_nccl_ready(self.name, backend)
-            if not ok:
-                return ok, why
-            mod, why = probe_import(_MODULE)
-            if mod is None:
-                return False, f"deepep: {why}"
-            if not hasattr(mod, "Buffer"):
-                return False, f"deepep: module 'deep_ep' ({getattr(mod, '__file__', '?')}) has no deep_ep.Buffer"
-            return True, ""
-        except Exception as e:  # noqa: BLE001 -- available() never raises; the reason is reported
-            return False, f"deepep: availability check failed: {type(e).__name__}: {e}"
+        return optional_available(
+            self.name, backend, _MODULE,
+            "DeepEP is not installed (no module 'deep_ep'; build it from github.com/deepseek-ai/DeepEP)",
+            check=lambda mod: None if hasattr(mod, "Buffer") else
+            f"module 'deep_ep' ({getattr(mod, '__file__', '?')}) has no deep_ep.Buffer")
 
     def version(self) -> str | None:
         return dist_version("deep_ep", "deep-ep", module=_MODULE)

@@ -26,10 +26,9 @@ from .base import FnRunner, RankCtx
 from .symm_mem import (
     MULTI_GPU_FABRICS,
     dist_version,
-    gpu_nccl_ready,
     half_precision_unsupported,
     keep_multicast_off,
-    module_present,
+    optional_available,
     probe_import,
     resolve_group,
     set_device,
@@ -48,23 +47,13 @@ class FluxImpl:
     module = _MODULE
 
     def available(self, backend: str) -> tuple[bool, str]:
-        try:
-            if not module_present(_MODULE):
-                return False, "flux: ByteDance Flux is not installed (no module 'flux'; pip install byte-flux)"
-            ok, why = gpu_nccl_ready(self.name, backend)
-            if not ok:
-                return ok, why
-            mod, why = probe_import(_MODULE)
-            if mod is None:
-                return False, f"flux: {why}"
+        def api(mod):
             missing = [n for n in _NEEDED if not hasattr(mod, n)]
-            if missing:
-                where = getattr(mod, "__file__", None) or "?"
-                return False, (f"flux: module 'flux' ({where}) is not ByteDance Flux "
-                               f"(no flux.{', flux.'.join(missing)})")
-            return True, ""
-        except Exception as e:  # noqa: BLE001 -- available() never raises; the reason is reported
-            return False, f"flux: availability check failed: {type(e).__name__}: {e}"
+            return (f"module 'flux' ({getattr(mod, '__file__', None) or '?'}) is not ByteDance Flux "
+                    f"(no flux.{', flux.'.join(missing)})") if missing else None
+
+        return optional_available(self.name, backend, _MODULE,
+                                  "ByteDance Flux is not installed (no module 'flux'; pip install byte-flux)", check=api)
 
     def version(self) -> str | None:
         return dist_version("byte-flux", "byte_flux", module=_MODULE)

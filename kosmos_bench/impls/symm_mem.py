@@ -122,6 +122,27 @@ def gpu_nccl_ready(name: str, backend: str) -> tuple[bool, str]:
     return True, ""
 
 
+def optional_available(name: str, backend: str, module: str, not_installed: str, api: str | None = None,
+                       check=None) -> tuple[bool, str]:
+    """available() of an optional multi-GPU baseline, in the order a user fixes things: the
+    package installed (``not_installed`` says how to get it), the gpu backend with NCCL, its
+    API module (``api``, default ``module``) importing, then ``check(mod)`` -> a reason or None
+    (the API it needs is there). Never raises: a failing check is the reason."""
+    try:
+        if not module_present(module):
+            return False, f"{name}: {not_installed}"
+        ok, why = gpu_nccl_ready(name, backend)
+        if not ok:
+            return ok, why
+        mod, why = probe_import(api or module)
+        if mod is None:
+            return False, f"{name}: {why}"
+        bad = check(mod) if check else None
+        return (False, f"{name}: {bad}") if bad else (True, "")
+    except Exception as e:  # noqa: BLE001 -- available() never raises; the reason is reported
+        return False, f"{name}: availability check failed: {type(e).__name__}: {e}"
+
+
 def multi_gpu_unsupported(impl, point: Point) -> str | None:
     """Skip reasons of every multi-GPU-only baseline (symm-mem, te-ub, flux, deepep)."""
     if point.fabric in SINGLE_GPU_FABRICS:

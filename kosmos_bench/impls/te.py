@@ -34,10 +34,9 @@ from .base import FnRunner, RankCtx
 from .symm_mem import (
     MULTI_GPU_FABRICS,
     dist_version,
-    gpu_nccl_ready,
     half_precision_unsupported,
     keep_multicast_off,
-    module_present,
+    optional_available,
     probe_import,
     resolve_group,
     set_device,
@@ -54,22 +53,15 @@ class TeUbImpl:
     module = _MODULE
 
     def available(self, backend: str) -> tuple[bool, str]:
-        try:
-            if not module_present(_MODULE):
-                return False, ("te-ub: TransformerEngine is not installed (no module "
-                               "'transformer_engine'; install TransformerEngine with its PyTorch extension)")
-            ok, why = gpu_nccl_ready(self.name, backend)
-            if not ok:
-                return ok, why
-            mod, why = probe_import(_TORCH_API)
-            if mod is None:
-                return False, f"te-ub: {why}"
+        def api(_mod):
             base, why = probe_import(_TORCH_API + ".module.base")
             if base is None or not hasattr(base, "initialize_ub"):
-                return False, f"te-ub: this TransformerEngine has no module.base.initialize_ub {why}".rstrip()
-            return True, ""
-        except Exception as e:  # noqa: BLE001 -- available() never raises; the reason is reported
-            return False, f"te-ub: availability check failed: {type(e).__name__}: {e}"
+                return f"this TransformerEngine has no module.base.initialize_ub {why}".rstrip()
+            return None
+
+        return optional_available(self.name, backend, _MODULE,
+                                  "TransformerEngine is not installed (no module 'transformer_engine'; install "
+                                  "TransformerEngine with its PyTorch extension)", api=_TORCH_API, check=api)
 
     def version(self) -> str | None:
         return dist_version("transformer_engine", "transformer-engine", "transformer_engine_torch", module=_MODULE)
