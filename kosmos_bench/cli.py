@@ -428,6 +428,7 @@ def doctor():
         p = torch.cuda.get_device_properties(0)
         t.add_row("device 0", f"{p.name}, sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, {p.total_memory / 2**30:.0f} GiB")
     t.add_row("git", f"{m['git_sha']} dirty={m['git_dirty']}")
+    t.add_row("source hash", f"{m['source_hash']} (names the code of a run whose .git is stale)")
     be = "gpu" if torch.cuda.is_available() else "cpu"
     for name, impl in IMPLS.items():
         ok, why = impl.available(be)

@@ -222,6 +222,8 @@ def header_text(manifest: dict, points_summary: str) -> str:
     git = m.get("git_sha")
     if git:
         sw.append(f"git {str(git)[:10]}" + (" (dirty)" if m.get("git_dirty") else ""))
+    if m.get("source_hash"):
+        sw.append(f"src {m['source_hash']}")
     lines = [f"# kosmos-bench | {m.get('command', '?')}",
              f"# host {m.get('host', '?')} | {m.get('time', '?')} | devices: {dev}",
              "# " + " | ".join(s for s in sw if s) if any(sw) else "# (no software versions in manifest)",
@@ -550,7 +552,8 @@ def _compare(a_dir: Path, b_dir: Path, *, as_json: bool, out) -> int:
     for tag, m in (("A", man_a), ("B", man_b)):
         git = m.get("git_sha")
         out(f"# {tag}: {m.get('time', '?')} | {', '.join(m.get('gpus') or ['no GPU'])} | "
-            f"git {str(git)[:10] if git else '?'}{' (dirty)' if m.get('git_dirty') else ''} | {m.get('command', '?')}")
+            f"git {str(git)[:10] if git else '?'}{' (dirty)' if m.get('git_dirty') else ''} | "
+            f"src {m.get('source_hash') or '?'} | {m.get('command', '?')}")
     out("# A/B = A time / B time: > 1 means B is faster; eff = overlap efficiency, max(GEMM alone, collective alone) / time")
     out("#" + " ".join(_fit(t, w - (1 if i == 0 else 0), al) for i, (t, w, al) in enumerate(_CMP_COLS)))
     for p in _sorted(pairs.assign(impl=pairs.get("impl_a"))).to_dict(orient="records"):

@@ -15,6 +15,7 @@ is how small results are committed; ``report`` reads either form.
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import os
 import platform
@@ -212,6 +213,25 @@ def git_info() -> dict:
     return {"git_sha": sha, "git_dirty": bool(dirty) if sha else None}
 
 
+# What runs: the package's Python, the kernels' sources, the sweep files (relative to the root).
+SOURCE_GLOBS = ("kosmos_bench/**/*.py", "kosmos_bench/**/*.json", "csrc/**/*.cu", "csrc/**/*.cuh", "csrc/**/*.h",
+                "sweeps/**/*.yaml")
+
+
+def source_hash(root: Path | None = None) -> str | None:
+    """12 hex digits of a sha256 over the sources that run (SOURCE_GLOBS: path and bytes of each,
+    in path order). Unlike git_sha it needs no .git and sees uncommitted edits, so a run made
+    from a copied working tree (a GPU box) names its code: `kosmos-bench doctor` prints it here."""
+    root = Path(__file__).resolve().parent.parent if root is None else Path(root)
+    files = sorted({f for g in SOURCE_GLOBS for f in root.glob(g) if f.is_file() and "__pycache__" not in f.parts})
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
 def manifest() -> dict:
     """Environment of this run: GPU, driver, CUDA/ROCm, NCCL, torch, git, host, command."""
     import torch
@@ -237,4 +257,5 @@ def manifest() -> dict:
         except Exception as e:  # noqa: BLE001 - a missing NCCL is reported, not fatal
             m["nccl"] = f"unavailable: {e}"
     m.update(git_info())
+    m["source_hash"] = source_hash()
     return m

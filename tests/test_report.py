@@ -85,8 +85,9 @@ def test_row_text_fixed_width():
 
 def test_header_caveats():
     h = header_text({"gpus": ["NVIDIA H200"] * 2, "driver": "570", "git_sha": "0123456789abc", "git_dirty": True,
-                     "backend": "sim", "command": "kosmos-bench sweep x"}, "3 points | fabric local")
-    assert "2x NVIDIA H200" in h and "git 0123456789 (dirty)" in h and "driver 570" in h
+                     "source_hash": "feedc0ffee12", "backend": "sim", "command": "kosmos-bench sweep x"},
+                    "3 points | fabric local")
+    assert "2x NVIDIA H200" in h and "git 0123456789 (dirty) | src feedc0ffee12" in h and "driver 570" in h
     assert "SIMULATED" in h and "EMULATED" in h
     assert all(line.startswith("#") for line in h.splitlines())
     h2 = header_text({}, "x: 2 points, backend=gpu, fabric=host")

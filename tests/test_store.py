@@ -3,7 +3,7 @@ import os
 import pandas as pd
 
 from kosmos_bench.point import Point
-from kosmos_bench.store import RESULT_COLUMNS, RunStore, git_info, load_rows
+from kosmos_bench.store import RESULT_COLUMNS, RunStore, git_info, load_rows, source_hash
 
 
 def _row(p: Point, status="ok", **kw):
@@ -58,7 +58,7 @@ def test_manifest_records_environment_and_history(tmp_path):
     st = RunStore.create(tmp_path, "run")
     st.write_manifest({"sweep": "x"})
     m = st.manifest()
-    for k in ("torch", "git_sha", "git_dirty", "host", "command", "gpus", "nccl", "driver"):
+    for k in ("torch", "git_sha", "git_dirty", "host", "command", "gpus", "nccl", "driver", "source_hash"):
         assert k in m
     st.write_manifest()
     assert len(st.manifest()["previous"]) == 1
@@ -72,6 +72,28 @@ def test_git_sha_override_for_copied_trees(tmp_path, monkeypatch):
     assert m["git_sha"] == "0123abcd" and m["git_dirty"] is None and m["git_sha_from"] == "KOSMOS_GIT_SHA"
     monkeypatch.delenv("KOSMOS_GIT_SHA")
     assert git_info().get("git_sha_from") is None
+
+
+def test_source_hash_names_the_code_not_the_checkout(tmp_path):
+    """The same sources hash the same wherever they are; an edit, a new kernel file or a rename
+    changes the hash; files that do not run (docs, results, caches) do not."""
+    for root in (tmp_path / "a", tmp_path / "b"):
+        (root / "kosmos_bench" / "sub").mkdir(parents=True)
+        (root / "csrc" / "kosmos").mkdir(parents=True)
+        (root / "kosmos_bench" / "sub" / "x.py").write_text("X = 1\n")
+        (root / "csrc" / "kosmos" / "k.cuh").write_text("// kernel\n")
+    a, b = tmp_path / "a", tmp_path / "b"
+    h = source_hash(a)
+    assert h == source_hash(b) and len(h) == 12 and source_hash(tmp_path / "none") is None
+    (a / "README.md").write_text("docs")
+    (a / "kosmos_bench" / "sub" / "__pycache__").mkdir()
+    (a / "kosmos_bench" / "sub" / "__pycache__" / "x.py").write_text("cache")
+    assert source_hash(a) == h
+    (a / "csrc" / "kosmos" / "k.cuh").write_text("// kernel, edited\n")
+    assert source_hash(a) != h
+    (b / "csrc" / "kosmos" / "k.cuh").rename(b / "csrc" / "kosmos" / "k2.cuh")
+    assert source_hash(b) not in (h, source_hash(a))
+    assert source_hash() is not None  # this checkout
 
 
 def test_create_never_reuses_a_directory(tmp_path):
