@@ -21,6 +21,10 @@ schedule. Pure: rows and columns, no pointers (the runner turns them into addres
   last byte lands is then a quarter of each tile's K, with one copy more per band than whole
   bands (uniform slices 4 would need four, of narrower rows: 2-D copies of narrow rows run
   slower). The kernel is unchanged: it sees ``sum(split)`` uniform slices.
+* ``share_flags``: one release per copy. Every release is a fenced stream write, and on the H200
+  they land ~11 us apart while copies are in flight, so an 8-band copy released its last band
+  ~80 us after its first (tile starts in probes/split_trace_items-10-tail.parquet). The bands of
+  a copy then share its first band's flag (the runner points their builders' deps at it).
 """
 from __future__ import annotations
 
@@ -185,3 +189,27 @@ def first_band_alone(plan: list[CeEntry], BM: int) -> list[CeEntry]:
     a, b = plan[0], plan[1]  # b: release-only entry of the copy's second band
     return [CeEntry(a.peer, a.row0, BM, a.col0, a.cols, a.flag, a.mult, a.back),
             CeEntry(a.peer, a.row0 + BM, a.rows - BM, a.col0, a.cols, b.flag, b.mult, b.back)] + plan[2:]
+
+
+def share_flags(plan: list[CeEntry]) -> tuple[list[CeEntry], dict[int, int]]:
+    """One release per copy: a release-only entry's flag is folded into the flag of the copy it
+    follows ({band flag: copy flag}; the runner points the builders' deps at the latter) and the
+    entry dropped. A flag is folded only where that is exact: it is never a copy's own flag,
+    every release of it follows a copy of the same flag with the same count (mult, back), and
+    that flag's copies release exactly those counts in the same order (so the shared flag reads
+    "k slices there" exactly when the band's own flag would have)."""
+    own: dict[int, list] = {}  # copy flag -> [(mult, back)] of its copies, in plan order
+    rel: dict[int, list] = {}  # release-only flag -> [(copy flag, mult, back, same count as the copy)]
+    cur = None
+    for e in plan:
+        if e.rows:
+            cur = e
+            own.setdefault(e.flag, []).append((e.mult, e.back))
+        elif cur is not None:
+            rel.setdefault(e.flag, []).append((cur.flag, e.mult, e.back, (e.mult, e.back) == (cur.mult, cur.back)))
+    alias = {}
+    for f, rs in rel.items():
+        to = rs[0][0]
+        if f not in own and all(r[0] == to and r[3] for r in rs) and [r[1:3] for r in rs] == own[to]:
+            alias[f] = to
+    return [e for e in plan if e.rows or e.flag not in alias], alias

@@ -287,3 +287,46 @@ def test_sm_tail_groups_get_no_copies_and_the_rest_is_covered_once(slices, merge
     q = sch.movers.queue
     gate = sch.movers.deps_of(int(q[len(q) - sch.meta["sm_movers"]]), sch.deps)[-1]
     assert plan[-1].flag == gate and plan[-1].value(3) == 3 * mult[gate]
+
+
+def _values_after_each_copy(plan, epoch=3):
+    """{flag: value} after each copy and the releases that follow it."""
+    out, cur = [], {}
+    for i, e in enumerate(plan):
+        cur[e.flag] = e.value(epoch)
+        if i + 1 == len(plan) or plan[i + 1].rows:
+            out.append(dict(cur))
+    return out
+
+
+@pytest.mark.parametrize("kw", [dict(slices=1), dict(slices=3), dict(slices=4, split=(3, 1)), dict(slices=2, merge=True),
+                                dict(slices=3, split_head=True), dict(slices=2, slice_bytes=3 << 20)])
+@pytest.mark.parametrize("shape", [(8192, 57344, 8192), (16384, 106496, 16384), (3000 * 8, 776 * 8, 1000)])
+def test_share_flags_one_release_per_copy_and_the_same_values_where_read(shape, kw):
+    """share_flags: the copies unchanged, one release per copy, and at every point between two
+    copies each band's (shared) flag reads what its own flag read in the per-band plan, so a
+    builder waiting on it sees exactly the slices of its band that are there."""
+    M, N, K = shape
+    W, r = 8, 1
+    sch = _sched(M, N, K, W, r, stream_k=kw["slices"] > 1)
+    kw = dict(kw)
+    plan, _ = ce_plan.build(sch, K, kw.pop("slices"), bk=64, **kw)
+    shared, alias = ce_plan.share_flags(plan)
+    assert [e for e in shared if e.rows] == [e for e in plan if e.rows]
+    assert all(e.rows for e in shared) and len(shared) < len(plan)  # every release rides on its copy
+    bands = {e.flag for e in plan}
+    assert set(alias) == bands - {e.flag for e in shared} and not set(alias.values()) - {e.flag for e in shared}
+    for before, after in zip(_values_after_each_copy(plan), _values_after_each_copy(shared), strict=True):
+        for f in before:
+            assert after.get(alias.get(f, f)) == before[f], f
+
+
+def test_share_flags_keeps_a_release_it_cannot_fold():
+    E = ce_plan.CeEntry
+    plan = [E(1, 0, 256, 0, 64, 10, 2, 1), E(1, 0, 0, 0, 64, 11, 2, 1),  # band 11 rides on copy 10 ...
+            E(1, 0, 256, 64, 64, 10, 2, 0), E(1, 0, 0, 0, 64, 11, 2, 0),
+            E(2, 0, 128, 0, 128, 20, 1, 0), E(2, 0, 0, 0, 128, 21, 1, 0),  # ... 21 on 20 ...
+            E(3, 0, 128, 0, 128, 30, 1, 0), E(3, 0, 0, 0, 128, 21, 1, 0)]  # ... and again on 30: kept
+    shared, alias = ce_plan.share_flags(plan)
+    assert alias == {11: 10}
+    assert [e.flag for e in shared] == [10, 10, 20, 21, 30, 21]

@@ -73,6 +73,11 @@ DEFAULT_CE_HEAD_MAIN = "0"
 # cause not measured (the probe's span events sit on the plan's copy stream, empty in this mode).
 # An ablation, like KOSMOS_CE_HEAD_MAIN.
 DEFAULT_CE_KERNEL_SIDE = "0"
+# KOSMOS_CE_SHARED_RELEASE (default 1): one flag release per copy, the bands of a copy sharing
+# its first band's flag (ce_plan.share_flags). 0: a release per band, as before 2026-12-04: each
+# is a fenced stream write, and they landed ~11 us apart, an 8-band copy's last band ~80 us
+# after its first (probes/split_trace_items-10-tail.parquet, tile starts by band).
+DEFAULT_CE_SHARED_RELEASE = "1"
 # Copy-bound shapes (rho = schedule.link_compute_ratio < COPY_BOUND_RHO: the QKV layers on the
 # host fabric, rho <= 0.16; FC1 is 0.47-0.88): the builders wait for the link anyway, so what
 # counts is fewer copies and a short tail: one copy per peer (merge), 1-band groups and the
@@ -262,6 +267,7 @@ class CeSettings:
     sm_tail_bands: int = 0  # the last remote bands the CTAs pull in K-slices (AG_PULL_K)
     sm_tail_slices: int = 0
     kernel_side: bool = False  # the plan's copies on the caller's stream, the kernel on its own
+    shared_release: bool = True  # one flag release per copy (ce_plan.share_flags)
 
     @property
     def slices(self) -> int:
@@ -319,8 +325,11 @@ def ce_settings(n_loc: int, builders: int, streams: bool, host: bool, ce_slices=
     side = env.get("KOSMOS_CE_KERNEL_SIDE", DEFAULT_CE_KERNEL_SIDE)
     if side not in ("0", "1") or (side == "1" and head_main == "1"):
         raise ValueError(f"KOSMOS_CE_KERNEL_SIDE={side!r}: expected 0 or 1 (and not with KOSMOS_CE_HEAD_MAIN=1)")
+    shared = env.get("KOSMOS_CE_SHARED_RELEASE", DEFAULT_CE_SHARED_RELEASE)
+    if shared not in ("0", "1"):
+        raise ValueError(f"KOSMOS_CE_SHARED_RELEASE={shared!r}: expected 0 or 1")
     return CeSettings(k_stream, regime, split, merge, band_group, slice_bytes, tail_groups, tail_bands,
-                      head_main == "1", ramp, halve, sm_bands, sm_slices, side == "1")
+                      head_main == "1", ramp, halve, sm_bands, sm_slices, side == "1", shared == "1")
 
 
 class WatchdogError(RuntimeError):
@@ -693,6 +702,8 @@ class KosmosRunner:
                 arrs["flag_mult"] = arrs["flag_mult"].copy()
                 for f, m in self.ce_flag_mult.items():
                     arrs["flag_mult"][f] = m
+                if getattr(self, "ce_alias", None):  # a copy's bands wait on the one flag it releases
+                    arrs["deps"] = np.array([self.ce_alias.get(int(f), int(f)) for f in arrs["deps"]], dtype=np.int32)
             for name in ("deps", "peer_flags", "flag_mult"):
                 t = _i32(self.dev, arrs[name])
                 self._keep.append(t)
@@ -751,6 +762,7 @@ class KosmosRunner:
                      "ce_tail_groups": self.ce.tail_groups if self.k_stream else 0,
                      "ce_tail_bands": (self.ce.tail_bands or 0) if self.k_stream else 0,
                      "ce_head_main": int(self.ce.head_main), "ce_kernel_side": int(self.ce.kernel_side),
+                     "ce_releases": len(getattr(self, "ce_entries", ())),
                      "ce_merge": self.ce.merge if self.mover == "ce" else False,
                      "ce_regime": self.ce.regime, "band_group": -1 if band_group == S.PEER_GROUPS else int(band_group or 0),
                      "spin_ns": self.spin_ns, "ahead_blocks": self.ahead_blocks,
@@ -848,6 +860,9 @@ class KosmosRunner:
                                                    slice_bytes=self.ce.slice_bytes if self.k_stream else 0,
                                                    tail_groups=self.ce.tail_groups, merge=self.ce.merge,
                                                    split_head=self.ce.head_main)
+        self.ce_alias = {}
+        if self.ce.shared_release:
+            entries, self.ce_alias = ce_plan.share_flags(entries)
         pitch = K * 2
         cols = {n: [] for n in ("dst", "src", "width", "height", "pitch", "flag")}
         for e in entries:
