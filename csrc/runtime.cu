@@ -145,8 +145,9 @@ int kosmos_stream_destroy(void* stream) {
 // cudaMemcpyAsync when width == pitch, else cudaMemcpy2DAsync, a K-slice of a band) and/or
 // releases *flag[i] = mult[i] * epoch - back[i]. Entries with width 0 release further flags
 // after the latest copy. Copies run back to back on the copy stream, each followed by an
-// event; the flag stream waits for that event and releases (fenced writes: ~2 us each in the
-// front end, kept off the copy engine's path). Given one stream for both, releases follow
+// event; the flag stream waits for that event and releases (fenced writes, kept off the copy
+// engine's path; while copies are in flight they land ~11 us apart, so the runner gives every
+// copy one release: ce_plan.share_flags). Given one stream for both, releases follow
 // their copy in stream order with no events (5% slower: results/issue4-h200-20261203, t9).
 // Entries from inline_from on release on the copy stream (the last copy's: nothing follows
 // them, so the copy engine waits for nothing and the event hop to the flag stream is saved).

@@ -21,6 +21,24 @@ from _host_point import append_rows, host_ce_point, script_args
 GROUPS = int(os.environ.get("ST_GROUPS", "7"))
 
 
+def whole_call(b, ctas: int, parts: int = 10) -> str:
+    """The call from its first tile start to its last tile end in `parts` equal spans: the
+    busy fraction of the CTAs (tile time / CTA time) and the median tile duration of the tiles
+    that start in each; the own rows' end; tile time over CTA time for the whole call."""
+    t0, t1 = b["s"].min(), b["e"].max()
+    edges = np.linspace(t0, t1, parts + 1)
+    s, e = b["s"].to_numpy(), b["e"].to_numpy()
+    util, dur = [], []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        util.append(np.clip(np.minimum(e, hi) - np.maximum(s, lo), 0, None).sum() / (ctas * (hi - lo)))
+        x = b[(b["s"] >= lo) & (b["s"] < hi)]["d"]
+        dur.append(x.median() if len(x) else float("nan"))
+    own = b[b["g"] < 0]["e"].max()
+    total = (e - s).sum() / (ctas * (t1 - t0))
+    return (f"span {t1 - t0:.0f} us, busy {total:.3f}, own rows end at {own - t0:.0f} us; per tenth busy "
+            + " ".join(f"{u:.2f}" for u in util) + "; tile us " + " ".join(f"{d:.0f}" for d in dur))
+
+
 def main() -> None:
     out, shapes, dev = script_args("/tmp/split-trace")
     tag = os.environ.get("B2B_TAG", "default")
@@ -61,6 +79,10 @@ def main() -> None:
             os.path.join(out, f"split_trace_items-{tag}-{M}.parquet"), index=False)  # the last groups' tiles
         busy = [int(((b["s"] <= -t_) & (b["e"] > -t_)).sum()) for t_ in range(200, -1, -20)]
         print(f"{tag:8s} {M}x{N}x{K} busy CTAs at -200..0 us step 20: {busy}", flush=True)
+        print(f"{tag:8s} {M}x{N}x{K} whole call: {whole_call(b, runner.grid)}", flush=True)
+        if os.environ.get("ST_ALL") == "1":  # every tile of the call, not only the last groups'
+            b.assign(tag=tag, M=M, N=N, K=K).drop(columns=["rank"]).to_parquet(
+                os.path.join(out, f"split_trace_all-{tag}-{M}.parquet"), index=False)
     append_rows(out, "split_trace.parquet", rows)
 
 
