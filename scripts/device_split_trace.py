@@ -6,7 +6,7 @@ variant via scripts/device_b2b_variants.sh (B2B_SCRIPT=device_split_trace.py B2B
 
     B2B_TAG=s4 KOSMOS_SPLIT_K=4:4 python3 scripts/device_split_trace.py OUT [MxNxK,...]
 Appends per-group rows to OUT/split_trace.parquet; the last groups' tiles (one row each) go to
-OUT/split_trace_items-<tag>-<M>.parquet.
+OUT/split_trace_items-<tag>-<M>x<N>.parquet.
 """
 from __future__ import annotations
 
@@ -76,13 +76,13 @@ def main() -> None:
                   f"dur {r['dur_med']:.1f} (max {r['dur_max']:.1f})  end {r['end_max']:.0f} us", flush=True)
         last = b[b["g"] >= len(groups) - GROUPS]
         last.assign(tag=tag, M=M, N=N, K=K).drop(columns=["rank"]).to_parquet(
-            os.path.join(out, f"split_trace_items-{tag}-{M}.parquet"), index=False)  # the last groups' tiles
+            os.path.join(out, f"split_trace_items-{tag}-{M}x{N}.parquet"), index=False)  # the last groups' tiles
         busy = [int(((b["s"] <= -t_) & (b["e"] > -t_)).sum()) for t_ in range(200, -1, -20)]
         print(f"{tag:8s} {M}x{N}x{K} busy CTAs at -200..0 us step 20: {busy}", flush=True)
         print(f"{tag:8s} {M}x{N}x{K} whole call: {whole_call(b, runner.grid)}", flush=True)
         if os.environ.get("ST_ALL") == "1":  # every tile of the call, not only the last groups'
             b.assign(tag=tag, M=M, N=N, K=K).drop(columns=["rank"]).to_parquet(
-                os.path.join(out, f"split_trace_all-{tag}-{M}.parquet"), index=False)
+                os.path.join(out, f"split_trace_all-{tag}-{M}x{N}.parquet"), index=False)
     append_rows(out, "split_trace.parquet", rows)
 
 
