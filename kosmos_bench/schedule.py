@@ -471,6 +471,24 @@ def peer_groups(peers: int, per_peer: int, tail: int = 1) -> list[slice]:
     return out + [slice(lo + g.start, lo + g.stop) for g in band_groups(per_peer, 0, tail=tail, size=per_peer)]
 
 
+def _peer_runs(bands: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """A demand group's (peer, band) list cut where the peer changes. Its tiles go column by
+    column inside each run, run after run: the bands of one peer arrive together (one copy of
+    the copy engine, one flag release) and before the next peer's, and a column-by-column
+    order over both would put tiles of bands still in flight between ready ones, which the
+    claims take in queue order (405b FC1 on the host fabric: 6-band groups straddling two
+    peers started a tenth of their tiles ~100 us after their first; busy CTAs dipped to 76-87
+    of 132 at those groups, results/issue4-h200-20261204/probes/split_trace_items-14-405b-fc1).
+    Off by default (``build_schedule(peer_runs=...)``, KOSMOS_PEER_RUNS): measured no faster."""
+    runs: list[list[tuple[int, int]]] = []
+    for b in bands:
+        if runs and runs[-1][-1][0] == b[0]:
+            runs[-1].append(b)
+        else:
+            runs.append([b])
+    return runs
+
+
 PEER_GROUPS = "peer"  # band_group: remote groups aligned to peer shards (peer_groups)
 BALANCED_GROUP = 6  # bands per demand-order group when link and builders are balanced
 BALANCED_RHO = (0.7, 2.0)  # rho window called balanced (measured: 0.47 -> sqrt, 0.88 -> 6)
@@ -542,7 +560,7 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
                    stream_k: bool = False, band_group: int | str | None = None,
                    tail_bands: int | None = None, ramp: bool = True, halve: bool = True,
                    split_bands: int = 0, split_k: int = 1, sm_tail_bands: int = 0,
-                   sm_tail_slices: int = 0) -> RankSchedule:
+                   sm_tail_slices: int = 0, peer_runs: bool = False) -> RankSchedule:
     """The schedule of one rank. ``num_wgs`` is the WG count of THIS rank (on the local
     fabric: ``np.diff(wg_starts(G, W))[rank]``). ``local_first`` defaults to True for
     ag-gemm and False (local destination last) for gemm-rs. ``fabric='host'`` adds the
@@ -560,7 +578,9 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
     every tile's part 0, then part 1, ...). ``sm_tail_bands`` / ``sm_tail_slices`` (ag-gemm,
     ``stream_k``): the last ``sm_tail_bands`` remote bands are pulled by the WGs in
     ``sm_tail_slices`` K-slices each (``AG_PULL_K``), in groups of one wave of tiles after the
-    copy engine's groups; ``meta["sm_groups"]`` / ``meta["sm_movers"]``: how many trailing remote
+    copy engine's groups; ``peer_runs`` (ag-gemm): a demand group that straddles two peers
+    has its tiles peer by peer (``_peer_runs``), else column by column over the whole group;
+    ``meta["sm_groups"]`` / ``meta["sm_movers"]``: how many trailing remote
     groups and mover-queue items that is (the copy-engine plan skips those groups; the kernel's
     mover queue is that suffix).
     """
@@ -680,8 +700,9 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
                                 mv.add(AG_PULL_K, p, m0, rows, s, sm_tail_slices, [lay.entry + p] + gate, deps, r,
                                        lay.band + p * nb + j, 0, rows * K * ELEM_BYTES / sm_tail_slices))
             for grp in groups:  # column by column; a split band part-major (part 0 of every tile, ...)
-                b_demand += [build_id[p, mt, nt][s] for s in range(split_k if (bands[grp][0] in split_set) else 1)
-                             for nt in range(nt_n) for p, mt in bands[grp]]
+                for run in (_peer_runs(bands[grp]) if peer_runs else [bands[grp]]):  # a straddling group: peer by peer
+                    b_demand += [build_id[p, mt, nt][s] for s in range(split_k if (run[0] in split_set) else 1)
+                                 for nt in range(nt_n) for p, mt in run]
             if seg is ring:  # tile rows of the remote bands needed together (copy-engine movers copy them together)
                 remote_groups = [[(p, mt) for p, mt in bands[grp]] for grp in groups]
         sm_items = [i for grp in (remote_groups[len(remote_groups) - sm_groups:] if sm_groups else [])

@@ -91,6 +91,20 @@ def test_orders_are_permutations(op, order):
         assert np.array_equal(a.builders.queue, np.arange(len(a.builders)))
 
 
+def test_peer_runs():
+    assert S._peer_runs([(1, 6), (1, 7), (2, 0), (2, 1), (3, 0)]) == [[(1, 6), (1, 7)], [(2, 0), (2, 1)], [(3, 0)]]
+    assert S._peer_runs([]) == [] and S._peer_runs([(0, 0)]) == [[(0, 0)]]
+    # off (the default): column by column over the whole group, straddling or not
+    kw = dict(BM=128, BN=256, num_wgs=132, fabric="host", band_group=6, ramp=False)
+    on, off = (S.build_schedule("ag-gemm", 8192, 8 * 2048, 512, 8, 0, peer_runs=v, **kw) for v in (True, False))
+    assert sorted(on.builders.queue) == sorted(off.builders.queue)
+    # 8 bands of 8 tiles per peer: local bands, then group [peer 1 bands 0-5], then [peer 1: 6, 7 | peer 2: 0-3]
+    second = 8 * 8 + 6 * 8
+    n0 = {k: [int(x) for x in s.builders.table[s.builders.queue][second:second + 6, S.F["n0"]]] for k, s in
+          (("on", on), ("off", off))}
+    assert n0 == {"on": [0, 0, 256, 256, 512, 512], "off": [0] * 6}
+
+
 def test_ag_demand_local_first_grouped_raster():
     W, r, BM, chunk = 4, 2, 128, 2
     sch = S.build_schedule("ag-gemm", 1000 * W, 300 * W, 256, W, r, BM=BM, BN=64, chunk=chunk, num_wgs=8)

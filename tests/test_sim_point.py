@@ -375,17 +375,27 @@ def test_copy_engine_movers_unsupported_elsewhere(kw, why):
 
 def test_balanced_demand_groups_beat_sqrt_groups_in_the_simulator(monkeypatch):
     """The measured effect (405b FC1 on host, results/issue4-h200-20261203/timeline/): 3-band
-    remote groups finish sooner than ~sqrt(132)-band groups when link and builders are balanced."""
+    remote groups finish sooner than ~sqrt(132)-band groups when link and builders are balanced
+    and a group's tiles go column by column over all its bands (the default). Peer by peer
+    (KOSMOS_PEER_RUNS=1), an 11-band group's first peer's tiles no longer wait behind the second
+    peer's copy: the simulator then has sqrt groups as fast as balanced ones (within 1%)."""
     from kosmos_bench.sim import model
 
     p = pt(M=8192, N=106496, K=16384, fabric="host", builder="sm90", mover="ce")
-    model._schedule.cache_clear()
-    t_balanced = run_point(p)[0]["t_median_us"]
-    monkeypatch.setattr(S, "demand_group", lambda *a, **k: round(math.sqrt(132)))
-    model._schedule.cache_clear()
-    t_sqrt = run_point(p)[0]["t_median_us"]
-    model._schedule.cache_clear()
-    assert t_balanced < 0.97 * t_sqrt
+
+    def t(runs: str, sqrt: bool) -> float:
+        with monkeypatch.context() as m:
+            m.setenv("KOSMOS_PEER_RUNS", runs)
+            if sqrt:
+                m.setattr(S, "demand_group", lambda *a, **k: round(math.sqrt(132)))
+            model._schedule.cache_clear()
+            return run_point(p)[0]["t_median_us"]
+
+    try:
+        assert t("0", False) < 0.97 * t("0", True)
+        assert t("1", True) < 0.98 * t("0", True) and abs(t("1", True) / t("1", False) - 1) < 0.01
+    finally:
+        model._schedule.cache_clear()
 
 
 def test_copy_engine_knobs_reach_the_simulator(monkeypatch):

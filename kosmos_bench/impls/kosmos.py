@@ -239,6 +239,20 @@ def _band_group_env(env) -> int | str | None:
     return n or None
 
 
+def peer_runs_setting(env=None) -> bool:
+    """KOSMOS_PEER_RUNS=1: a demand group that straddles two peers has its tiles peer by peer
+    (schedule._peer_runs); default 0: column by column over the whole group. An ablation: on
+    405b FC1 8k (6-band groups, most straddling two peers) the sweep took 4907 / 4914 us with it
+    and 4898 / 4896 without (results/issue4-h200-20261204/run48-*), although a traced call had
+    busy CTAs dip to 76-87 of 132 where such groups started; with it, 11-band groups ran as fast
+    as 6 (4902 / 4973 us), which the simulator predicts too."""
+    env = os.environ if env is None else env
+    v = env_int("KOSMOS_PEER_RUNS", 0, env=env)
+    if v not in (0, 1):
+        raise ValueError(f"KOSMOS_PEER_RUNS={v!r}: expected 0 or 1")
+    return bool(v)
+
+
 def _env_bool(name: str, env) -> bool:
     """A 0/1 knob that defaults to 1."""
     v = env_int(name, 1, env=env)
@@ -268,6 +282,7 @@ class CeSettings:
     sm_tail_slices: int = 0
     kernel_side: bool = False  # the plan's copies on the caller's stream, the kernel on its own
     shared_release: bool = True  # one flag release per copy (ce_plan.share_flags)
+    peer_runs: bool = False  # a straddling demand group's tiles peer by peer (KOSMOS_PEER_RUNS)
 
     @property
     def slices(self) -> int:
@@ -329,7 +344,8 @@ def ce_settings(n_loc: int, builders: int, streams: bool, host: bool, ce_slices=
     if shared not in ("0", "1"):
         raise ValueError(f"KOSMOS_CE_SHARED_RELEASE={shared!r}: expected 0 or 1")
     return CeSettings(k_stream, regime, split, merge, band_group, slice_bytes, tail_groups, tail_bands,
-                      head_main == "1", ramp, halve, sm_bands, sm_slices, side == "1", shared == "1")
+                      head_main == "1", ramp, halve, sm_bands, sm_slices, side == "1", shared == "1",
+                      peer_runs_setting(env))
 
 
 class WatchdogError(RuntimeError):
@@ -559,7 +575,7 @@ class KosmosRunner:
                   queue_order=point.queue_order or "demand", seed=point.seed, local_first=point.local_first,
                   fabric="host" if fabric == "host" else ("local" if fabric == "local" else "nvlink"),
                   stream_k=self.k_stream, band_group=band_group, tail_bands=ce.tail_bands, ramp=ce.ramp,
-                  halve=ce.halve)
+                  halve=ce.halve, peer_runs=ce.peer_runs)
         if self.sm90 is not None:  # loader-warpgroup movers, CTA builders
             kw["model"] = ag_sm90.schedule_model(kw["fabric"])
         self.split_bands, self.split_k = split_k_setting()
@@ -762,7 +778,7 @@ class KosmosRunner:
                      "ce_tail_groups": self.ce.tail_groups if self.k_stream else 0,
                      "ce_tail_bands": (self.ce.tail_bands or 0) if self.k_stream else 0,
                      "ce_head_main": int(self.ce.head_main), "ce_kernel_side": int(self.ce.kernel_side),
-                     "ce_releases": len(getattr(self, "ce_entries", ())),
+                     "ce_releases": len(getattr(self, "ce_entries", ())), "peer_runs": int(self.ce.peer_runs),
                      "ce_merge": self.ce.merge if self.mover == "ce" else False,
                      "ce_regime": self.ce.regime, "band_group": -1 if band_group == S.PEER_GROUPS else int(band_group or 0),
                      "spin_ns": self.spin_ns, "ahead_blocks": self.ahead_blocks,
