@@ -439,7 +439,8 @@ def test_copy_engine_knobs_reach_the_simulator(monkeypatch):
     with pytest.raises(Unsupported, match="KOSMOS_CE_HEAD_MAIN"):
         simulate_point(p, prof)
     monkeypatch.delenv("KOSMOS_CE_HEAD_MAIN")
-    for knob, val in (("KOSMOS_CE_SM_TAIL", "8:16"), ("KOSMOS_CE_KERNEL_SIDE", "1"), ("KOSMOS_SPLIT_K", "4:4")):
+    for knob, val in (("KOSMOS_CE_SM_TAIL", "8:16"), ("KOSMOS_CE_KERNEL_SIDE", "1"), ("KOSMOS_SPLIT_K", "4:4"),
+                      ("KOSMOS_CE_SHARED_RELEASE", "0")):
         monkeypatch.setenv(knob, val)
         with pytest.raises(Unsupported, match=knob):
             simulate_point(p, prof)

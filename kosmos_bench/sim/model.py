@@ -285,6 +285,9 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
                               "KOSMOS_CE_TAIL_GROUPS are not modelled)")
         if cs.head_main:
             raise Unsupported("the simulator does not model the head copy on the main stream (KOSMOS_CE_HEAD_MAIN=1)")
+        if not cs.shared_release:
+            raise Unsupported("the simulator releases a copy's bands together: a release per band "
+                              "(KOSMOS_CE_SHARED_RELEASE=0) is not modelled")
         if cs.sm_tail_bands or cs.kernel_side:
             raise Unsupported("the simulator does not model the SM-streamed tail (KOSMOS_CE_SM_TAIL) or the kernel "
                               "on a side stream (KOSMOS_CE_KERNEL_SIDE)")
