@@ -246,16 +246,12 @@ def peer_runs_setting(env=None) -> bool:
     and 4898 / 4896 without (results/issue4-h200-20261204/run48-*), although a traced call had
     busy CTAs dip to 76-87 of 132 where such groups started; with it, 11-band groups ran as fast
     as 6 (4902 / 4973 us), which the simulator predicts too."""
-    env = os.environ if env is None else env
-    v = env_int("KOSMOS_PEER_RUNS", 0, env=env)
-    if v not in (0, 1):
-        raise ValueError(f"KOSMOS_PEER_RUNS={v!r}: expected 0 or 1")
-    return bool(v)
+    return _env_bool("KOSMOS_PEER_RUNS", os.environ if env is None else env, default=0)
 
 
-def _env_bool(name: str, env) -> bool:
-    """A 0/1 knob that defaults to 1."""
-    v = env_int(name, 1, env=env)
+def _env_bool(name: str, env, default: int = 1) -> bool:
+    """A 0/1 knob (default 1 unless said)."""
+    v = env_int(name, default, env=env)
     if v not in (0, 1):
         raise ValueError(f"{name}={v!r}: expected 0 or 1")
     return bool(v)
