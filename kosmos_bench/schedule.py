@@ -560,7 +560,8 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
                    stream_k: bool = False, band_group: int | str | None = None,
                    tail_bands: int | None = None, ramp: bool = True, halve: bool = True,
                    split_bands: int = 0, split_k: int = 1, sm_tail_bands: int = 0,
-                   sm_tail_slices: int = 0, peer_runs: bool = False) -> RankSchedule:
+                   sm_tail_slices: int = 0, peer_runs: bool = False,
+                   local_halve: bool = True) -> RankSchedule:
     """The schedule of one rank. ``num_wgs`` is the WG count of THIS rank (on the local
     fabric: ``np.diff(wg_starts(G, W))[rank]``). ``local_first`` defaults to True for
     ag-gemm and False (local destination last) for gemm-rs. ``fabric='host'`` adds the
@@ -580,6 +581,7 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
     ``sm_tail_slices`` K-slices each (``AG_PULL_K``), in groups of one wave of tiles after the
     copy engine's groups; ``peer_runs`` (ag-gemm): a demand group that straddles two peers
     has its tiles peer by peer (``_peer_runs``), else column by column over the whole group;
+    ``local_halve`` (ag-gemm): the rank's own bands' groups halve toward their end too;
     ``meta["sm_groups"]`` / ``meta["sm_movers"]``: how many trailing remote
     groups and mover-queue items that is (the copy-engine plan skips those groups; the kernel's
     mover queue is that suffix).
@@ -679,7 +681,7 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
             nsm = len(sm_set) if seg is ring else 0  # SM tail: groups of one wave (`tail`) at the end
             groups = (peer_groups(len(ring), mt_n, tail) if by_peer else
                       band_groups(len(bands) - ns - nsm, builders_n, ramp=ramp and seg is ring, tail=tail, size=g,
-                                  halve=halve or seg is not ring) if len(bands) > ns + nsm else [])
+                                  halve=halve if seg is ring else local_halve) if len(bands) > ns + nsm else [])
             groups += [slice(i, i + 1) for i in range(len(bands) - ns, len(bands))]
             if nsm:
                 # one wave, leaving a CTA outside the group's tiles: they wait inside for slices

@@ -105,6 +105,21 @@ def test_peer_runs():
     assert n0 == {"on": [0, 0, 256, 256, 512, 512], "off": [0] * 6}
 
 
+def test_local_halve_off_keeps_the_own_bands_in_regular_groups():
+    """local_halve=False: the own bands (ready at entry) in regular demand groups (8 bands: one
+    group, not 4, 2, 1, 1); the remote groups unchanged."""
+    kw = dict(BM=128, BN=256, num_wgs=132, fabric="host")
+    on, off = (S.build_schedule("ag-gemm", 8192, 8 * 2048, 512, 8, 3, local_halve=v, **kw) for v in (True, False))
+    local = 8 * 8  # 8 own bands of 8 tiles, first
+    m0 = {k: [int(x) for x in s.builders.table[s.builders.queue][:local, S.F["m0"]]] for k, s in (("on", on), ("off", off))}
+    assert m0["off"][:8] == [128 * i for i in range(8)]  # one 8-band group: column 0 of every band first
+    assert m0["on"][:8] == [0, 128, 256, 384] * 2  # a 4-band group first
+    assert list(on.builders.queue[local:]) == list(off.builders.queue[local:])
+    w1 = S.build_schedule("ag-gemm", 64 * 128, 2048, 512, 1, 0, local_halve=False, **kw)
+    t = w1.builders.table[w1.builders.queue]
+    assert len({int(x) for x in t[:11, S.F["m0"]]}) == 11 and len({int(x) for x in t[-9:, S.F["m0"]]}) == 9
+
+
 def test_ag_demand_local_first_grouped_raster():
     W, r, BM, chunk = 4, 2, 128, 2
     sch = S.build_schedule("ag-gemm", 1000 * W, 300 * W, 256, W, r, BM=BM, BN=64, chunk=chunk, num_wgs=8)

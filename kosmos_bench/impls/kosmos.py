@@ -249,6 +249,15 @@ def peer_runs_setting(env=None) -> bool:
     return _env_bool("KOSMOS_PEER_RUNS", os.environ if env is None else env, default=0)
 
 
+def local_halve_setting(env=None) -> bool:
+    """KOSMOS_LOCAL_HALVE (default 1): the rank's own bands (ready at entry) are cut into demand
+    groups that halve toward their end like the remote ones (8 own bands: 4, 2, 1, 1; world 1:
+    11, 11, 11, 11, 10, 5, 3, 1, 1); 0: regular groups (8; 11, ..., 9). Halving buys nothing
+    where nothing arrives, and small groups re-read B: on 405b FC1 (K = 16384) the own bands
+    stream B four times instead of once. Not yet measured on the device: an ablation until it is."""
+    return _env_bool("KOSMOS_LOCAL_HALVE", os.environ if env is None else env)
+
+
 def _env_bool(name: str, env, default: int = 1) -> bool:
     """A 0/1 knob (default 1 unless said)."""
     v = env_int(name, default, env=env)
@@ -279,6 +288,7 @@ class CeSettings:
     kernel_side: bool = False  # the plan's copies on the caller's stream, the kernel on its own
     shared_release: bool = True  # one flag release per copy (ce_plan.share_flags)
     peer_runs: bool = False  # a straddling demand group's tiles peer by peer (KOSMOS_PEER_RUNS)
+    local_halve: bool = True  # the own bands' groups halve toward their end (KOSMOS_LOCAL_HALVE)
 
     @property
     def slices(self) -> int:
@@ -341,7 +351,7 @@ def ce_settings(n_loc: int, builders: int, streams: bool, host: bool, ce_slices=
         raise ValueError(f"KOSMOS_CE_SHARED_RELEASE={shared!r}: expected 0 or 1")
     return CeSettings(k_stream, regime, split, merge, band_group, slice_bytes, tail_groups, tail_bands,
                       head_main == "1", ramp, halve, sm_bands, sm_slices, side == "1", shared == "1",
-                      peer_runs_setting(env))
+                      peer_runs_setting(env), local_halve_setting(env))
 
 
 class WatchdogError(RuntimeError):
@@ -571,7 +581,7 @@ class KosmosRunner:
                   queue_order=point.queue_order or "demand", seed=point.seed, local_first=point.local_first,
                   fabric="host" if fabric == "host" else ("local" if fabric == "local" else "nvlink"),
                   stream_k=self.k_stream, band_group=band_group, tail_bands=ce.tail_bands, ramp=ce.ramp,
-                  halve=ce.halve, peer_runs=ce.peer_runs)
+                  halve=ce.halve, peer_runs=ce.peer_runs, local_halve=ce.local_halve)
         if self.sm90 is not None:  # loader-warpgroup movers, CTA builders
             kw["model"] = ag_sm90.schedule_model(kw["fabric"])
         self.split_bands, self.split_k = split_k_setting()
@@ -775,6 +785,7 @@ class KosmosRunner:
                      "ce_tail_bands": (self.ce.tail_bands or 0) if self.k_stream else 0,
                      "ce_head_main": int(self.ce.head_main), "ce_kernel_side": int(self.ce.kernel_side),
                      "ce_releases": len(getattr(self, "ce_entries", ())), "peer_runs": int(self.ce.peer_runs),
+                     "local_halve": int(self.ce.local_halve),
                      "ce_merge": self.ce.merge if self.mover == "ce" else False,
                      "ce_regime": self.ce.regime, "band_group": -1 if band_group == S.PEER_GROUPS else int(band_group or 0),
                      "spin_ns": self.spin_ns, "ahead_blocks": self.ahead_blocks,
