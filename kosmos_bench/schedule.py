@@ -561,7 +561,7 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
                    tail_bands: int | None = None, ramp: bool = True, halve: bool = True,
                    split_bands: int = 0, split_k: int = 1, sm_tail_bands: int = 0,
                    sm_tail_slices: int = 0, peer_runs: bool = False,
-                   local_halve: bool = True) -> RankSchedule:
+                   local_halve: bool = True, local_group: int | None = None) -> RankSchedule:
     """The schedule of one rank. ``num_wgs`` is the WG count of THIS rank (on the local
     fabric: ``np.diff(wg_starts(G, W))[rank]``). ``local_first`` defaults to True for
     ag-gemm and False (local destination last) for gemm-rs. ``fabric='host'`` adds the
@@ -582,6 +582,8 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
     copy engine's groups; ``peer_runs`` (ag-gemm): a demand group that straddles two peers
     has its tiles peer by peer (``_peer_runs``), else column by column over the whole group;
     ``local_halve`` (ag-gemm): the rank's own bands' groups halve toward their end too;
+    ``local_group`` (ag-gemm): bands per regular group of the own bands (default: as the remote
+    ``band_group`` when given, else ~sqrt(builders));
     ``meta["sm_groups"]`` / ``meta["sm_movers"]``: how many trailing remote
     groups and mover-queue items that is (the copy-engine plan skips those groups; the kernel's
     mover queue is that suffix).
@@ -673,8 +675,9 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
             builders_n = num_wgs - (k_movers or 0)
             # one wave of tiles, at most a regular group (~sqrt(builders) bands)
             by_peer = band_group == PEER_GROUPS and seg is ring
-            g = (mt_n if by_peer else band_group) or (demand_group(n_loc, builders_n, fabric, model) if seg is ring
-                                                      else max(1, round(math.sqrt(builders_n))))
+            g = (local_group if seg is not ring and local_group else
+                 (mt_n if by_peer else band_group) or (demand_group(n_loc, builders_n, fabric, model) if seg is ring
+                                                       else max(1, round(math.sqrt(builders_n)))))
             g = int(g) if isinstance(g, int) else max(1, round(math.sqrt(builders_n)))  # "peer" on the local segment
             tail = (tail_bands or min(max(1, builders_n // nt_n), g)) if (stream_k and seg is ring) else 1
             ns = len(split_set) if seg is ring else 0  # split bands: one-band groups at the end

@@ -11,7 +11,8 @@ clock, and the names of the GPU kernels cuBLAS runs for the GEMM alone (torch.pr
 
 ENERGY_FNS=kosmos,cublas limits the functions (also: both = cuBLAS and the copy issued together
 with no dependency, the harness's t_concurrent_us; overlap / seq = the nccl-overlap / nccl-seq
-baselines; world1 = the fused kernel at world 1 on the rank GEMM (no deps, no peers); landed = the fused kernel alone, its data and flags landed once before (no copies:
+baselines; sm90g<N> = our standalone GEMM in N-band raster groups (sm90: 8); world1 = the fused
+kernel at world 1 on the rank GEMM (no deps, no peers); landed = the fused kernel alone, its data and flags landed once before (no copies:
 the kernel as a plain GEMM with this shape's schedule); serial = the runner's copy plan, then
 the kernel, one after the other on the main stream); B2B_TAG names the variant (kosmos knobs come from
 the environment), so `B2B_SCRIPT=device_energy_probe.py B2B_VARIANTS="g3: g6:KOSMOS_BAND_GROUP=6"
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import sys
 import time
 
@@ -169,6 +171,9 @@ def main() -> None:
                 "serial": lambda: landed_kernel(p, ctx, inputs, serial=True),
                 "overlap": lambda: nccl_overlap_run(p, ctx, inputs),
                 "seq": lambda: nccl_overlap_run(p, ctx, inputs, impl="nccl-seq")}
+        for name in want:  # sm90g<N>: our standalone GEMM with a raster of N-band groups (default 8)
+            if re.fullmatch(r"sm90g\d+", name):
+                make[name] = lambda g=int(name[5:]): lambda: sm90_gemm.gemm(A, B, out=C, group_m=g)
         unknown = set(want) - set(make)
         if unknown:
             raise SystemExit(f"ENERGY_FNS: unknown {sorted(unknown)}; expected some of {list(make)}")

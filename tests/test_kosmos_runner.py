@@ -113,13 +113,14 @@ def test_ce_settings_defaults_regimes_and_explicit_knobs():
     assert (big.ramp, big.halve) == (True, True)
     flat = K.ce_settings(7168, 132, True, True, env={"KOSMOS_BAND_RAMP": "0", "KOSMOS_BAND_HALVE": "0"})
     assert (flat.ramp, flat.halve) == (False, False)
-    assert (fc1.shared_release, fc1.peer_runs, fc1.local_halve) == (True, False, True)
-    knobs = {"KOSMOS_CE_SHARED_RELEASE": "0", "KOSMOS_PEER_RUNS": "1", "KOSMOS_LOCAL_HALVE": "0"}
+    assert (fc1.shared_release, fc1.peer_runs, fc1.local_halve, fc1.local_group) == (True, False, True, 0)
+    knobs = {"KOSMOS_CE_SHARED_RELEASE": "0", "KOSMOS_PEER_RUNS": "1", "KOSMOS_LOCAL_HALVE": "0",
+             "KOSMOS_LOCAL_GROUP": "8"}
     both = K.ce_settings(7168, 132, True, True, env=knobs)
-    assert (both.shared_release, both.peer_runs, both.local_halve) == (False, True, False)
+    assert (both.shared_release, both.peer_runs, both.local_halve, both.local_group) == (False, True, False, 8)
     for bad in ({"KOSMOS_BAND_GROUP": "x"}, {"KOSMOS_BAND_GROUP": "-2"}, {"KOSMOS_CE_TAIL_BANDS": "-1"},
                 {"KOSMOS_CE_HEAD_MAIN": "yes"}, {"KOSMOS_BAND_RAMP": "2"}, {"KOSMOS_BAND_HALVE": "no"},
                 {"KOSMOS_CE_SLICE_MB": "-1"}, {"KOSMOS_CE_SLICES": "0"}, {"KOSMOS_CE_SHARED_RELEASE": "2"},
-                {"KOSMOS_PEER_RUNS": "x"}, {"KOSMOS_LOCAL_HALVE": "2"}):
+                {"KOSMOS_PEER_RUNS": "x"}, {"KOSMOS_LOCAL_HALVE": "2"}, {"KOSMOS_LOCAL_GROUP": "-1"}):
         with pytest.raises(ValueError, match="KOSMOS_|slice"):
             K.ce_settings(7168, 132, True, True, env=bad)

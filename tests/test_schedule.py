@@ -120,6 +120,20 @@ def test_local_halve_off_keeps_the_own_bands_in_regular_groups():
     assert len({int(x) for x in t[:11, S.F["m0"]]}) == 11 and len({int(x) for x in t[-9:, S.F["m0"]]}) == 9
 
 
+def test_local_group_sets_the_own_band_groups_only():
+    """local_group=8 at world 1 (64 bands): eight 8-band groups (the standalone GEMM's raster)
+    instead of ~sqrt(132) = 11; on a host rank the remote groups are unchanged."""
+    kw = dict(BM=128, BN=256, num_wgs=132, fabric="host")
+    w1 = S.build_schedule("ag-gemm", 64 * 128, 2048, 512, 1, 0, local_halve=False, local_group=8, **kw)
+    m0 = [int(x) // 128 for x in w1.builders.table[w1.builders.queue][:, S.F["m0"]]]
+    assert len(m0) == 64 * 8 and [sorted(set(m0[g * 64:(g + 1) * 64])) for g in range(8)] == \
+        [list(range(8 * g, 8 * g + 8)) for g in range(8)]
+    d, g4 = (S.build_schedule("ag-gemm", 8192, 8 * 2048, 512, 8, 3, local_group=v, **kw) for v in (None, 4))
+    local = 8 * 8
+    assert [int(x) // 128 for x in g4.builders.table[g4.builders.queue][:8, S.F["m0"]]] == [0, 1, 2, 3] * 2
+    assert list(d.builders.queue[local:]) == list(g4.builders.queue[local:])
+
+
 def test_ag_demand_local_first_grouped_raster():
     W, r, BM, chunk = 4, 2, 128, 2
     sch = S.build_schedule("ag-gemm", 1000 * W, 300 * W, 256, W, r, BM=BM, BN=64, chunk=chunk, num_wgs=8)

@@ -258,6 +258,18 @@ def local_halve_setting(env=None) -> bool:
     return _env_bool("KOSMOS_LOCAL_HALVE", os.environ if env is None else env)
 
 
+def local_group_setting(env=None) -> int:
+    """KOSMOS_LOCAL_GROUP: bands per regular demand group of the rank's own bands (0, the
+    default: as the remote groups when KOSMOS_BAND_GROUP or the regime sets them, else
+    ~sqrt(builders): 11 of 132 CTAs). An ablation of the tile raster at world 1 and of the own
+    bands, where nothing waits for a copy and only L2 reuse (HBM traffic, hence power at the
+    700 W limit) depends on the group."""
+    n = env_int("KOSMOS_LOCAL_GROUP", 0, env=os.environ if env is None else env)
+    if n < 0:
+        raise ValueError(f"KOSMOS_LOCAL_GROUP={n}: expected >= 0")
+    return n
+
+
 def _env_bool(name: str, env, default: int = 1) -> bool:
     """A 0/1 knob (default 1 unless said)."""
     v = env_int(name, default, env=env)
@@ -289,6 +301,7 @@ class CeSettings:
     shared_release: bool = True  # one flag release per copy (ce_plan.share_flags)
     peer_runs: bool = False  # a straddling demand group's tiles peer by peer (KOSMOS_PEER_RUNS)
     local_halve: bool = True  # the own bands' groups halve toward their end (KOSMOS_LOCAL_HALVE)
+    local_group: int = 0  # bands per own-band group, 0: the schedule's rule (KOSMOS_LOCAL_GROUP)
 
     @property
     def slices(self) -> int:
@@ -351,7 +364,7 @@ def ce_settings(n_loc: int, builders: int, streams: bool, host: bool, ce_slices=
         raise ValueError(f"KOSMOS_CE_SHARED_RELEASE={shared!r}: expected 0 or 1")
     return CeSettings(k_stream, regime, split, merge, band_group, slice_bytes, tail_groups, tail_bands,
                       head_main == "1", ramp, halve, sm_bands, sm_slices, side == "1", shared == "1",
-                      peer_runs_setting(env), local_halve_setting(env))
+                      peer_runs_setting(env), local_halve_setting(env), local_group_setting(env))
 
 
 class WatchdogError(RuntimeError):
@@ -581,7 +594,8 @@ class KosmosRunner:
                   queue_order=point.queue_order or "demand", seed=point.seed, local_first=point.local_first,
                   fabric="host" if fabric == "host" else ("local" if fabric == "local" else "nvlink"),
                   stream_k=self.k_stream, band_group=band_group, tail_bands=ce.tail_bands, ramp=ce.ramp,
-                  halve=ce.halve, peer_runs=ce.peer_runs, local_halve=ce.local_halve)
+                  halve=ce.halve, peer_runs=ce.peer_runs, local_halve=ce.local_halve,
+                  local_group=ce.local_group or None)
         if self.sm90 is not None:  # loader-warpgroup movers, CTA builders
             kw["model"] = ag_sm90.schedule_model(kw["fabric"])
         self.split_bands, self.split_k = split_k_setting()
@@ -786,6 +800,7 @@ class KosmosRunner:
                      "ce_head_main": int(self.ce.head_main), "ce_kernel_side": int(self.ce.kernel_side),
                      "ce_releases": len(getattr(self, "ce_entries", ())), "peer_runs": int(self.ce.peer_runs),
                      "local_halve": int(self.ce.local_halve),
+                     "local_group": int(self.ce.local_group),
                      "ce_merge": self.ce.merge if self.mover == "ce" else False,
                      "ce_regime": self.ce.regime, "band_group": -1 if band_group == S.PEER_GROUPS else int(band_group or 0),
                      "spin_ns": self.spin_ns, "ahead_blocks": self.ahead_blocks,

@@ -84,7 +84,7 @@ def model_params(prof: dict, fabric: str) -> dict:
 @lru_cache(maxsize=64)
 def _schedule(op, M, N, K, world, rank, BM, BN, chunk, num_wgs, queue_order, seed, local_first, fabric,
               sm90=False, stream_k=False, band_group=None, tail_bands=None, ramp=True, halve=True, peer_runs=False,
-              local_halve=True):
+              local_halve=True, local_group=None):
     # Built with policy='self': the mover count only changes the WG rules, never the queues.
     # sm90: the Hopper builder's schedule model, as impls/kosmos.py builds it.
     from ..kernels import ag_sm90
@@ -93,7 +93,7 @@ def _schedule(op, M, N, K, world, rank, BM, BN, chunk, num_wgs, queue_order, see
                             queue_order=queue_order, seed=seed, local_first=local_first, fabric=fabric,
                             model=ag_sm90.schedule_model(fabric) if sm90 else None, stream_k=stream_k,
                             band_group=band_group, tail_bands=tail_bands, ramp=ramp, halve=halve,
-                            peer_runs=peer_runs, local_halve=local_halve)
+                            peer_runs=peer_runs, local_halve=local_halve, local_group=local_group)
 
 
 def resolve_builder(p: Point, prof: dict) -> str:
@@ -271,9 +271,9 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     # the sm90 builder, regime defaults, the KOSMOS_CE_* / KOSMOS_BAND_GROUP knobs)
     stream_k, ce_slices, ce_split, band_group, merge, tail_bands = False, 1, (), None, False, None
     ramp = halve = True
-    from ..impls.kosmos import local_halve_setting, peer_runs_setting
+    from ..impls.kosmos import local_group_setting, local_halve_setting, peer_runs_setting
 
-    peer_runs, local_halve = peer_runs_setting(), local_halve_setting()
+    peer_runs, local_halve, local_group = peer_runs_setting(), local_halve_setting(), local_group_setting()
     if ce:
         from ..impls import kosmos as kimpl
 
@@ -304,7 +304,7 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     def sched(r):
         return _schedule(p.op, p.M, p.N, p.K, W, r, BM, BN, chunk, sizes[r], order, p.seed,
                          p.local_first, sched_fabric, sm90, stream_k, band_group, tail_bands, ramp, halve,
-                         peer_runs, local_halve)
+                         peer_runs, local_halve, local_group)
 
     scheds = {r: sched(r) for r in ranks}
     elem_scale = ELEM_BYTES[p.dtype] / S.ELEM_BYTES
