@@ -244,7 +244,7 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
               : max(kb0, kb1 - max(1, static_cast<int>(int64_t(P.ahead_blocks) * (kb1 - kb0) / P.bp.num_k_blk)));
           if (warp_idx == 0) {
             fence_proxy_async_global();  // movers' / copy engine's writes -> this warp's TMA reads
-            if (lane == 0) ring.push(id);
+            if (lane == 0) ring.push(q == kQBuild ? id : ra.count[kQBuild] + id);  // a fill tile: after the builders
             __syncwarp();
             const bool own = it.peer == ra.rank;
             const int m_blk = it.m0 / AgBuilder::kBM, n_blk = it.n0 / AgBuilder::kBN;
@@ -312,10 +312,12 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
     cutlass::arch::warpgroup_reg_alloc<kMathRegs>();
     bf16* C = static_cast<bf16*>(ra.C);
     for (;;) {
-      const int id = ring.pop();
+      const int id = ring.pop();  // builder item, or count[kQBuild] + a fill-queue item (traced so too)
       if (id < 0) break;
       const uint64_t t0 = (tid == 128 && p.trace) ? globaltimer_ns() : 0;
-      const int32_t* row = ra.items[kQBuild] + static_cast<size_t>(id) * KOSMOS_ITEM_STRIDE;
+      const bool fill = id >= ra.count[kQBuild];
+      const int32_t* row = ra.items[fill ? kQReduce : kQBuild] +
+                           static_cast<size_t>(fill ? id - ra.count[kQBuild] : id) * KOSMOS_ITEM_STRIDE;
       bf16* tile = C + (row[1] * int64_t(m_loc) + row[2]) * n_loc + row[4];  // peer, m0, n0
       Item done{};  // what finish_item reads, loaded with the tile's row (no load after the MMAs)
       done.kind = row[0];

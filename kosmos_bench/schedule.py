@@ -561,7 +561,8 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
                    tail_bands: int | None = None, ramp: bool = True, halve: bool = True,
                    split_bands: int = 0, split_k: int = 1, sm_tail_bands: int = 0,
                    sm_tail_slices: int = 0, peer_runs: bool = False,
-                   local_halve: bool = True, local_group: int | None = None) -> RankSchedule:
+                   local_halve: bool = True, local_group: int | None = None,
+                   fill_bands: int = 0) -> RankSchedule:
     """The schedule of one rank. ``num_wgs`` is the WG count of THIS rank (on the local
     fabric: ``np.diff(wg_starts(G, W))[rank]``). ``local_first`` defaults to True for
     ag-gemm and False (local destination last) for gemm-rs. ``fabric='host'`` adds the
@@ -583,7 +584,10 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
     has its tiles peer by peer (``_peer_runs``), else column by column over the whole group;
     ``local_halve`` (ag-gemm): the rank's own bands' groups halve toward their end too;
     ``local_group`` (ag-gemm): bands per regular group of the own bands (default: as the remote
-    ``band_group`` when given, else ~sqrt(builders));
+    ``band_group`` when given, else ~sqrt(builders)); ``fill_bands`` (ag-gemm): the rank's last
+    ``fill_bands`` own bands are not in the builder queue but in the *fill* queue (the reduce
+    queue, unused by ag-gemm), column by column: a WG whose builder head is not ready takes a
+    fill tile (ready from the start) instead of waiting (``simulate_steps``' decide);
     ``meta["sm_groups"]`` / ``meta["sm_movers"]``: how many trailing remote
     groups and mover-queue items that is (the copy-engine plan skips those groups; the kernel's
     mover queue is that suffix).
@@ -623,7 +627,10 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
         raise ValueError("sm_tail_bands: ag-gemm with K-streaming, demand order and demand-order band groups, "
                          "without split tiles")
     sm_groups = 0
+    if fill_bands and (op != "ag-gemm" or not 0 <= fill_bands <= mt_n):
+        raise ValueError(f"fill_bands={fill_bands}: ag-gemm only, 0..{mt_n} (the rank's own bands)")
     if op == "ag-gemm":
+        fill_set = set(range(mt_n - fill_bands, mt_n))  # own band rows held back as fill tiles
         n_loc = N // W
         nt_n = cdiv(n_loc, BN)
         ring_bands = [(p, mt) for p in ring for mt in range(mt_n)]
@@ -666,12 +673,13 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
                                (rows * K + K * cols) * ELEM_BYTES / split_k + rows * cols * 4 * 2, kpart=s)
                         for s in range(split_k)]
                 else:
-                    build_id[p, mt, nt] = [bt.add(AG_BUILD, p, m0, rows, n0, cols, dl, deps, -1, -1,
+                    tab = rd if (p == r and mt in fill_set) else bt
+                    build_id[p, mt, nt] = [tab.add(AG_BUILD, p, m0, rows, n0, cols, dl, deps, -1, -1,
                                                   2.0 * rows * cols * K,
                                                   (rows * K + K * cols + rows * cols) * ELEM_BYTES)]
         b_demand = []
         for seg in ([r], ring) if local_first else (ring, [r]):  # local bands ready at entry, remote as they arrive
-            bands = [(p, mt) for p in seg for mt in range(mt_n)]
+            bands = [(p, mt) for p in seg for mt in range(mt_n) if p != r or mt not in fill_set]
             builders_n = num_wgs - (k_movers or 0)
             # one wave of tiles, at most a regular group (~sqrt(builders) bands)
             by_peer = band_group == PEER_GROUPS and seg is ring
@@ -715,7 +723,8 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
         m_demand = [i for p in ring for j in range(nb) if (p, j) not in sm_set for i in pull_id[p, j]] + sm_items
         builders = bt.done(_order(list(range(len(bt.rows))), b_demand, queue_order, rng))
         movers = mv.done(_order(list(range(len(mv.rows))), m_demand, queue_order, rng))
-        reduces = rd.done([])
+        fill = [build_id[r, mt, nt][0] for nt in range(nt_n) for mt in sorted(fill_set)]  # column by column
+        reduces = rd.done(_order(list(range(len(rd.rows))), fill, queue_order, rng))
         peer_flags = [lay.entry + s for s in range(W) if s != r] + [lay.exit + s for s in range(W) if s != r]
     else:
         k_loc = K // W
@@ -789,7 +798,7 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
         meta={"m_loc": m_loc, "m_tiles": mt_n, "n_tiles": nt_n, "num_bands": nb, "remote_groups": remote_groups,
               "split_k": split_k if op == "ag-gemm" else 1, "sm_groups": sm_groups,
               "sm_movers": len(sm_items) if op == "ag-gemm" else 0,
-              "split_tiles": len(split_tiles) if op == "ag-gemm" else 0},
+              "split_tiles": len(split_tiles) if op == "ag-gemm" else 0, "fill_bands": fill_bands},
     )
 
 
@@ -864,11 +873,10 @@ def simulate_steps(scheds: list[RankSchedule], durations=None, max_steps: int = 
     def decide(wg, s):
         k = s.num_movers
         if k is not None:
-            if s.op == "ag-gemm" or wg["w"] < k:
-                q = Q_MOVE if wg["w"] < k else Q_BUILD
-                i = claim(s, q)
-                return (q, i) if i is not None else None
-            for q in (Q_BUILD, Q_REDUCE):
+            if wg["w"] < k:
+                i = claim(s, Q_MOVE)
+                return (Q_MOVE, i) if i is not None else None
+            for q in (Q_BUILD, Q_REDUCE):  # ag-gemm: the fill queue after the builders
                 i = claim(s, q)
                 if i is not None:
                     return q, i
@@ -909,6 +917,9 @@ def simulate_steps(scheds: list[RankSchedule], durations=None, max_steps: int = 
                 got = ready_head(Q_BUILD)
                 if got is not NOT_READY:
                     return got
+                i = claim(s, Q_REDUCE)  # the fill queue (own tiles, never a dep): instead of waiting
+                if i is not None:
+                    return Q_REDUCE, i
             if head(s, Q_MOVE)[1] is not None:
                 return mover_with_slot() or IDLE
             if pend is not None:

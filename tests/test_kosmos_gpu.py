@@ -851,3 +851,41 @@ def test_sm90_copy_engine_kernel_side(monkeypatch, shape):
         assert all(torch.equal(want[r], got[r]) for r in want), "differs from the default streams' output"
     finally:
         runner.close()
+
+
+@pytest.mark.parametrize("case", ["sm90-host-ce", "sm90-host-sm-self", "sm90-local-random", "mma-local-self",
+                                  "mma-host-fixed", "sm90-host-ce-all"])
+def test_fill_queue_tiles(monkeypatch, case):
+    """KOSMOS_FILL_BANDS: the rank's last own bands go to the fill queue (ag-gemm's reduce queue),
+    taken when the builder head is not ready: correct on fresh data with poisoned outputs, bitwise
+    stable around a traced call whose BUILD records include every fill tile (traced as builder
+    count + fill id), each executed once; both kernels, copy-engine and SM movers, fixed roles
+    (fill after the builders), random order, and every own band held back ("all")."""
+    builder, fabric, *rest = case.split("-")
+    if builder == "sm90" and _sm90_ready() is not None:
+        pytest.skip(str(_sm90_ready()))
+    kw = {"host-ce": dict(mover="ce", policy="self"), "host-ce-all": dict(mover="ce", policy="self"),
+          "host-sm-self": dict(mover="sm", policy="self"), "local-random": dict(policy="self", queue_order="random"),
+          "local-self": dict(policy="self"), "host-fixed": dict(mover="sm", policy="fixed:8")}["-".join([fabric] + rest)]
+    W = 4 if fabric == "local" else 8
+    M, N, K = (3000 * W, 776 * W, 1000) if builder == "sm90" else (1000 * W, 392 * W, 520)
+    own = -(-(M // W) // 128)
+    fill = own if rest[-1:] == ["all"] else 2
+    monkeypatch.setenv("KOSMOS_FILL_BANDS", "99" if fill == own else str(fill))
+    p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric=fabric, builder=builder, seed=43, **kw)
+    try:
+        assert runner.info["fill_bands"] == fill
+        for sch in runner.scheds:
+            assert len(sch.reduces) == fill * sch.meta["n_tiles"]
+            assert len(sch.builders) + len(sch.reduces) == W * own * sch.meta["n_tiles"]
+        expect_correct(p, runner, A, B, calls=3)
+        tr = runner.run_traced()
+        b = tr[tr.role == "BUILD"]
+        for i, sch in enumerate(runner.scheds):
+            got = b[b["rank"] == sch.rank]["item"]
+            nb = len(sch.builders)
+            assert sorted(got[got >= nb].tolist()) == list(range(nb, nb + len(sch.reduces)))
+            assert sorted(got[got < nb].tolist()) == list(range(nb))
+        expect_correct(p, runner, A, B, calls=2)
+    finally:
+        runner.close()

@@ -576,3 +576,32 @@ def test_sm_tail_knob():
     for bad in ({"KOSMOS_CE_KERNEL_SIDE": "2"}, {"KOSMOS_CE_KERNEL_SIDE": "1", "KOSMOS_CE_HEAD_MAIN": "1"}):
         with pytest.raises(ValueError, match="KOSMOS_CE_KERNEL_SIDE"):
             K.ce_settings(7168, 132, True, True, env=bad)
+
+
+def test_fill_bands_hold_back_the_last_own_bands():
+    """fill_bands=3: the rank's last 3 own bands leave the builder queue for the fill queue
+    (ag-gemm's reduce queue), column by column, no deps; the remote demand order is unchanged;
+    every tile is in exactly one queue; the WG loop (simulate_steps) finishes with fixed roles and
+    self; a bad count or gemm-rs is refused."""
+    kw = dict(BM=128, BN=256, num_wgs=132, fabric="host")
+    d, f = (S.build_schedule("ag-gemm", 8192, 8 * 2048, 512, 8, 3, fill_bands=v, **kw) for v in (0, 3))
+    nt = f.meta["n_tiles"]
+    t = f.reduces.table[f.reduces.queue]
+    assert len(f.reduces) == 3 * nt and len(f.builders) + len(f.reduces) == len(d.builders)
+    assert [int(x) // 128 for x in t[:6, S.F["m0"]]] == [5, 6, 7] * 2 and [int(x) for x in t[:6, S.F["n0"]]] == \
+        [0, 0, 0, 256, 256, 256]
+    assert set(t[:, S.F["kind"]].tolist()) == {S.AG_BUILD} and set(t[:, S.F["peer"]].tolist()) == {3}
+    assert int(t[:, S.F["dep_count"]].sum()) == 0
+    fb = f.builders.table[f.builders.queue]
+    assert (fb[:5 * nt, S.F["peer"]] == 3).all() and (fb[5 * nt:, S.F["peer"]] != 3).all()
+    rem = d.builders.table[d.builders.queue][8 * nt:]
+    assert (fb[5 * nt:, [S.F["peer"], S.F["m0"], S.F["n0"]]] == rem[:, [S.F["peer"], S.F["m0"], S.F["n0"]]]).all()
+    for pol in ("self", "fixed:4"):
+        sc = [S.build_schedule("ag-gemm", 8 * 512, 8 * 1024, 256, 8, r, BM=128, BN=128, num_wgs=16, fill_bands=2,
+                               policy=pol) for r in range(8)]
+        assert S.simulate_steps(sc, durations=lambda r, q, i: 1 + (i * 7 + r) % 5) > 0
+    for bad in (dict(fill_bands=9), dict(fill_bands=-1)):
+        with pytest.raises(ValueError, match="fill_bands"):
+            S.build_schedule("ag-gemm", 8192, 8 * 2048, 512, 8, 3, **bad, **kw)
+    with pytest.raises(ValueError, match="fill_bands"):
+        S.build_schedule("gemm-rs", 8192, 8 * 2048, 512, 8, 3, fill_bands=1, **kw)

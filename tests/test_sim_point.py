@@ -501,3 +501,31 @@ def test_copy_engine_start_delays_the_plan_and_its_slices():
     streamed = f0 > 0
     assert streamed.any() and np.allclose(f1[streamed], f0[streamed] + 20000.0)
     assert simulate_point(p, prof1)[0]["t_median_us"] >= simulate_point(p, prof0)[0]["t_median_us"]
+
+
+def test_fill_queue_tiles_fill_the_waits_in_the_simulator(monkeypatch):
+    """KOSMOS_FILL_BANDS=4 (405b FC1, copy-engine movers): the 4 held-back own bands are the fill
+    queue; the simulated CTAs take fill tiles while remote tiles are already running (fill
+    instead of waiting for a group's copy: the kernel's decide()), every tile runs once, and the
+    total time never exceeds the default's by more than a tile."""
+    from kosmos_bench.sim import engine as E
+    from kosmos_bench.sim import model
+
+    p = pt(M=8192, N=106496, K=16384, fabric="host", builder="sm90", mover="ce")
+    prof = profiles.load("h200-host-pcie")
+    model._schedule.cache_clear()
+    t0 = simulate_point(p, prof)[0]["t_median_us"]
+    monkeypatch.setenv("KOSMOS_FILL_BANDS", "4")
+    model._schedule.cache_clear()
+    built = model.build(p, prof)
+    sch = built.scheds[0]
+    assert len(sch.reduces) == 4 * sch.meta["n_tiles"] and built.problem.rule_sets[1] == model.LOOP_RULES["ce-builder"]
+    res = E.simulate(built.problem)
+    fill = built.problem.queues[0][2].items
+    remote = [i for i, row in zip(built.problem.queues[0][0].items, sch.builders.table[sch.builders.queue])
+              if row[S.F["peer"]] != sch.rank]
+    assert np.isfinite(res.t_end[fill]).all() and np.isfinite(res.t_end[remote]).all()
+    assert (res.t_start[fill] > res.t_start[remote].min()).any()
+    t4 = simulate_point(p, prof)[0]["t_median_us"]
+    model._schedule.cache_clear()
+    assert t4 <= t0 + 200

@@ -191,6 +191,10 @@ __device__ bool decide(const Wg& w, int* q_out, int* id_out, bool* counted, int*
           pend[1] = id;
           continue;
         }
+        // The fill queue (ag-gemm's reduce queue: own tiles held back, schedule fill_bands;
+        // no deps): a tile of it instead of waiting for the builder head.
+        id = left(kQReduce) ? claim_next(ra, kQReduce) : -1;
+        if (id >= 0) return take(kQReduce, id, false);
       }
       if (left(kQMove)) {
         if (!mover_gated(w)) {
@@ -409,7 +413,9 @@ __global__ void __launch_bounds__(kThreads, 1) kosmos_persistent_kernel(const Ko
       const uint64_t t0 = (tid == 0) ? w.tr.now() : 0;
       OpTraits<kOp>::execute(p, ra, it, w.sc, smem, tid);
       __syncthreads();
-      if (tid == 0) finish_item(w, it, id, counted, t0);
+      // ag-gemm fill tiles (reduce queue) are traced after the builders, as the sm90 kernel does
+      if (tid == 0)
+        finish_item(w, it, (kOp == KOSMOS_OP_AG_GEMM && q == kQReduce) ? ra.count[kQBuild] + id : id, counted, t0);
     }
   }
 

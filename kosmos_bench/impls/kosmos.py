@@ -270,6 +270,17 @@ def local_group_setting(env=None) -> int:
     return n
 
 
+def fill_bands_setting(env=None) -> int:
+    """KOSMOS_FILL_BANDS (default 0): the rank's last n own bands go to the fill queue
+    (schedule ``fill_bands``): a CTA whose next remote tile is not ready yet takes one of their
+    tiles instead of waiting, so the waits for a whole group's copy and the end game's idle CTAs
+    do own work that would otherwise run at the start."""
+    n = env_int("KOSMOS_FILL_BANDS", 0, env=os.environ if env is None else env)
+    if n < 0:
+        raise ValueError(f"KOSMOS_FILL_BANDS={n}: expected >= 0")
+    return n
+
+
 def _env_bool(name: str, env, default: int = 1) -> bool:
     """A 0/1 knob (default 1 unless said)."""
     v = env_int(name, default, env=env)
@@ -302,6 +313,7 @@ class CeSettings:
     peer_runs: bool = False  # a straddling demand group's tiles peer by peer (KOSMOS_PEER_RUNS)
     local_halve: bool = True  # the own bands' groups halve toward their end (KOSMOS_LOCAL_HALVE)
     local_group: int = 0  # bands per own-band group, 0: the schedule's rule (KOSMOS_LOCAL_GROUP)
+    fill_bands: int = 0  # own bands held back as fill tiles (KOSMOS_FILL_BANDS)
 
     @property
     def slices(self) -> int:
@@ -364,7 +376,8 @@ def ce_settings(n_loc: int, builders: int, streams: bool, host: bool, ce_slices=
         raise ValueError(f"KOSMOS_CE_SHARED_RELEASE={shared!r}: expected 0 or 1")
     return CeSettings(k_stream, regime, split, merge, band_group, slice_bytes, tail_groups, tail_bands,
                       head_main == "1", ramp, halve, sm_bands, sm_slices, side == "1", shared == "1",
-                      peer_runs_setting(env), local_halve_setting(env), local_group_setting(env))
+                      peer_runs_setting(env), local_halve_setting(env), local_group_setting(env),
+                      fill_bands_setting(env))
 
 
 class WatchdogError(RuntimeError):
@@ -595,7 +608,7 @@ class KosmosRunner:
                   fabric="host" if fabric == "host" else ("local" if fabric == "local" else "nvlink"),
                   stream_k=self.k_stream, band_group=band_group, tail_bands=ce.tail_bands, ramp=ce.ramp,
                   halve=ce.halve, peer_runs=ce.peer_runs, local_halve=ce.local_halve,
-                  local_group=ce.local_group or None)
+                  local_group=ce.local_group or None, fill_bands=min(ce.fill_bands, S.cdiv(M // W, 128)))
         if self.sm90 is not None:  # loader-warpgroup movers, CTA builders
             kw["model"] = ag_sm90.schedule_model(kw["fabric"])
         self.split_bands, self.split_k = split_k_setting()
@@ -801,6 +814,7 @@ class KosmosRunner:
                      "ce_releases": len(getattr(self, "ce_entries", ())), "peer_runs": int(self.ce.peer_runs),
                      "local_halve": int(self.ce.local_halve),
                      "local_group": int(self.ce.local_group),
+                     "fill_bands": int(self.scheds[0].meta.get("fill_bands", 0)),
                      "ce_merge": self.ce.merge if self.mover == "ce" else False,
                      "ce_regime": self.ce.regime, "band_group": -1 if band_group == S.PEER_GROUPS else int(band_group or 0),
                      "spin_ns": self.spin_ns, "ahead_blocks": self.ahead_blocks,

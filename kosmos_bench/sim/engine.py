@@ -522,6 +522,9 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
                     i = head(r, _QB)
                     if i is not None and rdy(i):
                         return take(r, g, claim(r, _QB), t, False)
+                    if head(r, _QR) is not None:  # the fill queue (own tiles, ready): instead of waiting
+                        take(r, g, claim(r, _QR), t, False)
+                        return queues[r][_QR]
                 if head(r, _QM) is not None:
                     return take(r, g, claim(r, _QM), t, True) if under_cap(r) else None
                 if pd is not None:

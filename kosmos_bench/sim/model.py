@@ -40,6 +40,9 @@ LOOP_RULES = {
     ("gemm-rs", "self"): E.SELF_RS,
     "mover": [(_M, E.ANY)],
     "builder": [(_B, E.ANY), (_R, E.ANY)],
+    # copy-engine movers: every CTA builds under decide() with no mover: the builder head if
+    # ready, else a fill tile (ag-gemm's reduce queue), else the head, waiting for it
+    "ce-builder": [(_B, E.READY), (_R, E.ANY), (_B, E.ANY)],
 }
 
 _ROLE_OF_KIND = {S.AG_PULL: E.MOVE, S.AG_PULL_K: E.MOVE, S.AG_BUILD: E.BUILD, S.AG_PART: E.BUILD, S.RS_BUILD: E.BUILD,
@@ -84,7 +87,7 @@ def model_params(prof: dict, fabric: str) -> dict:
 @lru_cache(maxsize=64)
 def _schedule(op, M, N, K, world, rank, BM, BN, chunk, num_wgs, queue_order, seed, local_first, fabric,
               sm90=False, stream_k=False, band_group=None, tail_bands=None, ramp=True, halve=True, peer_runs=False,
-              local_halve=True, local_group=None):
+              local_halve=True, local_group=None, fill_bands=0):
     # Built with policy='self': the mover count only changes the WG rules, never the queues.
     # sm90: the Hopper builder's schedule model, as impls/kosmos.py builds it.
     from ..kernels import ag_sm90
@@ -93,7 +96,8 @@ def _schedule(op, M, N, K, world, rank, BM, BN, chunk, num_wgs, queue_order, see
                             queue_order=queue_order, seed=seed, local_first=local_first, fabric=fabric,
                             model=ag_sm90.schedule_model(fabric) if sm90 else None, stream_k=stream_k,
                             band_group=band_group, tail_bands=tail_bands, ramp=ramp, halve=halve,
-                            peer_runs=peer_runs, local_halve=local_halve, local_group=local_group)
+                            peer_runs=peer_runs, local_halve=local_halve, local_group=local_group,
+                            fill_bands=fill_bands)
 
 
 def resolve_builder(p: Point, prof: dict) -> str:
@@ -271,9 +275,10 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     # the sm90 builder, regime defaults, the KOSMOS_CE_* / KOSMOS_BAND_GROUP knobs)
     stream_k, ce_slices, ce_split, band_group, merge, tail_bands = False, 1, (), None, False, None
     ramp = halve = True
-    from ..impls.kosmos import local_group_setting, local_halve_setting, peer_runs_setting
+    from ..impls.kosmos import fill_bands_setting, local_group_setting, local_halve_setting, peer_runs_setting
 
     peer_runs, local_halve, local_group = peer_runs_setting(), local_halve_setting(), local_group_setting()
+    fill_bands = min(fill_bands_setting(), S.cdiv(p.M // W, BM)) if p.op == "ag-gemm" else 0
     if ce:
         from ..impls import kosmos as kimpl
 
@@ -304,7 +309,7 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     def sched(r):
         return _schedule(p.op, p.M, p.N, p.K, W, r, BM, BN, chunk, sizes[r], order, p.seed,
                          p.local_first, sched_fabric, sm90, stream_k, band_group, tail_bands, ramp, halve,
-                         peer_runs, local_halve, local_group)
+                         peer_runs, local_halve, local_group, fill_bands)
 
     scheds = {r: sched(r) for r in ranks}
     elem_scale = ELEM_BYTES[p.dtype] / S.ELEM_BYTES
@@ -446,7 +451,7 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     if num_movers is None and not ce:
         rule_sets = [LOOP_RULES[p.op, "self"]]
     else:
-        rule_sets = [LOOP_RULES["mover"], LOOP_RULES["builder"]]
+        rule_sets = [LOOP_RULES["mover"], LOOP_RULES["ce-builder" if ce else "builder"]]
     for r in ranks:
         queues.append([E.Queue(name, np.asarray(t.queue, dtype=np.int64) + offset[r, qi])
                        for qi, (name, t) in enumerate(zip(("builder", "mover", "reduce"), _tables(scheds[r])))])
