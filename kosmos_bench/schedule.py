@@ -520,6 +520,20 @@ def demand_group(n_loc: int, builders: int, fabric: str, model: dict | None = No
     return max(1, round(math.sqrt(max(1, builders))))
 
 
+def ramp_needed(own_bands: int, n_loc: int, builders: int, group: int, fabric: str, model: dict | None = None) -> bool:
+    """Whether the remote demand groups must start small (1, 2, 4, ... bands: ``band_groups``'
+    ramp) so that the builders are not idle while the first regular group's copy arrives. Not
+    on the host fabric where the ``own_bands`` (ready at entry, built first) take the builders at
+    least as long as the link takes for ``group`` bands (own_bands * rho >= group): there the
+    ramp only adds demand groups, and every group streams B from HBM once (405b FC1, K = 16384:
+    436 MB a group; a 1-2 band group is HBM-bound). Measured on 405b FC1 8k, host fabric (rho
+    0.88, 8 own bands, 6-band groups): no ramp and regular own groups 4812 / 4813 us against
+    4837 / 4976 with both (results/issue4-h200-20261204b/). Other fabrics: unmeasured, ramp kept."""
+    if fabric != "host":
+        return True
+    return own_bands * link_compute_ratio(n_loc, builders, fabric, model) < group
+
+
 def _order(natural: list[int], demand: list[int], queue_order: str, rng: np.random.Generator) -> list[int]:
     if queue_order == "demand":
         return list(demand)
@@ -558,10 +572,10 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
                    seed: int = 0, local_first: bool | None = None, fabric: str = "local",
                    model: dict | None = None, mover_bytes: int = 256 * 1024,
                    stream_k: bool = False, band_group: int | str | None = None,
-                   tail_bands: int | None = None, ramp: bool = True, halve: bool = True,
+                   tail_bands: int | None = None, ramp: bool | None = None, halve: bool = True,
                    split_bands: int = 0, split_k: int = 1, sm_tail_bands: int = 0,
                    sm_tail_slices: int = 0, peer_runs: bool = False,
-                   local_halve: bool = True, local_group: int | None = None,
+                   local_halve: bool = False, local_group: int | None = None,
                    fill_bands: int = 0) -> RankSchedule:
     """The schedule of one rank. ``num_wgs`` is the WG count of THIS rank (on the local
     fabric: ``np.diff(wg_starts(G, W))[rank]``). ``local_first`` defaults to True for
@@ -574,7 +588,8 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
     ``PEER_GROUPS`` ("peer"): groups aligned to peer shards (``peer_groups``). ``tail_bands``
     (``stream_k``): bands of the last remote group instead of one wave of tiles. ``ramp`` /
     ``halve`` (ag-gemm): the remote groups start small and double / shrink toward the end
-    (``band_groups``); off, every remote group is regular. ``split_bands`` / ``split_k``
+    (``band_groups``); off, every remote group is regular; ``ramp=None`` (default): only where
+    the own bands do not cover the first group's copy (``ramp_needed``). ``split_bands`` / ``split_k``
     (ag-gemm, sm90 builder): the last ``split_bands`` remote bands are one-band groups at the
     end of the demand order whose tiles are ``split_k`` ``AG_PART`` items each (part-major:
     every tile's part 0, then part 1, ...). ``sm_tail_bands`` / ``sm_tail_slices`` (ag-gemm,
@@ -582,7 +597,8 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
     ``sm_tail_slices`` K-slices each (``AG_PULL_K``), in groups of one wave of tiles after the
     copy engine's groups; ``peer_runs`` (ag-gemm): a demand group that straddles two peers
     has its tiles peer by peer (``_peer_runs``), else column by column over the whole group;
-    ``local_halve`` (ag-gemm): the rank's own bands' groups halve toward their end too;
+    ``local_halve`` (ag-gemm): the rank's own bands' groups halve toward their end too (off by
+    default: they are ready at entry, so halving buys nothing and re-streams B);
     ``local_group`` (ag-gemm): bands per regular group of the own bands (default: as the remote
     ``band_group`` when given, else ~sqrt(builders)); ``fill_bands`` (ag-gemm): the rank's last
     ``fill_bands`` own bands are not in the builder queue but in the *fill* queue (the reduce
@@ -614,6 +630,7 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
     mult: dict[int, int] = {}
 
     remote_groups: list = []
+    remote_ramp = False  # ag-gemm: whether the remote groups start small (ramp / ramp_needed)
     split_k = int(split_k) if split_bands else 1
     if split_k < 1 or split_bands < 0:
         raise ValueError(f"split_bands={split_bands}, split_k={split_k}: expected >= 0 and >= 1")
@@ -690,8 +707,11 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
             tail = (tail_bands or min(max(1, builders_n // nt_n), g)) if (stream_k and seg is ring) else 1
             ns = len(split_set) if seg is ring else 0  # split bands: one-band groups at the end
             nsm = len(sm_set) if seg is ring else 0  # SM tail: groups of one wave (`tail`) at the end
+            if seg is ring:
+                remote_ramp = bool(ramp) if ramp is not None else ramp_needed(
+                    (mt_n - len(fill_set)) if local_first else 0, n_loc, builders_n, g, fabric, model)
             groups = (peer_groups(len(ring), mt_n, tail) if by_peer else
-                      band_groups(len(bands) - ns - nsm, builders_n, ramp=ramp and seg is ring, tail=tail, size=g,
+                      band_groups(len(bands) - ns - nsm, builders_n, ramp=remote_ramp and seg is ring, tail=tail, size=g,
                                   halve=halve if seg is ring else local_halve) if len(bands) > ns + nsm else [])
             groups += [slice(i, i + 1) for i in range(len(bands) - ns, len(bands))]
             if nsm:
@@ -798,7 +818,8 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
         meta={"m_loc": m_loc, "m_tiles": mt_n, "n_tiles": nt_n, "num_bands": nb, "remote_groups": remote_groups,
               "split_k": split_k if op == "ag-gemm" else 1, "sm_groups": sm_groups,
               "sm_movers": len(sm_items) if op == "ag-gemm" else 0,
-              "split_tiles": len(split_tiles) if op == "ag-gemm" else 0, "fill_bands": fill_bands},
+              "split_tiles": len(split_tiles) if op == "ag-gemm" else 0, "fill_bands": fill_bands,
+              "ramp": remote_ramp},
     )
 
 

@@ -93,7 +93,7 @@ def test_ce_settings_defaults_regimes_and_explicit_knobs():
         (True, "link-bound", K.LINK_BOUND_SLICES, False, K.LINK_BOUND_GROUP, None, False)
     big = K.ce_settings(13312, 132, True, True, env={})  # 405b FC1: link and builders balanced
     assert (big.regime, big.slices, big.merge, big.band_group, big.ramp) == \
-        ("compute", K.DEFAULT_CE_SLICES, False, None, True)
+        ("compute", K.DEFAULT_CE_SLICES, False, None, None)  # ramp: the schedule's ramp_needed
     fc1_env = K.ce_settings(7168, 132, True, True, env={"KOSMOS_BAND_GROUP": "11", "KOSMOS_BAND_RAMP": "1",
                                                         "KOSMOS_CE_SLICES": "2"})
     assert (fc1_env.band_group, fc1_env.ramp, fc1_env.slices) == (11, True, 2)  # explicit settings win
@@ -110,10 +110,11 @@ def test_ce_settings_defaults_regimes_and_explicit_knobs():
     mma = K.ce_settings(1280, 132, False, True, env={})
     assert (mma.k_stream, mma.regime, mma.merge, mma.band_group) == (False, "", False, None)
     assert not fc1.head_main and K.ce_settings(7168, 132, True, True, env={"KOSMOS_CE_HEAD_MAIN": "1"}).head_main
-    assert (big.ramp, big.halve) == (True, True)
+    assert (big.ramp, big.halve) == (None, True)
     flat = K.ce_settings(7168, 132, True, True, env={"KOSMOS_BAND_RAMP": "0", "KOSMOS_BAND_HALVE": "0"})
     assert (flat.ramp, flat.halve) == (False, False)
-    assert (fc1.shared_release, fc1.peer_runs, fc1.local_halve, fc1.local_group) == (True, False, True, 0)
+    assert (fc1.shared_release, fc1.peer_runs, fc1.local_halve, fc1.local_group) == (True, False, False, 0)
+    assert K.ce_settings(7168, 132, True, True, env={"KOSMOS_LOCAL_HALVE": "1"}).local_halve
     knobs = {"KOSMOS_CE_SHARED_RELEASE": "0", "KOSMOS_PEER_RUNS": "1", "KOSMOS_LOCAL_HALVE": "0",
              "KOSMOS_LOCAL_GROUP": "8"}
     both = K.ce_settings(7168, 132, True, True, env=knobs)

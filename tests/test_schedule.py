@@ -147,8 +147,8 @@ def test_ag_demand_local_first_grouped_raster():
     # tiles go column by column (N tile, then band), groups from band_groups()
     for start, seg_peers in ((0, [r]), (per_peer, ring)):
         bands = [(p, mt) for p in seg_peers for mt in range(mt_n)]
-        expect = [(p, mt * BM, nt * 64) for grp in S.band_groups(len(bands), 8, ramp=start > 0) for nt in range(nt_n)
-                  for p, mt in bands[grp]]
+        expect = [(p, mt * BM, nt * 64) for grp in S.band_groups(len(bands), 8, ramp=start > 0, halve=start > 0)
+                  for nt in range(nt_n) for p, mt in bands[grp]]  # own bands: regular groups (local_halve off)
         got = [(int(x[S.F["peer"]]), int(x[S.F["m0"]]), int(x[S.F["n0"]])) for x in t[start:start + len(expect)]]
         assert got == expect
     assert len({tuple(x) for x in t[:, [S.F["peer"], S.F["m0"], S.F["n0"]]]}) == len(t) == W * per_peer
@@ -186,7 +186,7 @@ def test_band_groups_without_ramp_or_halving_stay_regular():
     assert [g.stop - g.start for g in S.band_groups(57, 132, size=6, tail=4, halve=False)] == [6] * 8 + [5, 4]
     # the schedule's remote groups (KOSMOS_BAND_RAMP / _HALVE): the local segment is unchanged
     kw = dict(BN=256, num_wgs=132, fabric="host", stream_k=True, band_group=6)
-    base = S.build_schedule("ag-gemm", 8192, 106496, 16384, 8, 0, **kw)
+    base = S.build_schedule("ag-gemm", 8192, 106496, 16384, 8, 0, ramp=True, **kw)
     flat = S.build_schedule("ag-gemm", 8192, 106496, 16384, 8, 0, ramp=False, halve=False, **kw)
     assert [len(g) for g in base.meta["remote_groups"]][:3] == [1, 2, 4]
     assert [len(g) for g in flat.meta["remote_groups"]] == [6] * 9 + [2]
@@ -375,7 +375,7 @@ def test_demand_group_small_only_when_link_and_builders_are_balanced():
 
 def test_ag_schedule_uses_balanced_groups_for_remote_bands_only():
     W, K, n_loc = 8, 512, 13312
-    kw = dict(BM=128, BN=256, num_wgs=132, fabric="host", model={"wg_tflops": 5.3})
+    kw = dict(BM=128, BN=256, num_wgs=132, fabric="host", model={"wg_tflops": 5.3}, ramp=True, local_halve=True)
     sch = S.build_schedule("ag-gemm", 128 * 8 * W, n_loc * W, K, W, 0, **kw)
     t = sch.builders.table[sch.builders.queue]
     nt_n = sch.meta["n_tiles"]
@@ -605,3 +605,26 @@ def test_fill_bands_hold_back_the_last_own_bands():
             S.build_schedule("ag-gemm", 8192, 8 * 2048, 512, 8, 3, **bad, **kw)
     with pytest.raises(ValueError, match="fill_bands"):
         S.build_schedule("gemm-rs", 8192, 8 * 2048, 512, 8, 3, fill_bands=1, **kw)
+
+
+def test_ramp_only_where_the_own_bands_do_not_cover_the_first_group():
+    """ramp=None (default): on the host fabric the remote groups start at one band only when the
+    own bands (built first) take the builders less long than the link takes for the first
+    regular group (own_bands * rho < group): 405b FC1 (rho 0.88, 8 own bands, 6-band groups) has
+    no ramp at 8k and 16k tokens, a narrow layer (rho 0.15) keeps it; held-back fill bands do
+    not count; other fabrics keep the ramp; ramp=True / False force it."""
+    from kosmos_bench.kernels import ag_sm90
+
+    m = ag_sm90.schedule_model("host")
+    kw = dict(BM=128, BN=256, num_wgs=132, fabric="host", model=m, stream_k=True)
+
+    def first(M, N, **k):
+        sch = S.build_schedule("ag-gemm", M, N, 16384, 8, 0, **kw, **k)
+        return [len(g) for g in sch.meta["remote_groups"]][:3], sch.meta["ramp"]
+
+    assert S.link_compute_ratio(13312, 132, "host", m) * 8 >= S.BALANCED_GROUP
+    assert first(8192, 106496) == ([6, 6, 6], False) and first(16384, 106496)[1] is False
+    assert first(8192, 106496, ramp=True) == ([1, 2, 4], True)
+    assert first(8192, 106496, fill_bands=4)[1] is True  # 4 own bands first: 4 * 0.88 < 6
+    assert first(8192, 18432, band_group=6)[1] is True  # rho 0.15
+    assert S.ramp_needed(8, 13312, 132, 6, "nvlink") and not S.ramp_needed(8, 13312, 132, 6, "host", m)

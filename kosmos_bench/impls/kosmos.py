@@ -250,12 +250,15 @@ def peer_runs_setting(env=None) -> bool:
 
 
 def local_halve_setting(env=None) -> bool:
-    """KOSMOS_LOCAL_HALVE (default 1): the rank's own bands (ready at entry) are cut into demand
-    groups that halve toward their end like the remote ones (8 own bands: 4, 2, 1, 1; world 1:
-    11, 11, 11, 11, 10, 5, 3, 1, 1); 0: regular groups (8; 11, ..., 9). Halving buys nothing
-    where nothing arrives, and small groups re-read B: on 405b FC1 (K = 16384) the own bands
-    stream B four times instead of once. Not yet measured on the device: an ablation until it is."""
-    return _env_bool("KOSMOS_LOCAL_HALVE", os.environ if env is None else env)
+    """KOSMOS_LOCAL_HALVE (default 0): the rank's own bands (ready at entry) in regular demand
+    groups (8 own bands: one group; world 1: 11, ..., 11, 9); 1: groups that halve toward their
+    end like the remote ones (4, 2, 1, 1; world 1: 11, 11, 11, 11, 10, 5, 3, 1, 1). Halving buys
+    nothing where nothing arrives, and every group streams B from HBM again: at the 700 W limit
+    on 405b FC1's rank GEMM (8192x13312x16384, K = 16384) the world-1 kernel took 5396-5412 us
+    regular against 5458-5460 halving (5348 vs 5402 in another process), the landed host kernel
+    5606-5628 vs 5636-5669; in the host sweep together with no ramp: 4812 / 4813 us against
+    4837-4976 (results/issue4-h200-20261204b/)."""
+    return _env_bool("KOSMOS_LOCAL_HALVE", os.environ if env is None else env, default=0)
 
 
 def local_group_setting(env=None) -> int:
@@ -304,14 +307,14 @@ class CeSettings:
     tail_groups: int  # groups sliced at the end
     tail_bands: int | None  # bands of the last remote group (None: one wave of tiles)
     head_main: bool = False  # the first band's copy on the main stream, before the kernel
-    ramp: bool = True  # remote groups start small and double (KOSMOS_BAND_RAMP)
+    ramp: bool | None = None  # remote groups start small and double (KOSMOS_BAND_RAMP; None: schedule.ramp_needed)
     halve: bool = True  # remote groups shrink toward the end (KOSMOS_BAND_HALVE)
     sm_tail_bands: int = 0  # the last remote bands the CTAs pull in K-slices (AG_PULL_K)
     sm_tail_slices: int = 0
     kernel_side: bool = False  # the plan's copies on the caller's stream, the kernel on its own
     shared_release: bool = True  # one flag release per copy (ce_plan.share_flags)
     peer_runs: bool = False  # a straddling demand group's tiles peer by peer (KOSMOS_PEER_RUNS)
-    local_halve: bool = True  # the own bands' groups halve toward their end (KOSMOS_LOCAL_HALVE)
+    local_halve: bool = False  # the own bands' groups halve toward their end (KOSMOS_LOCAL_HALVE)
     local_group: int = 0  # bands per own-band group, 0: the schedule's rule (KOSMOS_LOCAL_GROUP)
     fill_bands: int = 0  # own bands held back as fill tiles (KOSMOS_FILL_BANDS)
 
@@ -365,7 +368,9 @@ def ce_settings(n_loc: int, builders: int, streams: bool, host: bool, ce_slices=
             split = (1,) * LINK_BOUND_SLICES
         if "KOSMOS_BAND_GROUP" not in env:
             band_group = LINK_BOUND_GROUP
-    ramp, halve = (_env_bool(k, env) for k in ("KOSMOS_BAND_RAMP", "KOSMOS_BAND_HALVE"))
+    # ramp: KOSMOS_BAND_RAMP forces it on / off; unset, the schedule decides (ramp_needed)
+    ramp = _env_bool("KOSMOS_BAND_RAMP", env) if "KOSMOS_BAND_RAMP" in env else None
+    halve = _env_bool("KOSMOS_BAND_HALVE", env)
     if regime == "link-bound" and "KOSMOS_BAND_RAMP" not in env:
         ramp = False
     side = env.get("KOSMOS_CE_KERNEL_SIDE", DEFAULT_CE_KERNEL_SIDE)
@@ -814,6 +819,7 @@ class KosmosRunner:
                      "ce_releases": len(getattr(self, "ce_entries", ())), "peer_runs": int(self.ce.peer_runs),
                      "local_halve": int(self.ce.local_halve),
                      "local_group": int(self.ce.local_group),
+                     "band_ramp": int(self.scheds[0].meta.get("ramp", False)),
                      "fill_bands": int(self.scheds[0].meta.get("fill_bands", 0)),
                      "ce_merge": self.ce.merge if self.mover == "ce" else False,
                      "ce_regime": self.ce.regime, "band_group": -1 if band_group == S.PEER_GROUPS else int(band_group or 0),

@@ -86,8 +86,8 @@ def model_params(prof: dict, fabric: str) -> dict:
 
 @lru_cache(maxsize=64)
 def _schedule(op, M, N, K, world, rank, BM, BN, chunk, num_wgs, queue_order, seed, local_first, fabric,
-              sm90=False, stream_k=False, band_group=None, tail_bands=None, ramp=True, halve=True, peer_runs=False,
-              local_halve=True, local_group=None, fill_bands=0):
+              sm90=False, stream_k=False, band_group=None, tail_bands=None, ramp=None, halve=True, peer_runs=False,
+              local_halve=False, local_group=None, fill_bands=0):
     # Built with policy='self': the mover count only changes the WG rules, never the queues.
     # sm90: the Hopper builder's schedule model, as impls/kosmos.py builds it.
     from ..kernels import ag_sm90
@@ -274,7 +274,7 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     # copy-engine movers: the runner's settings (impls/kosmos.py ce_settings: K-sliced tail with
     # the sm90 builder, regime defaults, the KOSMOS_CE_* / KOSMOS_BAND_GROUP knobs)
     stream_k, ce_slices, ce_split, band_group, merge, tail_bands = False, 1, (), None, False, None
-    ramp = halve = True
+    ramp, halve = None, True  # None: the schedule's ramp_needed, as the runner
     from ..impls.kosmos import fill_bands_setting, local_group_setting, local_halve_setting, peer_runs_setting
 
     peer_runs, local_halve, local_group = peer_runs_setting(), local_halve_setting(), local_group_setting()
