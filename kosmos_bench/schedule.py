@@ -93,8 +93,9 @@ rule is *link-first*: a WG takes a mover whenever a slot is free (keeping the li
 saturated, the other WGs build), without a cap (device-memory fabrics) builder-first.
 
 * ag-gemm: pending ready > [cap: mover if a slot is free] > builder head ready ? claim the
-  next builder (ready: run, else pending) > mover if a slot is free > [no slot: poll] >
-  block on the pending / next builder (movers exhausted) > done.
+  next builder (ready: run, else pending) : a fill tile if any (``fill_bands``: own tiles
+  held back in the otherwise unused reduce queue, never a dep) > mover if a slot is free >
+  [no slot: poll] > block on the pending / next builder (movers exhausted) > done.
 * gemm-rs: pending ready (a mover also needs a free slot) > reduce head ready ? claim the
   next reduce (else pending) > claim the next mover (ready and a slot free: run it, else it
   becomes pending, so an unready push never holds back the ready items behind it) > next
