@@ -21,9 +21,6 @@
 //                         own rows from A_r, a peer's rows from the gathered buffer viewed as
 //                         (m_loc, K, W), batch = peer, so partial tiles read zeros, never
 //                         another rank's rows).
-//   SM tail (AG_PULL_K)  : a K-slice of a band (2-D, rows x K/S) copied the same way; the
-//                         scheduler releases the band flag only after slice n0-1 of the band
-//                         (the flag counts the slices there in K order, as slice_wait reads it).
 //   warps 0-3 (loader)  : a mover item (AG_PULL) is copied by all 128 threads of the loader
 //                         warpgroup (16-byte ld.global.cg, copy_contig), then the scheduler
 //                         releases its band flag and its mover slot. The math warps keep
@@ -31,13 +28,6 @@
 //   warpgroups 1, 2     : pop item ids from the ring, wgmma over the tile
 //                         (BuilderSm90::consume_to), staged epilogue into C_r at the tile's
 //                         rows; thread 128 records the BUILD interval.
-//   split tiles (AG_PART, schedule split_bands / split_k): a K-part is loaded and multiplied
-//                         like a tile over its k-blocks only; the math warps store its fp32
-//                         partial to the rank's split workspace, fence, and thread 128 adds
-//                         one to the tile's split flag; the part that completes the count
-//                         sums the parts in part order (bitwise the same whichever part is
-//                         last, no wait) and stores the tile. Last-arriver, so no part ever
-//                         waits for another: nothing here needs a watchdog.
 //
 // Builder tiles are 128 x 256 (the schedule must be built with BN = 256); K any multiple of
 // 8, N/W a multiple of 8, TMA-aligned (16-byte) A_r, B_r, C_r and gathered buffer. The
@@ -87,7 +77,6 @@ struct AgShared {
   // one arrival per tile: the scheduler sleeps in try_wait instead of polling a shared word;
   // same speed and power measured, and nothing issues while it waits)
   alignas(8) uint64_t ahead_bar;
-  int split_last;  // math thread 128 -> math warps: this K-part completed its tile
 };
 constexpr int kAgSmemBytes = int(sizeof(AgShared));
 static_assert(kAgSmemBytes <= 227 * 1024, "sm90 AG+GEMM shared memory exceeds 227 KB");
@@ -106,24 +95,8 @@ struct AgSm90Params {
   int32_t m_loc;
   int32_t n_loc;
   int32_t ahead_blocks = kAheadBlocks;  // lookahead claim (kosmos_sm90_ag_set_ahead; -1: none)
-  int32_t split_flag0 = 0;               // flag index of split tile 0 (schedule FlagLayout.split)
-  float* split_ws[KOSMOS_MAX_WORLD] = {};  // per executed rank: fp32 [split tiles][S][kBM*kBN] (set_split)
 };
 static_assert(sizeof(AgSm90Params) <= 32000, "kernel parameters must fit the 32 KB parameter space");
-
-constexpr int kTileElems = AgBuilder::kBM * AgBuilder::kBN;
-
-// K-blocks [*kb0, *kb1) of item `it` (a whole tile, or K-part kpart of flag_mult[rel_flag]).
-__device__ __forceinline__ void k_range(const KosmosRankArgs& ra, int kind, int rel_flag, int kpart, int nkb, int* kb0,
-                                        int* kb1) {
-  *kb0 = 0;
-  *kb1 = nkb;
-  if (kind == kAgPart) {
-    const int64_t S = ra.flag_mult[rel_flag];
-    *kb0 = static_cast<int>(kpart * int64_t(nkb) / S);
-    *kb1 = static_cast<int>((kpart + 1) * int64_t(nkb) / S);
-  }
-}
 
 // Params.k_stream: band flag f counts the K-slices of the band delivered in K order (mult =
 // slices per band, flag = mult*(e-1) + slices there); slice s holds k-blocks
@@ -233,18 +206,13 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
         const Item it = load_item(ra.items[q], id);
         int ahead = -1;
         bool ahead_landed = false;
-        if (it.kind == kAgBuild || it.kind == kAgPart) {
+        if (it.kind == kAgBuild) {
           // decide() returned it with its band flag acquired (watchdog-bounded wait).
-          int kb0, kb1;  // its k-blocks (a K-part: a range)
-          k_range(ra, it.kind, it.rel_flag, it.kpart, P.bp.num_k_blk, &kb0, &kb1);
-          // k-block at which the loads signal the scheduler's lookahead claim (-1: no lookahead); a
-          // K-part claims at the same fraction of its k-blocks as a tile (so a busy CTA does not
-          // hold a ready part for most of its own; measured the same either way, tail_probe-7/-8)
-          const int ahead_at = P.ahead_blocks < 0 ? -1
-              : max(kb0, kb1 - max(1, static_cast<int>(int64_t(P.ahead_blocks) * (kb1 - kb0) / P.bp.num_k_blk)));
+          // k-block at which the loads signal the scheduler's lookahead claim (-1: no lookahead)
+          const int ahead_at = P.ahead_blocks < 0 ? -1 : max(0, P.bp.num_k_blk - max(1, P.ahead_blocks));
           if (warp_idx == 0) {
             fence_proxy_async_global();  // movers' / copy engine's writes -> this warp's TMA reads
-            if (lane == 0) ring.push(q == kQBuild ? id : ra.count[kQBuild] + id);  // a fill tile: after the builders
+            if (lane == 0) ring.push(id);
             __syncwarp();
             const bool own = it.peer == ra.rank;
             const int m_blk = it.m0 / AgBuilder::kBM, n_blk = it.n0 / AgBuilder::kBN;
@@ -252,7 +220,7 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
             const int slice_flag = (!own && p.k_stream && it.dep_count > 0 && !landed) ? ra.deps[it.dep_begin] : -1;
             builder.produce_at(own ? maps.own : maps.work, m_loc, own ? 1 : p.world, m_blk, n_blk, own ? 0 : it.peer,
                                SliceWait{&w, slice_flag, id, P.bp.num_k_blk},
-                               AheadSignal{&smem.ahead_bar, ahead_at}, kb0, kb1);
+                               AheadSignal{&smem.ahead_bar, ahead_at});
           } else if (tid == kSched && ahead_at >= 0) {
             // until the loads reach kAheadBlocks before the tile's end (they always do: an aborted
             // call's slice waits return and its loads go on); bounded all the same, and giving up
@@ -267,25 +235,6 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
             ahead_landed = ahead >= 0 && band_landed(w, ahead);
           }
           named_bar_sync(kBarLoader, kLoaderThreads);  // the tile's loads are issued
-        } else if (it.kind == kAgPullK) {  // K-slice it.n0 of it.cols of band (peer, m0), all its rows
-          const uint64_t t0 = (tid == kSched) ? w.tr.now() : 0;
-          const int nkb = P.bp.num_k_blk;  // the k-blocks of builder slice_wait: [s*nkb/S, (s+1)*nkb/S)
-          const int64_t c0 = int64_t(it.n0) * nkb / it.cols * AgBuilder::kBK;
-          const int64_t c1 = min(K, int64_t(it.n0 + 1) * nkb / it.cols * AgBuilder::kBK);
-          if (c1 > c0)
-            copy_tile(static_cast<bf16*>(ra.work) + (it.peer * int64_t(m_loc) + it.m0) * K + c0, K,
-                      static_cast<const bf16*>(ra.peer_A[it.peer]) + it.m0 * K + c0, K, it.rows, int(c1 - c0), tid,
-                      kLoaderThreads);
-          named_bar_sync(kBarLoader, kLoaderThreads);
-          if (tid == kSched) {
-            // Released in K order (the band flag counts the slices there, as the builders read it):
-            // after slice n0-1 of the band, claimed before this one (watchdog-bounded).
-            const uint32_t S = static_cast<uint32_t>(ra.flag_mult[it.rel_flag]);
-            if (it.n0 > 0)
-              wait_flag(w.sc, ra.flags[ra.rank] + it.rel_flag, w.sc.epoch * S - S + uint32_t(it.n0), kQMove, id, ra.rank,
-                        it.rel_flag);
-            finish_item(w, it, id, counted, t0);
-          }
         } else {  // AG_PULL: a byte slice of band (peer, m0) into the gathered buffer
           const uint64_t t0 = (tid == kSched) ? w.tr.now() : 0;
           const int64_t bytes = static_cast<int64_t>(it.rows) * K * 2;
@@ -312,55 +261,16 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
     cutlass::arch::warpgroup_reg_alloc<kMathRegs>();
     bf16* C = static_cast<bf16*>(ra.C);
     for (;;) {
-      const int id = ring.pop();  // builder item, or count[kQBuild] + a fill-queue item (traced so too)
+      const int id = ring.pop();  // builder item id
       if (id < 0) break;
       const uint64_t t0 = (tid == 128 && p.trace) ? globaltimer_ns() : 0;
-      const bool fill = id >= ra.count[kQBuild];
-      const int32_t* row = ra.items[fill ? kQReduce : kQBuild] +
-                           static_cast<size_t>(fill ? id - ra.count[kQBuild] : id) * KOSMOS_ITEM_STRIDE;
+      const int32_t* row = ra.items[kQBuild] + static_cast<size_t>(id) * KOSMOS_ITEM_STRIDE;
       bf16* tile = C + (row[1] * int64_t(m_loc) + row[2]) * n_loc + row[4];  // peer, m0, n0
       Item done{};  // what finish_item reads, loaded with the tile's row (no load after the MMAs)
-      done.kind = row[0];
+      done.kind = kAgBuild;
       done.rel_rank = row[8];
       done.rel_flag = row[9];
-      int kb0 = 0, kb1 = P.bp.num_k_blk;  // a K-part's k-blocks: a range
-      if (done.kind == kAgPart) k_range(ra, kAgPart, done.rel_flag, row[10], P.bp.num_k_blk, &kb0, &kb1);
-      // One mainloop for tiles and parts (a second instantiation spilled inside the MMA loop). A
-      // part stores its fp32 partial, fences, and thread 128 releases the tile's split flag; the
-      // part that completes the count sums every part from the workspace in part order (its own
-      // too: the same sum whichever part is last) and stores the tile; the others store nothing.
-      builder.consume_part_to(reinterpret_cast<AgBuilder::dtype_t*>(tile), n_loc, row[3], row[5], kb1 - kb0,
-                              [&](auto& acc, int mi) {
-        if (done.kind != kAgPart) return true;
-        constexpr int kV = decltype(cute::size(acc))::value;
-        constexpr int kT = AgBuilder::kNumMathThreads;
-        static_assert(kV * kT == kTileElems, "one tile of partials per part");
-        const int f = row[9], s = row[10];
-        const uint32_t S = static_cast<uint32_t>(ra.flag_mult[f]);
-        const float* parts = P.split_ws[ri] + static_cast<size_t>(f - P.split_flag0) * S * kTileElems + mi;
-        float* mine = P.split_ws[ri] + (static_cast<size_t>(f - P.split_flag0) * S + s) * kTileElems + mi;
-        CUTLASS_PRAGMA_UNROLL
-        for (int v = 0; v < kV; ++v) __stcg(mine + v * kT, acc(v));  // [v][thread]: coalesced
-        __threadfence();
-        named_bar_sync(kBarMath, kT);  // every partial store fenced
-        if (mi == 0) {
-          const uint32_t epoch = ld_relaxed(p.state) + 1;
-          const uint32_t old = atomicAdd(ra.flags[ra.rank] + f, 1u);
-          smem.split_last = old == epoch * S - 1u;  // this release completes the call's count
-          __threadfence();                          // the other parts' stores before our reads
-        }
-        named_bar_sync(kBarMath, kT);
-        if (!smem.split_last) return false;
-        CUTLASS_PRAGMA_UNROLL
-        for (int v = 0; v < kV; ++v) acc(v) = __ldcg(parts + v * kT);
-        CUTLASS_PRAGMA_NO_UNROLL
-        for (uint32_t j = 1; j < S; ++j) {
-          CUTLASS_PRAGMA_UNROLL
-          for (int v = 0; v < kV; ++v) acc(v) += __ldcg(parts + j * size_t(kTileElems) + v * kT);
-        }
-        return true;
-      });
-      done.rel_flag = done.kind == kAgPart ? -1 : done.rel_flag;  // a part released its flag above
+      builder.consume_to(reinterpret_cast<AgBuilder::dtype_t*>(tile), n_loc, row[3], row[5]);  // rows, cols
       named_bar_sync(kBarMath, AgBuilder::kNumMathThreads);  // every store of the tile before its release
       if (tid == 128) {
         // (re)built here so that none of the scheduling state stays live across the MMAs
@@ -426,20 +336,6 @@ int kosmos_sm90_ag_set_ahead(void* h, int blocks) {
   if (!h) return kosmos::fail(KOSMOS_ERR_INVALID, "sm90 ag-gemm: null handle");
   if (blocks < -1) return kosmos::fail(KOSMOS_ERR_INVALID, "sm90 ag-gemm: ahead blocks %d < -1", blocks);
   static_cast<AgSm90Params*>(h)->ahead_blocks = blocks;
-  return KOSMOS_OK;
-}
-
-// Split tiles (AG_PART) of executed rank i: their fp32 workspace (split tiles x S x 128*256
-// floats, 16-byte aligned) and the flag index of split tile 0 (the same on every rank).
-int kosmos_sm90_ag_set_split(void* h, int i, void* ws, int flag0) {
-  using namespace kosmos::sm90;
-  if (!h) return kosmos::fail(KOSMOS_ERR_INVALID, "sm90 ag-gemm: null handle");
-  if (i < 0 || i >= KOSMOS_MAX_WORLD || flag0 < 0)
-    return kosmos::fail(KOSMOS_ERR_INVALID, "sm90 ag-gemm: split rank index %d, flag %d", i, flag0);
-  if (!aligned(ws)) return kosmos::fail(KOSMOS_ERR_INVALID, "sm90 ag-gemm: split workspace not 16-byte aligned");
-  AgSm90Params& P = *static_cast<AgSm90Params*>(h);
-  P.split_ws[i] = static_cast<float*>(ws);
-  P.split_flag0 = flag0;
   return KOSMOS_OK;
 }
 

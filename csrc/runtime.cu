@@ -154,30 +154,20 @@ int kosmos_stream_destroy(void* stream) {
 // The copy stream first waits for the flag stream's earlier releases: a band's earlier
 // K-slice release still queued there would otherwise land after (and undo) its last one.
 // The arrays are copied in at creation, so a call costs the host two C calls around the
-// kernel launch (begin: entries [0, head), end: the rest). With head_main the head entries
-// (copies and releases) go on the main stream itself, before the kernel, which then starts
-// once the head has landed; the flag stream waits for the head's releases (a later K-slice
-// release must not land first). An ablation (off by default: it serialised the call on the
-// H200, results/issue4-h200-20261203/probes/tail_probe-6-head-main.parquet).
+// kernel launch (begin: entries [0, head), end: the rest).
 struct CePlan {
   std::vector<uint64_t> dst, src, width, height, pitch, flag;
   std::vector<uint32_t> mult, back;
   int head = 0, inline_from = 0;
-  bool head_main = false;
   cudaStream_t cs = nullptr, fs = nullptr;
-  cudaEvent_t ready = nullptr, copies_done = nullptr, flags_done = nullptr, flags_before_inline = nullptr,
-              head_done = nullptr;
+  cudaEvent_t ready = nullptr, copies_done = nullptr, flags_done = nullptr, flags_before_inline = nullptr;
   std::vector<cudaEvent_t> events;  // one per copy; a wait captures the record, so reuse is safe
 };
 
-// Entries [lo, hi): on the plan's streams, or every copy and release on *on when given (a
-// pointer: the legacy default stream's handle is null, so a null stream cannot mean "none");
-// copies_only: only the copies (and the inline releases after the last) on *on, the other
-// releases on the flag stream.
-static int ce_enqueue(CePlan& P, int lo, int hi, uint32_t epoch, const cudaStream_t* on = nullptr,
-                      bool copies_only = false) {
+// Entries [lo, hi) on the plan's streams.
+static int ce_enqueue(CePlan& P, int lo, int hi, uint32_t epoch) {
   if (lo >= hi) return KOSMOS_OK;
-  const cudaStream_t cs = on ? *on : P.cs, fs = (on && !copies_only) ? *on : P.fs;
+  const cudaStream_t cs = P.cs, fs = P.fs;
   size_t copy = 0;
   for (int i = 0; i < lo; ++i) copy += P.width[i] > 0;
   for (int i = lo; i < hi; ++i) {
@@ -208,17 +198,16 @@ void kosmos_ce_plan_destroy(void* h) {
   CePlan* P = static_cast<CePlan*>(h);
   if (!P) return;
   for (cudaEvent_t e : P->events) cudaEventDestroy(e);
-  for (cudaEvent_t e : {P->ready, P->copies_done, P->flags_done, P->flags_before_inline, P->head_done})
+  for (cudaEvent_t e : {P->ready, P->copies_done, P->flags_done, P->flags_before_inline})
     if (e) cudaEventDestroy(e);
   delete P;
 }
 
-// head: entries [0, head) go in before the kernel launch (the first copy and its releases);
-// head_main != 0: on the main stream.
+// head: entries [0, head) go in before the kernel launch (the first copy and its releases).
 void* kosmos_ce_plan_create(void* copy_stream, void* flag_stream, int n, const uint64_t* dst, const uint64_t* src,
                             const uint64_t* width, const uint64_t* height, const uint64_t* pitch,
                             const uint64_t* flag, const uint32_t* mult, const uint32_t* back, int head,
-                            int inline_from, int head_main) {
+                            int inline_from) {
   if (!copy_stream || !flag_stream || n < 1 || head < 0 || head > n || inline_from < 0 || inline_from > n || !dst || !src || !width || !height || !pitch ||
       !flag || !mult || !back) {
     fail(KOSMOS_ERR_INVALID, "bad CE plan");
@@ -248,7 +237,6 @@ void* kosmos_ce_plan_create(void* copy_stream, void* flag_stream, int n, const u
   P->back.assign(back, back + n);
   P->head = head;
   P->inline_from = inline_from;
-  P->head_main = head_main != 0;
   P->cs = static_cast<cudaStream_t>(copy_stream);
   P->fs = static_cast<cudaStream_t>(flag_stream);
   size_t copies = 0;
@@ -256,7 +244,7 @@ void* kosmos_ce_plan_create(void* copy_stream, void* flag_stream, int n, const u
   P->events.assign(copies, nullptr);
   bool ok = true;
   for (cudaEvent_t& e : P->events) ok = ok && cudaEventCreateWithFlags(&e, cudaEventDisableTiming) == cudaSuccess;
-  for (cudaEvent_t* e : {&P->ready, &P->copies_done, &P->flags_done, &P->flags_before_inline, &P->head_done})
+  for (cudaEvent_t* e : {&P->ready, &P->copies_done, &P->flags_done, &P->flags_before_inline})
     ok = ok && cudaEventCreateWithFlags(e, cudaEventDisableTiming) == cudaSuccess;
   if (!ok) {
     fail(KOSMOS_ERR_CUDA, "CE plan: cudaEventCreate failed");
@@ -268,8 +256,7 @@ void* kosmos_ce_plan_create(void* copy_stream, void* flag_stream, int n, const u
 
 // Before the kernel launch on main_stream: the copy and flag streams wait for what precedes
 // the kernel on main (earlier readers of the gathered buffer), never for the kernel (which
-// waits for them); then the head entries (on main with head_main: the flag stream also waits
-// for their releases).
+// waits for them); then the head entries.
 int kosmos_ce_plan_begin(void* h, void* main_stream, uint32_t epoch) {
   if (!h) return fail(KOSMOS_ERR_INVALID, "null CE plan");
   CePlan& P = *static_cast<CePlan*>(h);
@@ -277,11 +264,7 @@ int kosmos_ce_plan_begin(void* h, void* main_stream, uint32_t epoch) {
   KOSMOS_CUDA(cudaEventRecord(P.ready, m));
   KOSMOS_CUDA(cudaStreamWaitEvent(P.cs, P.ready, 0));
   KOSMOS_CUDA(cudaStreamWaitEvent(P.fs, P.ready, 0));
-  if (!P.head_main || P.head == 0) return ce_enqueue(P, 0, P.head, epoch);
-  if (int rc = ce_enqueue(P, 0, P.head, epoch, &m)) return rc;
-  KOSMOS_CUDA(cudaEventRecord(P.head_done, m));
-  KOSMOS_CUDA(cudaStreamWaitEvent(P.fs, P.head_done, 0));
-  return KOSMOS_OK;
+  return ce_enqueue(P, 0, P.head, epoch);
 }
 
 // After the kernel launch: the rest of the plan; main_stream then waits for both streams.
@@ -291,33 +274,6 @@ int kosmos_ce_plan_end(void* h, void* main_stream, uint32_t epoch) {
   if (int rc = ce_enqueue(P, P.head, static_cast<int>(P.dst.size()), epoch)) return rc;
   cudaStream_t m = static_cast<cudaStream_t>(main_stream);
   KOSMOS_CUDA(cudaEventRecord(P.copies_done, P.cs));
-  KOSMOS_CUDA(cudaEventRecord(P.flags_done, P.fs));
-  KOSMOS_CUDA(cudaStreamWaitEvent(m, P.copies_done, 0));
-  KOSMOS_CUDA(cudaStreamWaitEvent(m, P.flags_done, 0));
-  return KOSMOS_OK;
-}
-
-// KOSMOS_CE_KERNEL_SIDE: the plan's copies on main_stream itself and the kernel on
-// kernel_stream (the caller launches it between the two calls): the first byte leaves without the
-// event hop from main to the copy stream (~10 us on the H200), and the kernel, whose first remote
-// band lands a copy later anyway, takes the hop instead. main_stream then waits for the kernel
-// and the flag stream.
-int kosmos_ce_plan_begin_side(void* h, void* main_stream, void* kernel_stream, uint32_t epoch) {
-  if (!h || !kernel_stream) return fail(KOSMOS_ERR_INVALID, "null CE plan or kernel stream");
-  CePlan& P = *static_cast<CePlan*>(h);
-  cudaStream_t m = static_cast<cudaStream_t>(main_stream), k = static_cast<cudaStream_t>(kernel_stream);
-  KOSMOS_CUDA(cudaEventRecord(P.ready, m));
-  KOSMOS_CUDA(cudaStreamWaitEvent(k, P.ready, 0));
-  KOSMOS_CUDA(cudaStreamWaitEvent(P.fs, P.ready, 0));
-  return ce_enqueue(P, 0, P.head, epoch, &m, true);
-}
-
-int kosmos_ce_plan_end_side(void* h, void* main_stream, void* kernel_stream, uint32_t epoch) {
-  if (!h || !kernel_stream) return fail(KOSMOS_ERR_INVALID, "null CE plan or kernel stream");
-  CePlan& P = *static_cast<CePlan*>(h);
-  cudaStream_t m = static_cast<cudaStream_t>(main_stream), k = static_cast<cudaStream_t>(kernel_stream);
-  if (int rc = ce_enqueue(P, P.head, static_cast<int>(P.dst.size()), epoch, &m, true)) return rc;
-  KOSMOS_CUDA(cudaEventRecord(P.copies_done, k));  // here: the kernel's end
   KOSMOS_CUDA(cudaEventRecord(P.flags_done, P.fs));
   KOSMOS_CUDA(cudaStreamWaitEvent(m, P.copies_done, 0));
   KOSMOS_CUDA(cudaStreamWaitEvent(m, P.flags_done, 0));

@@ -283,16 +283,11 @@ struct BuilderSm90 {
   struct NoHook {
     CUTLASS_DEVICE void operator()(int) const {}
   };
-  //
-  // k_begin, k_end (optional): only k-blocks [k_begin, k_end) (a K-part of a split tile; k_end < 0:
-  // the last); the math warps consume the same count (consume_part_to).
   template <class KWait = AllThere, class KHook = NoHook>
   CUTLASS_DEVICE void produce_at(typename Mainloop::Params const& mp, int rows_a, int batches_a, int m_blk,
-                                 int n_blk, int l_a, KWait kwait = {}, KHook hook = {}, int k_begin = 0,
-                                 int k_end = -1) {
+                                 int n_blk, int l_a, KWait kwait = {}, KHook hook = {}) {
     static_assert(kClusterM == 1, "produce_at loads whole tiles (no multicast)");
     using namespace cute;
-    if (k_end < 0) k_end = params_.num_k_blk;
     if (cute::elect_one_sync()) {
       Tensor sA = make_tensor(make_smem_ptr(smem_.tensors.smem_A.data()), typename Mainloop::SmemLayoutA{});
       Tensor sB = make_tensor(make_smem_ptr(smem_.tensors.smem_B.data()), typename Mainloop::SmemLayoutB{});
@@ -311,7 +306,7 @@ struct BuilderSm90 {
       PipelineState st = write_state_;
       int there = 0;  // leading k-blocks known to be in place
       CUTLASS_PRAGMA_NO_UNROLL
-      for (int k = k_begin; k < k_end; ++k) {
+      for (int k = 0; k < params_.num_k_blk; ++k) {
         if (k >= there) there = kwait(k);
         hook(k);
         pipeline_.producer_acquire(st);
@@ -323,31 +318,22 @@ struct BuilderSm90 {
       }
     }
     __syncwarp();
-    write_state_.advance(k_end - k_begin);
+    write_state_.advance(params_.num_k_blk);
   }
 
   // Math: like consume(), storing the tile to C_tile (row stride ldc elements, 16-byte
   // aligned, ldc % 8 == 0), rows < rows and columns < cols only (cols % 8 == 0).
   CUTLASS_DEVICE void consume_to(dtype_t* C_tile, int64_t ldc, int rows, int cols) {
-    consume_part_to(C_tile, ldc, rows, cols, params_.num_k_blk, [](auto&, int) { return true; });
-  }
-
-  // Math: MMAs over the next k_count k-blocks (those produce_at issued for this tile: a K-part
-  // of it), then `bool fix(accum, math_idx)` on the fp32 accumulators (kBN/2 per thread; all 256
-  // math threads call it, it may change them), then the epilogue as consume_to if it returned
-  // true (a split tile's last part stores the sum of the parts; the others store nothing).
-  template <class Fix>
-  CUTLASS_DEVICE void consume_part_to(dtype_t* C_tile, int64_t ldc, int rows, int cols, int k_count, Fix fix) {
     static_assert(kStagedEpilogue, "consume_to needs the staged epilogue");
     using namespace cute;
     Mainloop mainloop;
     TiledMma tiled_mma;
     int const math_idx = int(threadIdx.x) - 128;
     Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
-    mainloop.mma(pipeline_, read_state_, accum, k_count, math_idx, smem_.tensors, params_.mainloop);
-    mainloop.mma_tail(pipeline_, read_state_, k_count);
-    read_state_.advance(k_count);
-    if (fix(accum, math_idx)) store_staged_to(accum, math_idx, reinterpret_cast<__nv_bfloat16*>(C_tile), ldc, rows, cols);
+    mainloop.mma(pipeline_, read_state_, accum, params_.num_k_blk, math_idx, smem_.tensors, params_.mainloop);
+    mainloop.mma_tail(pipeline_, read_state_, params_.num_k_blk);
+    read_state_.advance(params_.num_k_blk);
+    store_staged_to(accum, math_idx, reinterpret_cast<__nv_bfloat16*>(C_tile), ldc, rows, cols);
   }
 
   // Host: the mainloop params (TMA descriptors) for A viewed as (rows_a, K, batches_a) with

@@ -6,7 +6,7 @@
 #pragma once
 #include <stdint.h>
 
-#define KOSMOS_ABI_VERSION 6
+#define KOSMOS_ABI_VERSION 7
 #define KOSMOS_MAX_WORLD 8
 #define KOSMOS_ITEM_STRIDE 11  // int32 words per item row (schedule.ITEM_FIELDS)
 #define KOSMOS_NUM_CTR 8       // uint32 counters per rank in Params.state (after 4 globals)
@@ -117,11 +117,9 @@ int kosmos_stream_destroy(void* stream);
 void* kosmos_ce_plan_create(void* copy_stream, void* flag_stream, int n, const uint64_t* dst, const uint64_t* src,
                             const uint64_t* width, const uint64_t* height, const uint64_t* pitch,
                             const uint64_t* flag, const uint32_t* mult, const uint32_t* back, int head,
-                            int inline_from, int head_main);
+                            int inline_from);
 int kosmos_ce_plan_begin(void* plan, void* main_stream, uint32_t epoch);
 int kosmos_ce_plan_end(void* plan, void* main_stream, uint32_t epoch);
-int kosmos_ce_plan_begin_side(void* plan, void* main_stream, void* kernel_stream, uint32_t epoch);
-int kosmos_ce_plan_end_side(void* plan, void* main_stream, void* kernel_stream, uint32_t epoch);
 void kosmos_ce_plan_destroy(void* plan);
 #ifdef __cplusplus
 }

@@ -86,18 +86,6 @@ __device__ __forceinline__ bool wait_deps(const Wg& w, int q, int id) {
   return true;
 }
 
-// Under Params.k_stream (copy-engine movers) the mover queue holds only the SM-streamed tail
-// (AG_PULL_K items, gated on the band flag of the engine's last copy): while its head is not
-// ready no WG claims it, since a claimed mover parks its WG until the engine's last copy lands
-// (most of the call). Idle WGs poll decide() instead, and never block on a builder while tail
-// movers are left (a builder of the tail may need them).
-__device__ __forceinline__ bool mover_gated(const Wg& w) {
-  if (!w.p.k_stream) return false;
-  uint32_t h;
-  const int m = peek(w.ra, kQMove, &h);
-  return m >= 0 && !deps_ready(w, kQMove, m);
-}
-
 // Thread 0 (ag_gemm_sm90.cu: the scheduling thread): choose the next item. Returns false when
 // this WG is done (or the call aborted).
 template <int kOp>
@@ -177,7 +165,7 @@ __device__ bool decide(const Wg& w, int* q_out, int* id_out, bool* counted, int*
     if (kOp == KOSMOS_OP_AG_GEMM) {
       // [link-first: mover if a slot is free] > builder head ready (claim; not ready ->
       // pending) > mover (slot) > block on pending / next builder (movers exhausted)
-      if (cap != 0 && !mover_gated(w)) {
+      if (cap != 0) {
         id = mover_with_slot();
         if (id >= 0) return take(kQMove, id, true);
       }
@@ -191,16 +179,10 @@ __device__ bool decide(const Wg& w, int* q_out, int* id_out, bool* counted, int*
           pend[1] = id;
           continue;
         }
-        // The fill queue (ag-gemm's reduce queue: own tiles held back, schedule fill_bands;
-        // no deps): a tile of it instead of waiting for the builder head.
-        id = left(kQReduce) ? claim_next(ra, kQReduce) : -1;
-        if (id >= 0) return take(kQReduce, id, false);
       }
       if (left(kQMove)) {
-        if (!mover_gated(w)) {
-          id = mover_with_slot();
-          if (id >= 0) return take(kQMove, id, true);
-        }
+        id = mover_with_slot();
+        if (id >= 0) return take(kQMove, id, true);
       } else {
         if (pend[0] >= 0) return take_pending(true);
         id = claim_next(ra, kQBuild);
@@ -282,7 +264,7 @@ inline __device__ __noinline__ int claim_ready_build(const Wg& w, int* pend) {
   } else {
     const uint32_t cap = static_cast<uint32_t>(ra.max_inflight_movers);
     if (cap != 0 && ld_relaxed(ra.ctr + kQMove) < static_cast<uint32_t>(ra.count[kQMove]) &&
-        ld_relaxed(ra.ctr + 4) < cap && !mover_gated(w))
+        ld_relaxed(ra.ctr + 4) < cap)
       return -1;  // link-first: decide() takes the mover after the tile
     uint32_t h;
     id = peek(ra, kQBuild, &h);
@@ -299,7 +281,6 @@ inline __device__ __noinline__ int claim_ready_build(const Wg& w, int* pend) {
 __device__ __forceinline__ uint16_t role_of(int kind) {
   switch (kind) {
     case kAgPull:
-    case kAgPullK:
     case kRsPush:
     case kRsProxy:
       return kRoleMove;
@@ -413,9 +394,7 @@ __global__ void __launch_bounds__(kThreads, 1) kosmos_persistent_kernel(const Ko
       const uint64_t t0 = (tid == 0) ? w.tr.now() : 0;
       OpTraits<kOp>::execute(p, ra, it, w.sc, smem, tid);
       __syncthreads();
-      // ag-gemm fill tiles (reduce queue) are traced after the builders, as the sm90 kernel does
-      if (tid == 0)
-        finish_item(w, it, (kOp == KOSMOS_OP_AG_GEMM && q == kQReduce) ? ra.count[kQBuild] + id : id, counted, t0);
+      if (tid == 0) finish_item(w, it, id, counted, t0);
     }
   }
 

@@ -12,20 +12,11 @@
 namespace kosmos {
 
 enum Queue { kQBuild = 0, kQMove = 1, kQReduce = 2 };
-enum ItemKind {
-  kAgPull = 0,
-  kAgBuild = 1,
-  kRsBuild = 2,
-  kRsPush = 3,
-  kRsProxy = 4,
-  kRsReduce = 5,
-  kAgPart = 6,
-  kAgPullK = 7,  // a K-slice (n0 of cols) of a band, released in K order (sm90 kernel only)
-};
+enum ItemKind { kAgPull = 0, kAgBuild = 1, kRsBuild = 2, kRsPush = 3, kRsProxy = 4, kRsReduce = 5 };
 
+// Words 0-9 of a row; word 10 (schedule.ITEM_FIELDS[10]) is read by no kernel (always 0).
 struct Item {
   int kind, peer, m0, rows, n0, cols, dep_begin, dep_count, rel_rank, rel_flag;
-  int kpart;  // AG_PART: which K-part (of flag_mult[rel_flag]); 0 otherwise
 };
 
 __device__ __forceinline__ Item load_item(const int32_t* table, int id) {
@@ -41,7 +32,6 @@ __device__ __forceinline__ Item load_item(const int32_t* table, int id) {
   it.dep_count = r[7];
   it.rel_rank = r[8];
   it.rel_flag = r[9];
-  it.kpart = r[10];
   return it;
 }
 

@@ -1,9 +1,9 @@
-"""ctypes mirror of csrc/kosmos/params.h (KOSMOS_ABI_VERSION 6). Change both together."""
+"""ctypes mirror of csrc/kosmos/params.h (KOSMOS_ABI_VERSION 7). Change both together."""
 from __future__ import annotations
 
 import ctypes as C
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 MAX_WORLD = 8
 NUM_CTR = 8  # per-rank counters in the state buffer (KOSMOS_NUM_CTR)
 OP_CODES = {"ag-gemm": 0, "gemm-rs": 1}
@@ -82,17 +82,14 @@ def declare(lib: C.CDLL) -> C.CDLL:
     lib.kosmos_stream_destroy.argtypes = [P]
     U64 = C.POINTER(C.c_uint64)
     U32 = C.POINTER(C.c_uint32)
-    lib.kosmos_ce_plan_create.argtypes = [P, P, C.c_int, U64, U64, U64, U64, U64, U64, U32, U32, C.c_int, C.c_int, C.c_int]
+    lib.kosmos_ce_plan_create.argtypes = [P, P, C.c_int, U64, U64, U64, U64, U64, U64, U32, U32, C.c_int, C.c_int]
     lib.kosmos_ce_plan_create.restype = P
     lib.kosmos_ce_plan_begin.argtypes = [P, P, C.c_uint32]
     lib.kosmos_ce_plan_end.argtypes = [P, P, C.c_uint32]
-    lib.kosmos_ce_plan_begin_side.argtypes = [P, P, P, C.c_uint32]
-    lib.kosmos_ce_plan_end_side.argtypes = [P, P, P, C.c_uint32]
     lib.kosmos_ce_plan_destroy.argtypes = [P]
     lib.kosmos_ce_plan_destroy.restype = None
     for f in ("kosmos_max_wgs", "kosmos_launch", "kosmos_host_device_ptr", "kosmos_alloc_mapped",
               "kosmos_free_mapped", "kosmos_smem_bytes", "kosmos_stream_write_u32", "kosmos_stream_create",
-              "kosmos_stream_destroy", "kosmos_ce_plan_begin",
-              "kosmos_ce_plan_end", "kosmos_ce_plan_begin_side", "kosmos_ce_plan_end_side"):
+              "kosmos_stream_destroy", "kosmos_ce_plan_begin", "kosmos_ce_plan_end"):
         getattr(lib, f).restype = C.c_int
     return lib

@@ -7,8 +7,8 @@ the portable mma.sync builder of the main library). Its own shared library
 Same cache directories and hashing rules as :mod:`kosmos_bench.kernels` (the hash covers the
 source, every kosmos header and the flags); builds on any machine with nvcc, no GPU needed.
 
-C ABI (see the file): ``kosmos_sm90_ag_{validate,smem_bytes,threads,create,destroy,set_ahead,set_split,
-set_rank,max_wgs,launch}``, ``kosmos_sm90_last_error``.
+C ABI (see the file): ``kosmos_sm90_ag_{validate,smem_bytes,threads,create,destroy,set_ahead,set_rank,
+max_wgs,launch}``, ``kosmos_sm90_last_error``.
 """
 from __future__ import annotations
 
@@ -170,8 +170,6 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.kosmos_sm90_ag_destroy.restype = None
     lib.kosmos_sm90_ag_set_ahead.argtypes = [P, I]
     lib.kosmos_sm90_ag_set_ahead.restype = I
-    lib.kosmos_sm90_ag_set_split.argtypes = [P, I, P, I]
-    lib.kosmos_sm90_ag_set_split.restype = I
     lib.kosmos_sm90_ag_set_rank.argtypes = [P, I, P, P, P, P, I, I, I, I]
     lib.kosmos_sm90_ag_set_rank.restype = I
     lib.kosmos_sm90_ag_max_wgs.argtypes = [I, ctypes.POINTER(I)]
