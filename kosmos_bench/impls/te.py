@@ -31,7 +31,7 @@ from ..ops import get_op
 from ..ops.base import torch_dtype
 from ..point import Point
 from .base import FnRunner, RankCtx
-from .symm_mem import (
+from .optional import (
     MULTI_GPU_FABRICS,
     dist_version,
     half_precision_unsupported,
