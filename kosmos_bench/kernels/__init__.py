@@ -20,7 +20,6 @@ if needed), ``BuildError``.
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
 from . import abi, libs
 from .libs import CSRC, DEFAULT_ARCH, REPO, BuildError, BuildResult, cache_dir, detect_arch, nvcc  # noqa: F401
@@ -29,16 +28,7 @@ LIB = libs.KOSMOS
 SOURCES = LIB.sources
 
 
-def source_hash(arch: str) -> str:
-    return libs.source_hash(LIB, arch)
-
-
-def lib_name(arch: str) -> str:
-    return libs.lib_name(LIB, arch)
-
-
-def find_lib(arch: str) -> Path | None:
-    return libs.find_lib(LIB, arch)
+source_hash, lib_name, find_lib = LIB.source_hash, LIB.lib_name, LIB.find_lib  # (arch)
 
 
 def build(check_only: bool = False, arch: str | None = None, force: bool = False) -> BuildResult:
@@ -46,7 +36,7 @@ def build(check_only: bool = False, arch: str | None = None, force: bool = False
     every library that builds for `arch` to an object in a temp dir: needs nvcc, no GPU)."""
     if check_only:
         return libs.check_all(arch)
-    return libs.build(LIB, arch, force=force)
+    return LIB.build(arch, force=force)
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -57,7 +47,7 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 def load(arch: str | None = None) -> ctypes.CDLL:
     """The loaded library (built on first use if no cached build matches the sources)."""
-    return libs.load(LIB, arch, declare=_declare)
+    return LIB.load(arch, declare=_declare)
 
 
 def last_error(lib: ctypes.CDLL) -> str:

@@ -77,26 +77,13 @@ def _can_build() -> bool:
         return False
 
 
-def source_hash() -> str:
-    return libs.source_hash(LIB)
-
-
-def lib_name() -> str:
-    return libs.lib_name(LIB)
-
-
-def find_lib() -> Path | None:
-    return libs.find_lib(LIB)
-
-
-def check() -> str:
-    """Compile the kernel to an object in a temp dir (no GPU); returns the nvcc/ptxas log."""
-    return libs.check(LIB)
+# Build, cache, load: kernels/libs.py (compile-check: check(), no GPU needed).
+source_hash, lib_name, find_lib, check = LIB.source_hash, LIB.lib_name, LIB.find_lib, LIB.check
 
 
 def build(force: bool = False) -> Path:
     """Build the shared library into the cache dir (no GPU needed); returns its path."""
-    return libs.build(LIB, force=force).path
+    return LIB.build(force=force).path
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -126,7 +113,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 def load() -> ctypes.CDLL:
     """The loaded library (built on first use when no cached build matches the sources)."""
-    return libs.load(LIB, declare=_declare)
+    return LIB.load(declare=_declare)
 
 
 def last_error(lib: ctypes.CDLL) -> str:

@@ -61,6 +61,27 @@ class Library:
     def supports(self, arch: str) -> bool:
         return self.arches is None or arch in self.arches
 
+    # The per-library API (the module functions below, bound): arch None = the library's own
+    # arch when it has one, else the visible GPU's.
+    def source_hash(self, arch: str | None = None) -> str:
+        return source_hash(self, arch)
+
+    def lib_name(self, arch: str | None = None) -> str:
+        return lib_name(self, arch)
+
+    def find_lib(self, arch: str | None = None) -> Path | None:
+        return find_lib(self, arch)
+
+    def check(self, arch: str | None = None) -> str:
+        return check(self, arch)
+
+    def build(self, arch: str | None = None, force: bool = False, out_dir: Path | None = None) -> BuildResult:
+        return build(self, arch, force, out_dir)
+
+    def load(self, arch: str | None = None, declare: Callable[[ctypes.CDLL], object] | None = None,
+             build_if_missing: bool = True) -> ctypes.CDLL:
+        return load(self, arch, declare, build_if_missing)
+
 
 # The libraries of csrc/ (their Python sides: kernels/__init__.py, ag_sm90.py, sm90_gemm.py).
 KOSMOS = Library("kosmos", ("ag_gemm.cu", "gemm_rs.cu", "runtime.cu"))

@@ -53,26 +53,13 @@ def validate_shape(M: int, N: int, K: int) -> str | None:
 
 
 # ------------------------------------------------------------------------------------ build
-def source_hash() -> str:
-    return libs.source_hash(LIB)
-
-
-def lib_name() -> str:
-    return libs.lib_name(LIB)
-
-
-def find_lib() -> Path | None:
-    return libs.find_lib(LIB)
-
-
-def check() -> str:
-    """Compile the kernel to an object in a temp dir (no GPU); returns the nvcc/ptxas log."""
-    return libs.check(LIB)
+# Build, cache, load: kernels/libs.py (compile-check: check(), no GPU needed).
+source_hash, lib_name, find_lib, check = LIB.source_hash, LIB.lib_name, LIB.find_lib, LIB.check
 
 
 def build(out_dir: Path | None = None, force: bool = False, verbose: bool = False) -> Path:
     """Compile the shared library (no GPU needed) and return its path."""
-    res = libs.build(LIB, force=force, out_dir=out_dir)
+    res = LIB.build(force=force, out_dir=out_dir)
     if verbose:
         print(res.log, file=sys.stderr)
     return res.path
@@ -90,7 +77,7 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 
 def load(build_if_missing: bool = True) -> ctypes.CDLL:
-    return libs.load(LIB, declare=_declare, build_if_missing=build_if_missing)
+    return LIB.load(declare=_declare, build_if_missing=build_if_missing)
 
 
 def config() -> dict:
