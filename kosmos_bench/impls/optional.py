@@ -153,3 +153,12 @@ def set_device(ctx: RankCtx) -> None:
         raise RuntimeError(f"needs a CUDA device, got {ctx.device}")
     if ctx.device.index is not None and torch.cuda.current_device() != ctx.device.index:
         torch.cuda.set_device(ctx.device)
+
+
+def start_prepare(impl, point: Point, ctx: RankCtx) -> None:
+    """The first steps of every multi-GPU family's prepare(): the op is one of the family's,
+    NVLink multicast stays off, ctx's device is the current one."""
+    if point.op not in impl.ops:
+        raise ValueError(f"{impl.name} does not implement {point.op}")
+    keep_multicast_off()
+    set_device(ctx)

@@ -40,11 +40,10 @@ from .base import FnRunner, RankCtx
 from .optional import (
     MULTI_GPU_FABRICS,
     gpu_nccl_ready,
-    keep_multicast_off,
     multi_gpu_unsupported,
     probe_import,
     resolve_group,
-    set_device,
+    start_prepare,
 )
 
 # Multicast stays off on the lent machines (the NVLS paths are broken there); this only fills
@@ -172,10 +171,7 @@ class SymmMemImpl:
         runner.outputs[r]: (M x N/W) for ag-gemm, (M/W x N) for gemm-rs, the point's dtype.
         Collective: every rank of the group must call prepare (the workspace rendezvous).
         """
-        if point.op not in self.ops:
-            raise ValueError(f"{self.name} does not implement {point.op}")
-        keep_multicast_off()
-        set_device(ctx)
+        start_prepare(self, point, ctx)
         missing = _symm_mem_ops_missing()
         if missing:
             raise RuntimeError(f"{self.name}: {missing}")
