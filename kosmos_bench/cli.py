@@ -100,8 +100,7 @@ def build_points(target: str, *, backend: str, fabric: str | None, impls, worlds
 def execute(points, store, *, as_json: bool, timeout_s: float, profiler: str | None = None,
             isolate: bool = False) -> int:
     """Run points (resume-filtered by the caller), writing each row as it lands."""
-    from . import harness, report
-    from .runtime import launch
+    from . import harness, launch, report
 
     rows = []
 
@@ -455,7 +454,7 @@ def calibrate(output: Path = typer.Option(Path("h200-host-pcie.calibrated.json")
     """Measure this GPU (GEMM tile rate, PCIe/copy bandwidth) and write a simulator profile."""
     import torch
 
-    from .sim import calibrate as cal
+    from . import calibrate as cal
 
     if not torch.cuda.is_available():
         raise usage_error("calibrate needs a GPU")

@@ -1,6 +1,6 @@
 """Measure one point in one process: inputs, correctness, determinism, timing, trace.
 
-Called in every process that takes part in a point (see runtime/launch.py); returns the
+Called in every process that takes part in a point (see launch.py); returns the
 result row (meaningful on rank 0) and, when traced, the role timeline. Never raises for a
 problem with the point itself: such problems become `failed`/`skipped` rows.
 """

@@ -330,7 +330,7 @@ def main() -> int:
     import torch
 
     from kosmos_bench.impls import get_impl
-    from kosmos_bench.impls.symm_mem import optional_status
+    from kosmos_bench.impls import optional_status
     from kosmos_bench.point import Point
 
     print("# kosmos-bench device check of the optional baselines")

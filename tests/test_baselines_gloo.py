@@ -2,7 +2,7 @@
 import pytest
 
 from kosmos_bench.point import Point
-from kosmos_bench.runtime import launch
+from kosmos_bench import launch
 
 
 def _run(points):

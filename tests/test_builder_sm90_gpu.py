@@ -20,7 +20,7 @@ def test_validate_shape_cpu():
 
 def test_library_name_tracks_sources():
     name = sm90_gemm.lib_name()
-    assert name.startswith("sm90_gemm-") and name.endswith(".so")
+    assert name.startswith("libsm90_gemm-") and name.endswith("-sm_90a.so")
     assert name == sm90_gemm.lib_name()  # stable
 
 

@@ -16,7 +16,8 @@ import types
 import pytest
 import torch
 
-from kosmos_bench.impls import IMPLS, get_impl
+from kosmos_bench.impls import IMPLS, get_impl, optional_status
+from kosmos_bench.impls import optional as opt
 from kosmos_bench.impls import symm_mem as sm
 from kosmos_bench.impls.base import RankCtx
 from kosmos_bench.point import Point
@@ -26,9 +27,9 @@ OPTIONAL = ("symm-mem", "te-ub", "flux", "deepep")
 
 @pytest.fixture(autouse=True)
 def _fresh_probes():
-    sm._IMPORT_PROBES.clear()
+    opt._IMPORT_PROBES.clear()
     yield
-    sm._IMPORT_PROBES.clear()
+    opt._IMPORT_PROBES.clear()
 
 
 def _gpu_machine(monkeypatch):
@@ -87,7 +88,7 @@ def test_registry_exposes_optional_families():
 
 
 def test_optional_status_shape():
-    rows = sm.optional_status()
+    rows = optional_status()
     assert [r["name"] for r in rows] == list(OPTIONAL)
     keys = {"name", "ops", "fabrics", "module", "available", "why", "version"}
     for r in rows:
@@ -102,9 +103,9 @@ def test_optional_status_shape():
 
 
 def test_optional_status_on_cpu_backend_names_the_backend():
-    for r in sm.optional_status("cpu"):
+    for r in optional_status("cpu"):
         assert r["available"] is False
-    symm = sm.optional_status("cpu")[0]
+    symm = optional_status("cpu")[0]
     assert "gpu backend" in symm["why"] and "'cpu'" in symm["why"]
 
 
@@ -223,7 +224,7 @@ def test_deepep_detected(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", _fake_find_spec({"deep_ep"}))
     _fake_module(monkeypatch, "deep_ep", Buffer=object, __version__="1.2.3")
     assert IMPLS["deepep"].available("gpu") == (True, "")
-    row = [r for r in sm.optional_status() if r["name"] == "deepep"][0]
+    row = [r for r in optional_status() if r["name"] == "deepep"][0]
     assert row["available"] is True and row["version"] == "1.2.3"
 
 
@@ -283,7 +284,7 @@ def test_workspace_bytes():
 def test_multicast_stays_off_by_default(monkeypatch):
     monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
     monkeypatch.setenv("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    sm.keep_multicast_off()
+    opt.keep_multicast_off()
     assert os.environ["NCCL_NVLS_ENABLE"] == "0"
     assert os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
 

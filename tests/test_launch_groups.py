@@ -1,7 +1,7 @@
 """Which points share worker processes: consecutive points with the same process needs share one
 spawn; with isolate (sweep --isolate) every point gets its own."""
 from kosmos_bench.point import Point
-from kosmos_bench.runtime import launch
+from kosmos_bench import launch
 
 
 def _groups(points, **kw):

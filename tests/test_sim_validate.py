@@ -79,7 +79,7 @@ def test_rows_without_a_builder_are_validated_as_the_portable_builder(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="calibrate needs a CUDA GPU")
 def test_calibrate_writes_a_loadable_profile(tmp_path):
-    from kosmos_bench.sim.calibrate import calibrate
+    from kosmos_bench.calibrate import calibrate
 
     out = tmp_path / "gpu.json"
     prof = calibrate(out, kosmos=False)
@@ -90,7 +90,7 @@ def test_calibrate_writes_a_loadable_profile(tmp_path):
 def test_build_profile_from_measurements(tmp_path):
     from kosmos_bench.point import Point
     from kosmos_bench.sim import simulate_point
-    from kosmos_bench.sim.calibrate import build_profile
+    from kosmos_bench.calibrate import build_profile
 
     raw = {"device": "FakeGPU", "num_sms": 132, "time": "now",
            "gemm": {"bf16": {"tflops": 650.0}, "fp16": {"tflops": 640.0}, "fp32": {"tflops": 50.0}},

@@ -17,3 +17,30 @@ def get_impl(name: str) -> Impl:
         return IMPLS[name]
     except KeyError:
         raise KeyError(f"unknown implementation {name!r}; known: {', '.join(IMPLS)}") from None
+
+
+def optional_status(backend: str = "gpu") -> list[dict]:
+    """One dict per optional baseline family, for `kosmos-bench list` / `doctor`.
+
+    Keys: name (impl name), ops (list of op names), fabrics (list), module (what it imports),
+    available (bool, for `backend`), why ('' when available, else the one-line reason),
+    version (str or None: the installed library's version, torch's for symm-mem).
+    Never raises.
+    """
+    rows = []
+    for impl in (*symm_mem.IMPLS, *te.IMPLS, *flux.IMPLS, *deepep.IMPLS):
+        ok, why = impl.available(backend)
+        try:
+            version = impl.version()
+        except Exception:  # noqa: BLE001 -- a version lookup must not break `list`
+            version = None
+        rows.append({
+            "name": impl.name,
+            "ops": list(impl.ops),
+            "fabrics": list(impl.fabrics),
+            "module": impl.module,
+            "available": bool(ok),
+            "why": why,
+            "version": version,
+        })
+    return rows

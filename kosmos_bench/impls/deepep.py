@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..point import Point
 from .base import RankCtx
-from .symm_mem import (
+from .optional import (
     MULTI_GPU_FABRICS,
     dist_version,
     multi_gpu_unsupported,

@@ -23,15 +23,14 @@ from ..ops import get_op
 from ..ops.base import torch_dtype
 from ..point import Point
 from .base import FnRunner, RankCtx
-from .symm_mem import (
+from .optional import (
     MULTI_GPU_FABRICS,
     dist_version,
     half_precision_unsupported,
-    keep_multicast_off,
     optional_available,
     probe_import,
     resolve_group,
-    set_device,
+    start_prepare,
 )
 
 _MODULE = "flux"
@@ -68,10 +67,7 @@ class FluxImpl:
         runner.outputs[r]: (M x N/W) for ag-gemm, (M/W x N) for gemm-rs.
         Collective: every rank must call prepare (Flux allocates symmetric buffers).
         """
-        if point.op not in self.ops:
-            raise ValueError(f"{self.name} does not implement {point.op}")
-        keep_multicast_off()
-        set_device(ctx)
+        start_prepare(self, point, ctx)
         flux, why = probe_import(_MODULE)
         if flux is None:
             raise RuntimeError(f"flux: {why}")

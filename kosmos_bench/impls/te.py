@@ -31,15 +31,14 @@ from ..ops import get_op
 from ..ops.base import torch_dtype
 from ..point import Point
 from .base import FnRunner, RankCtx
-from .symm_mem import (
+from .optional import (
     MULTI_GPU_FABRICS,
     dist_version,
     half_precision_unsupported,
-    keep_multicast_off,
     optional_available,
     probe_import,
     resolve_group,
-    set_device,
+    start_prepare,
 )
 
 _MODULE = "transformer_engine"
@@ -76,11 +75,8 @@ class TeUbImpl:
         runner.outputs[r]: (M x N/W) for ag-gemm, (M/W x N) for gemm-rs.
         Collective: every rank must call prepare (userbuffers bootstrap).
         """
-        if point.op not in self.ops:
-            raise ValueError(f"{self.name} does not implement {point.op}")
-        keep_multicast_off()
         os.environ.setdefault("UB_SKIPMC", "1")  # userbuffers without multicast
-        set_device(ctx)
+        start_prepare(self, point, ctx)
         te_mod, why = probe_import(_TORCH_API)
         base, why_base = probe_import(_TORCH_API + ".module.base")
         if te_mod is None or base is None:

@@ -4,8 +4,8 @@ Selected by ``KosmosImpl.prepare(..., builder="sm90")`` or ``$KOSMOS_BUILDER=sm9
 the portable mma.sync builder of the main library). Its own shared library
 (``libkosmos_ag_sm90-<hash>-sm_90a.so``) because it needs the CUTLASS/CuTe headers of the
 ``nvidia-cutlass`` wheel (or ``$KOSMOS_CUTLASS_INCLUDE``), which the default build does not.
-Same cache directories and hashing rules as :mod:`kosmos_bench.kernels` (the hash covers the
-source, every kosmos header and the flags); builds on any machine with nvcc, no GPU needed.
+Built, cached and loaded by :mod:`kosmos_bench.kernels.libs` (``libs.AG_SM90``: the hash covers
+the source, every kosmos header and the flags); builds on any machine with nvcc, no GPU needed.
 
 C ABI (see the file): ``kosmos_sm90_ag_{validate,smem_bytes,threads,create,destroy,set_ahead,set_rank,
 max_wgs,launch}``, ``kosmos_sm90_last_error``.
@@ -13,21 +13,13 @@ max_wgs,launch}``, ``kosmos_sm90_last_error``.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
-import threading
 from pathlib import Path
 
-from . import CSRC, BuildError, _search_dirs, cache_dir, nvcc
+from . import libs
+from .libs import BuildError, cutlass_include, nvcc  # noqa: F401 - cutlass_include, nvcc: _can_build
 
-SOURCE = "ag_gemm_sm90.cu"
-ARCH = "sm_90a"
-GENCODE = ("-gencode=arch=compute_90a,code=sm_90a",)
-NVCC_FLAGS = ("-std=c++17", "-O3", "-DNDEBUG", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC", "-cudart",
-              "static", "-Xptxas", "-v")
+LIB = libs.AG_SM90
 BM, BN, BK = 128, 256, 64  # builder tile: the schedule is built with BN = 256 for this variant
 MOVER_THREADS = 128  # a mover item is copied by the loader warpgroup (csrc/ag_gemm_sm90.cu)
 CTA_TFLOPS = 5.3  # one builder CTA's nominal rate for the schedule's model: ~700 TFLOP/s world-1 over 132 SMs
@@ -42,9 +34,6 @@ def schedule_model(fabric: str) -> dict:
     base = S.MODEL_DEFAULTS.get(fabric, S.MODEL_DEFAULTS["host"])
     return {"wg_copy_gbs": base["wg_copy_gbs"] * MOVER_THREADS / 256, "wg_tflops": CTA_TFLOPS}
 BUILDERS = ("mma", "sm90")
-
-_LOCK = threading.Lock()
-_LIB: ctypes.CDLL | None = None
 
 
 def validate(M: int, N: int, K: int, world: int) -> str | None:
@@ -88,72 +77,13 @@ def _can_build() -> bool:
         return False
 
 
-def cutlass_include() -> Path:
-    from .sm90_gemm import cutlass_include as inc
-
-    try:
-        return inc()
-    except RuntimeError as e:
-        raise BuildError(str(e)) from e
-
-
-def _headers() -> list[Path]:
-    return sorted((CSRC / "kosmos").glob("*.h")) + sorted((CSRC / "kosmos").glob("*.cuh"))
-
-
-def source_hash() -> str:
-    h = hashlib.sha256()
-    for p in [CSRC / SOURCE] + _headers():
-        h.update(p.name.encode())
-        h.update(p.read_bytes())
-    h.update(" ".join(NVCC_FLAGS + GENCODE).encode())
-    return h.hexdigest()[:16]
-
-
-def lib_name() -> str:
-    return f"libkosmos_ag_sm90-{source_hash()}-{ARCH}.so"
-
-
-def find_lib() -> Path | None:
-    for d in _search_dirs():
-        if (d / lib_name()).exists():
-            return d / lib_name()
-    return None
-
-
-def _cmd(extra: list[str]) -> list[str]:
-    return [nvcc(), *NVCC_FLAGS, *GENCODE, f"-I{CSRC}", f"-I{cutlass_include()}", *extra]
-
-
-def _run(cmd: list[str]) -> str:
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        raise BuildError(f"nvcc failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-6000:]}")
-    return p.stdout + p.stderr
-
-
-def check() -> str:
-    """Compile the kernel to an object in a temp dir (no GPU); returns the nvcc/ptxas log."""
-    with tempfile.TemporaryDirectory() as tmp:
-        return _run(_cmd(["-c", str(CSRC / SOURCE), "-o", str(Path(tmp) / "ag_gemm_sm90.o")]))
+# Build, cache, load: kernels/libs.py (compile-check: check(), no GPU needed).
+source_hash, lib_name, find_lib, check = LIB.source_hash, LIB.lib_name, LIB.find_lib, LIB.check
 
 
 def build(force: bool = False) -> Path:
     """Build the shared library into the cache dir (no GPU needed); returns its path."""
-    out = cache_dir() / lib_name()
-    if out.exists() and not force:
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".libkosmos_ag_sm90.", suffix=".so")
-    os.close(fd)
-    try:
-        log = _run(_cmd(["-shared", "-o", tmp, str(CSRC / SOURCE)]))
-        (out.parent / f"{out.stem}.ptxas.txt").write_text(log)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
+    return LIB.build(force=force).path
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -181,18 +111,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 def load() -> ctypes.CDLL:
     """The loaded library (built on first use when no cached build matches the sources)."""
-    global _LIB
-    with _LOCK:
-        if _LIB is not None:
-            return _LIB
-        path = find_lib()
-        if path is None:
-            if shutil.which("nvcc") is None:
-                raise BuildError(f"{lib_name()} not found in {[str(d) for d in _search_dirs()]} and nvcc is missing "
-                                 "to build it")
-            path = build()
-        _LIB = _declare(ctypes.CDLL(str(path)))
-        return _LIB
+    return LIB.load(declare=_declare)
 
 
 def last_error(lib: ctypes.CDLL) -> str:

@@ -6,32 +6,22 @@ fused KOSMOS kernels without the movers. It is built into a torch-free shared li
 C ABI (CUDA runtime linked statically), so a library built on a CPU box with nvcc loads on a
 GPU machine with another Python.
 
-Library lookup: ``$KOSMOS_BENCH_CACHE`` if set, else ``<repo>/.kb-cache`` and
-``~/.cache/kosmos-bench``; the file name carries a hash of the sources and flags, so a stale
-library is never loaded. Building needs nvcc and the CUTLASS/CuTe headers of the
-``nvidia-cutlass`` pip package (or ``$KOSMOS_CUTLASS_INCLUDE``).
+Built, cached and loaded by :mod:`kosmos_bench.kernels.libs` (``libs.SM90_GEMM``: same cache
+directories and hashing rules as every library of csrc/). Building needs nvcc and the
+CUTLASS/CuTe headers of the ``nvidia-cutlass`` pip package (or ``$KOSMOS_CUTLASS_INCLUDE``).
 
 Command line (GPU): ``python3 -m kosmos_bench.kernels.sm90_gemm {build,check,bench}``.
 """
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-CSRC = REPO / "csrc"
-SOURCES = (CSRC / "gemm_sm90.cu", CSRC / "kosmos" / "builder_sm90.cuh")
-ARCH_FLAGS = ("-gencode=arch=compute_90a,code=sm_90a",)
-NVCC_FLAGS = (
-    "-O3", "-std=c++17", "-DNDEBUG", "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC",
-    "-shared", "-cudart", "static", "-Xptxas", "-v",
-)
-LIB_STEM = "sm90_gemm"
+from . import libs
+from .libs import cutlass_include  # noqa: F401 - part of this module's API
+
+LIB = libs.SM90_GEMM
 # Compiled variants (csrc/gemm_sm90.cu): index -> description. 0 is the default.
 VARIANTS = {
     0: "128x256x64 4-stage, staged epilogue",
@@ -63,87 +53,19 @@ def validate_shape(M: int, N: int, K: int) -> str | None:
 
 
 # ------------------------------------------------------------------------------------ build
-def cutlass_include() -> Path:
-    """The CUTLASS/CuTe include dir: $KOSMOS_CUTLASS_INCLUDE, else from the nvidia-cutlass wheel."""
-    env = os.environ.get("KOSMOS_CUTLASS_INCLUDE")
-    if env:
-        return Path(env)
-    try:
-        import cutlass_library  # noqa: PLC0415  (only needed to build)
-    except ImportError as e:
-        raise RuntimeError(
-            "building the sm90 GEMM needs the CUTLASS headers: pip install nvidia-cutlass "
-            "(or set KOSMOS_CUTLASS_INCLUDE)") from e
-    inc = Path(cutlass_library.__file__).parent / "source" / "include"
-    if not (inc / "cute" / "tensor.hpp").exists():
-        raise RuntimeError(f"CUTLASS headers not found under {inc}")
-    return inc
-
-
-def source_hash() -> str:
-    h = hashlib.sha256()
-    for p in SOURCES:
-        h.update(p.name.encode())
-        h.update(p.read_bytes())
-    h.update(" ".join(ARCH_FLAGS + NVCC_FLAGS).encode())
-    return h.hexdigest()[:16]
-
-
-def lib_name() -> str:
-    return f"{LIB_STEM}-{source_hash()}.so"
-
-
-def cache_dirs() -> list[Path]:
-    env = os.environ.get("KOSMOS_BENCH_CACHE")
-    if env:
-        return [Path(env)]
-    return [REPO / ".kb-cache", Path.home() / ".cache" / "kosmos-bench"]
-
-
-def find_lib() -> Path | None:
-    for d in cache_dirs():
-        p = d / lib_name()
-        if p.exists():
-            return p
-    return None
+# Build, cache, load: kernels/libs.py (compile-check: check(), no GPU needed).
+source_hash, lib_name, find_lib, check = LIB.source_hash, LIB.lib_name, LIB.find_lib, LIB.check
 
 
 def build(out_dir: Path | None = None, force: bool = False, verbose: bool = False) -> Path:
     """Compile the shared library (no GPU needed) and return its path."""
-    out_dir = Path(out_dir) if out_dir else cache_dirs()[0]
-    out = out_dir / lib_name()
-    if out.exists() and not force:
-        return out
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        raise RuntimeError("building the sm90 GEMM needs nvcc on PATH (CUDA >= 12.4)")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(f".tmp{os.getpid()}")
-    cmd = [nvcc, *ARCH_FLAGS, *NVCC_FLAGS, "-I", str(CSRC), "-I", str(cutlass_include()),
-           str(SOURCES[0]), "-o", str(tmp)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"nvcc failed ({r.returncode}):\n{' '.join(cmd)}\n{r.stderr[-4000:]}")
+    res = LIB.build(force=force, out_dir=out_dir)
     if verbose:
-        print(r.stderr, file=sys.stderr)
-    (out_dir / f"{out.stem}.ptxas.txt").write_text(r.stderr)
-    os.replace(tmp, out)
-    return out
+        print(res.log, file=sys.stderr)
+    return res.path
 
 
-_LIB = None
-
-
-def load(build_if_missing: bool = True) -> ctypes.CDLL:
-    global _LIB
-    if _LIB is not None:
-        return _LIB
-    path = find_lib()
-    if path is None:
-        if not build_if_missing:
-            raise RuntimeError(f"{lib_name()} not found in {[str(d) for d in cache_dirs()]}")
-        path = build()
-    lib = ctypes.CDLL(str(path))
+def _declare(lib: ctypes.CDLL) -> None:
     lib.kb_sm90_gemm.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                  ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                  ctypes.c_void_p]
@@ -152,8 +74,10 @@ def load(build_if_missing: bool = True) -> ctypes.CDLL:
     lib.kb_sm90_validate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
     lib.kb_sm90_validate.restype = ctypes.c_char_p
     lib.kb_sm90_config.argtypes = [ctypes.POINTER(ctypes.c_int)]
-    _LIB = lib
-    return lib
+
+
+def load(build_if_missing: bool = True) -> ctypes.CDLL:
+    return LIB.load(declare=_declare, build_if_missing=build_if_missing)
 
 
 def config() -> dict:

@@ -29,7 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import profiles
+from . import harness
+from .impls import IMPLS
+from .point import Point
+from .sim import profiles
 
 GEMM_SHAPES = ((8192, 8192, 8192), (16384, 8192, 8192), (8192, 28672, 8192), (16384, 16384, 16384))
 
@@ -114,8 +117,6 @@ def measure_launch(device) -> float:
 
 
 def _kosmos_point(**kw):
-    from ..point import Point
-
     base = dict(op="ag-gemm", impl="kosmos", dtype="bf16", fabric="host", backend="gpu", policy="self",
                 queue_order="demand", local_first=True, chunk=1, warmup=3, reps=10)
     base.update(kw)
@@ -124,9 +125,6 @@ def _kosmos_point(**kw):
 
 def measure_kosmos(prof: dict) -> dict:
     """Builder tile rate and one mover WG's link rate from the kosmos kernel (if present)."""
-    from ..harness import run_point
-    from ..impls import IMPLS
-
     if "kosmos" not in IMPLS:
         return {"skipped": "the kosmos implementation is not registered"}
     ok, why = IMPLS["kosmos"].available("gpu")
@@ -136,7 +134,7 @@ def measure_kosmos(prof: dict) -> dict:
     G, BM, BN = prof["num_sms"], prof["tile_m"], prof["tile_n"]
     # builder: world 1, a pure GEMM with whole waves
     M, N, K = 8192, 8192, 8192
-    row, _ = run_point(_kosmos_point(M=M, N=N, K=K, world=1), rank=0, procs=1)
+    row, _ = harness.run_point(_kosmos_point(M=M, N=N, K=K, world=1), rank=0, procs=1)
     if row.get("status") == "ok":
         tiles = -(-M // BM) * -(-N // BN)
         waves = -(-tiles // G)
@@ -150,7 +148,7 @@ def measure_kosmos(prof: dict) -> dict:
     W, M, N, K = 8, 32768, 1024, 4096
     movers = []
     for k in (1, 2, 4, 8, 16, 32, 64):
-        row, _ = run_point(_kosmos_point(M=M, N=N, K=K, world=W, policy=f"fixed:{k}"), rank=0, procs=1)
+        row, _ = harness.run_point(_kosmos_point(M=M, N=N, K=K, world=W, policy=f"fixed:{k}"), rank=0, procs=1)
         if row.get("status") != "ok":
             movers.append({"k": k, "error": row.get("error")})
             continue
@@ -159,7 +157,7 @@ def measure_kosmos(prof: dict) -> dict:
     out["movers"] = movers
     # gemm-rs tile movers: one WG pushes (D2H) and proxies (H2D) 128-col partial tiles
     M, N, K = 16384, 8192, 1024
-    row, _ = run_point(_kosmos_point(op="gemm-rs", M=M, N=N, K=K, world=W, policy="fixed:1", local_first=None),
+    row, _ = harness.run_point(_kosmos_point(op="gemm-rs", M=M, N=N, K=K, world=W, policy="fixed:1", local_first=None),
                        rank=0, procs=1)
     nbytes = 2 * (W - 1) * (M // W) * N * 2  # pushes (D2H) + proxies (H2D)
     if row.get("status") == "ok":
@@ -167,7 +165,7 @@ def measure_kosmos(prof: dict) -> dict:
     else:
         out["tile_mover"] = {"error": row.get("error")}
     # both directions at once: many tile movers, communication-bound
-    row, _ = run_point(_kosmos_point(op="gemm-rs", M=M, N=N, K=K, world=W, policy="fixed:48", local_first=None),
+    row, _ = harness.run_point(_kosmos_point(op="gemm-rs", M=M, N=N, K=K, world=W, policy="fixed:48", local_first=None),
                        rank=0, procs=1)
     if row.get("status") == "ok":
         out["duplex"] = {"k": 48, "us": row["t_median_us"], "GBps": nbytes / row["t_median_us"] / 1e3}

@@ -21,7 +21,8 @@ from typing import Callable, Iterable
 import torch
 import torch.multiprocessing as mp
 
-from ..point import Point
+from . import harness
+from .point import Point
 
 
 def under_torchrun() -> bool:
@@ -67,8 +68,6 @@ def init_group(rank: int, world: int, backend: str, addr: str, port: int) -> Non
 
 
 def _worker(rank: int, procs: int, points: list[Point], port: int, q, backend: str, with_group: bool) -> None:
-    from .. import harness
-
     import warnings
 
     warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*deprecated")
@@ -180,8 +179,6 @@ def _run_group(points: list[Point], on_start, on_row, timeout_s: float) -> None:
 
 def run_points_torchrun(points: Iterable[Point], on_start, on_row) -> None:
     """This process is one torchrun rank; rank 0 reports rows."""
-    from .. import harness
-
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     points = list(points)
     backend = points[0].backend if points else "cpu"

@@ -1,6 +1,6 @@
 """torch custom ops over the kosmos kernels, for use inside models (nvlink fabric).
 
-    import kosmos_bench.kernels.ops  # registers the ops
+    import kosmos_bench.torch_ops  # registers the ops
     c = torch.ops.kosmos.ag_gemm(a_shard, b_shard, group_name, "self")   # C_r = [A_0..A_{W-1}] @ B_r
     c = torch.ops.kosmos.gemm_rs(a_shard, b_shard, group_name, "self")   # band r of sum_p A_p @ B_p
 
@@ -21,10 +21,10 @@ def _runner(op: str, a: torch.Tensor, b: torch.Tensor, group_name: str, policy: 
     import torch.distributed as dist
     from torch.distributed.distributed_c10d import _resolve_process_group
 
-    from ..impls.base import RankCtx
-    from ..impls.kosmos import KosmosRunner
-    from ..ops.base import RankInputs
-    from ..point import Point
+    from .impls.base import RankCtx
+    from .impls.kosmos import KosmosRunner
+    from .ops.base import RankInputs
+    from .point import Point
 
     key = (op, tuple(a.shape), tuple(b.shape), a.device, group_name, policy)
     if key in _RUNNERS:

@@ -1,0 +1,140 @@
+"""CPU tests of kernels/libs.py: naming, hashing, cache dirs, build/check with a stand-in nvcc,
+the errors that name what is missing. (The real nvcc builds: `kosmos-bench build --check`.)"""
+from __future__ import annotations
+
+import stat
+import sys
+
+import pytest
+
+from kosmos_bench import kernels
+from kosmos_bench.kernels import ag_sm90, libs, sm90_gemm
+
+FAKE_NVCC = """#!/bin/sh
+# stand-in nvcc: log the arguments, touch the -o file, print a ptxas-like line
+echo "$@" >> "$(dirname "$0")/calls.txt"
+out=""
+prev=""
+for a in "$@"; do [ "$prev" = "-o" ] && out="$a"; prev="$a"; done
+[ -n "$out" ] && echo built > "$out"
+echo "ptxas info : Used 1 registers" >&2
+"""
+
+
+@pytest.fixture
+def tree(tmp_path, monkeypatch):
+    """A csrc/ of two sources and two headers, a cache dir, a stand-in nvcc on PATH."""
+    csrc = tmp_path / "csrc"
+    (csrc / "kosmos").mkdir(parents=True)
+    for name in ("a.cu", "b.cu", "kosmos/x.h", "kosmos/y.cuh"):
+        (csrc / name).write_text(f"// {name}\n")
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "nvcc").write_text(FAKE_NVCC)
+    (bin_ / "nvcc").chmod(stat.S_IRWXU)
+    monkeypatch.setattr(libs, "CSRC", csrc)
+    monkeypatch.setattr(libs, "REPO", tmp_path)
+    monkeypatch.setenv("PATH", f"{bin_}:/usr/bin:/bin")
+    monkeypatch.setenv("KOSMOS_BENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    return tmp_path
+
+
+def _lib(**kw):
+    return libs.Library("demo", ("a.cu", "b.cu"), **kw)
+
+
+def test_the_three_libraries():
+    assert [lib.name for lib in libs.LIBRARIES] == ["kosmos", "kosmos_ag_sm90", "sm90_gemm"]
+    assert kernels.LIB is libs.KOSMOS and ag_sm90.LIB is libs.AG_SM90 and sm90_gemm.LIB is libs.SM90_GEMM
+    for lib in libs.LIBRARIES:
+        for p in libs.hashed_files(lib):
+            assert p.exists(), p
+    assert kernels.lib_name("sm_90a").startswith("libkosmos-") and kernels.lib_name("sm_90a").endswith("-sm_90a.so")
+    assert kernels.lib_name("sm_80") != kernels.lib_name("sm_90a")
+    assert sm90_gemm.lib_name().startswith("libsm90_gemm-") and sm90_gemm.source_hash() != ag_sm90.source_hash()
+    with pytest.raises(libs.BuildError, match="sm_90a only"):
+        ag_sm90.LIB.lib_name("sm_80")
+
+
+def test_hash_covers_sources_headers_flags_and_arch(tree):
+    lib = _lib()
+    h = lib.source_hash("sm_90a")
+    assert h == lib.source_hash("sm_90a") and len(h) == 16
+    assert lib.source_hash("sm_80") != h
+    assert _lib(flags=("-G",)).source_hash("sm_90a") != h
+    (tree / "csrc" / "kosmos" / "y.cuh").write_text("// changed\n")
+    assert lib.source_hash("sm_90a") != h
+    assert [p.name for p in libs.hashed_files(lib)] == ["a.cu", "b.cu", "x.h", "y.cuh"]
+
+
+def test_cache_dir_and_search_order(tree, monkeypatch):
+    assert libs.cache_dir() == tree / "cache"
+    assert libs.search_dirs() == [tree / "cache", tree / ".kb-cache", tree / "home" / ".cache" / "kosmos-bench"]
+    monkeypatch.delenv("KOSMOS_BENCH_CACHE")
+    assert libs.cache_dir() == tree / "home" / ".cache" / "kosmos-bench"
+    assert libs.search_dirs() == [libs.cache_dir(), tree / ".kb-cache"]
+    lib = _lib()
+    (tree / ".kb-cache").mkdir()
+    (tree / ".kb-cache" / lib.lib_name("sm_90a")).write_text("prebuilt")
+    assert lib.find_lib("sm_90a") == tree / ".kb-cache" / lib.lib_name("sm_90a")
+
+
+def test_build_renames_into_the_cache_once(tree):
+    lib = _lib(flags=("-DX",))
+    res = lib.build("sm_90a")
+    out = tree / "cache" / lib.lib_name("sm_90a")
+    assert res.path == out and out.read_text() == "built\n" and not res.check_only
+    assert "ptxas info" in (tree / "cache" / f"{out.stem}.ptxas.txt").read_text()
+    assert [p.name for p in (tree / "cache").iterdir() if p.name.startswith(".libdemo.") and p.suffix == ".so"] == []
+    call = (tree / "bin" / "calls.txt").read_text().splitlines()
+    assert len(call) == 1 and "-shared" in call[0] and "-DX" in call[0] and "code=sm_90a" in call[0]
+    assert lib.find_lib("sm_90a") == out
+    assert lib.build("sm_90a").log == "cached" and len((tree / "bin" / "calls.txt").read_text().splitlines()) == 1
+    lib.build("sm_90a", force=True)
+    assert len((tree / "bin" / "calls.txt").read_text().splitlines()) == 2
+
+
+def test_check_compiles_every_source_to_an_object(tree):
+    log = _lib().check("sm_90a")
+    calls = (tree / "bin" / "calls.txt").read_text().splitlines()
+    assert len(calls) == 2 and all(" -c " in c for c in calls) and "ptxas info" in log
+    assert not (tree / "cache").exists()  # a check writes nothing to the cache
+
+
+def test_check_all_names_what_it_compiled(monkeypatch):
+    seen = []
+    monkeypatch.setattr(libs, "check", lambda lib, arch: seen.append((lib.name, arch)) or "")
+    res = kernels.build(check_only=True, arch="sm_90a")
+    assert seen == [("kosmos", "sm_90a"), ("kosmos_ag_sm90", "sm_90a"), ("sm90_gemm", "sm_90a")]
+    assert str(res) == ("kosmos kernels compile-checked for sm_90a "
+                        "(ag_gemm.cu, gemm_rs.cu, runtime.cu, ag_gemm_sm90.cu, gemm_sm90.cu)")
+    seen.clear()
+    assert str(kernels.build(check_only=True, arch="sm_80")).endswith("(ag_gemm.cu, gemm_rs.cu, runtime.cu)")
+    assert seen == [("kosmos", "sm_80")]
+
+
+def test_missing_nvcc_is_named(tree, monkeypatch):
+    monkeypatch.setattr(libs.shutil, "which", lambda *a, **k: None)
+    with pytest.raises(libs.BuildError, match="nvcc"):
+        _lib().build("sm_90a")
+    assert not (tree / "cache").exists()
+    with pytest.raises(libs.BuildError, match="nvcc"):
+        _lib().load("sm_90a")
+
+
+def test_missing_cutlass_is_named(tree, monkeypatch):
+    monkeypatch.delenv("KOSMOS_CUTLASS_INCLUDE", raising=False)
+    monkeypatch.setitem(sys.modules, "cutlass_library", None)  # import fails
+    with pytest.raises(libs.BuildError, match="KOSMOS_CUTLASS_INCLUDE"):
+        _lib(cutlass=True).check("sm_90a")
+    assert ag_sm90._can_build() is False
+    monkeypatch.setenv("KOSMOS_CUTLASS_INCLUDE", str(tree / "cutlass"))
+    assert libs.cutlass_include() == tree / "cutlass"
+    _lib(cutlass=True).check("sm_90a")
+    assert f"-I{tree / 'cutlass'}" in (tree / "bin" / "calls.txt").read_text()
+
+
+def test_load_without_a_library_or_a_build(tree):
+    with pytest.raises(libs.BuildError, match="not found in"):
+        _lib().load("sm_90a", build_if_missing=False)
