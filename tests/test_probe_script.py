@@ -83,6 +83,33 @@ def test_bad_variant(driver):
         variants(["a: policy=self", "a: policy=fixed:8"])
 
 
+def test_timeline_and_tail_read_a_trace(driver, capsys):
+    from kosmos_bench.trace.synth import synthetic_trace
+    from probes.tail import landed_tail
+    from probes.timeline import show
+
+    tr = synthetic_trace("self", world=8, ranks=[0], wgs=16)
+    s = show(tr, 5, "synthetic")
+    out = capsys.readouterr().out
+    assert s["kernel_us"] > 0 and "BUILD" in out and len([l for l in out.splitlines() if l[:7].strip().isdigit()]) == 5
+    r = landed_tail(tr)
+    assert r["landed_by"] == "MOVE" and 0 < r["landed_us"] <= r["span_us"]
+    assert r["tail_us"] == pytest.approx(r["span_us"] - r["landed_us"]) and r["late_tiles"] >= 0
+
+
+def test_a_routine_runs_on_the_cpu(tmp_path):
+    """b2b end to end on the cpu backend (world 1, torch.matmul): points, runners, check, timing, --out."""
+    out = tmp_path / "b2b.parquet"
+    r = probe("b2b", "--backend", "cpu", "--fabric", "local", "--world", "1", "--op", "gemm", "--impl", "torch",
+              "--shape", "64x128x32", "--reps", "2", "--warmup", "1", "--rounds", "1", "--variant", "a:",
+              "--variant", "b:", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    import pandas as pd
+
+    df = pd.read_parquet(out)
+    assert list(df["variant"]) == ["a", "b"] and (df["wrong"] == 0).all() and (df["routine"] == "b2b").all()
+
+
 def test_probes_use_no_environment_knobs():
     texts = {f.name: f.read_text() for f in SCRIPTS.rglob("*") if f.is_file() and f.suffix in (".py", ".sh", ".cu")}
     assert not [n for n, t in texts.items() if "KOSMOS_" in t], "scripts/ read configuration through --set, not KOSMOS_*"

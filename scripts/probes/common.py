@@ -24,6 +24,7 @@ def add_point_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--world", type=int, default=8, help="W (default 8)")
     g.add_argument("--fabric", default="host", help="host | local (default host: rank-0 view over PCIe)")
     g.add_argument("--dtype", default="bf16")
+    g.add_argument("--backend", default="gpu", choices=("gpu", "cpu"), help="gpu (default) | cpu (a smoke run, tiny shapes)")
     g.add_argument("--set", dest="sets", action="append", default=[], metavar="NAME=VALUE",
                    help="a configuration field of the sweep's kosmos: section (repeatable), "
                         "e.g. --set policy=self --set builder=sm90 --set mover=ce")
@@ -66,7 +67,7 @@ def points(args, extra_sets: dict | None = None) -> list:
             "timing": {"warmup": args.warmup, "reps": args.reps}}
     try:
         sweep = parse_sweep(data, "inline sweep", "probe")
-        return expand(sweep, backend="gpu", fabric=args.fabric)
+        return expand(sweep, backend=args.backend, fabric=args.fabric)
     except SpecError as e:
         raise SystemExit(f"probe.py: {e}") from None
 
@@ -122,7 +123,7 @@ def check(prep: Prepared) -> tuple[int, float]:
     r.run()
     if hasattr(r, "check"):
         r.check()
-    torch.cuda.synchronize(prep.ctx.device)
+    prep.ctx.sync()
     wrong, err = 0, 0.0
     for rank in prep.ctx.ranks_here:
         w, e = check_output(r.outputs[rank], get_op(p.op).reference(prep.A, prep.B, rank, p.world), p.dtype)

@@ -46,7 +46,7 @@ def run(args) -> int:
         finally:
             prep.close()
             torch.cuda.empty_cache()
-        copy = t.get("copy", float("nan"))
+        copy = t.get("copy", 0.0)  # world 1: no collective
         print(f"\n# {p.op} {p.impl} {shape_name(p)} W={p.world} {p.fabric} key {p.key()}  wrong {wrong}")
         print(f"call {t['call']:.1f} us  copy alone {copy:.1f}  gemm alone {t['gemm']:.1f}  past copy "
               f"{t['call'] - copy:.1f} us  eff {max(copy, t['gemm']) / t['call']:.3f}")
