@@ -111,7 +111,8 @@ def prepare(p, seed: int | None = None, runner: bool = True) -> Prepared:
 
 
 def check(prep: Prepared) -> tuple[int, float]:
-    """(wrong elements, max relative error) of one call on poisoned outputs, against the reference."""
+    """(wrong elements, max relative error) of one call on poisoned outputs, against the
+    reference; frees the full operands afterwards (call it once per Prepared)."""
     import torch
 
     from kosmos_bench.ops import get_op
@@ -128,6 +129,7 @@ def check(prep: Prepared) -> tuple[int, float]:
     for rank in prep.ctx.ranks_here:
         w, e = check_output(r.outputs[rank], get_op(p.op).reference(prep.A, prep.B, rank, p.world), p.dtype)
         wrong, err = wrong + w, max(err, e)
+    prep.A = prep.B = None  # the full operands are only for the reference
     return wrong, err
 
 
