@@ -113,8 +113,6 @@ def prepare(p, seed: int | None = None, runner: bool = True) -> Prepared:
 def check(prep: Prepared) -> tuple[int, float]:
     """(wrong elements, max relative error) of one call on poisoned outputs, against the
     reference; frees the full operands afterwards (call it once per Prepared)."""
-    import torch
-
     from kosmos_bench.ops import get_op
     from kosmos_bench.ops.base import check_output
 
