@@ -155,7 +155,7 @@ ELEM_BYTES = 2  # bf16
 #   wg_tile_copy_gbs    one mover WG's rate on 128x128 partial tiles (gemm-rs)
 #   wg_tflops           one builder WG's GEMM rate
 #   wg_reduce_gbs       one WG's reduce rate (bytes read + written)
-# Host values measured on one H200 (2026-12-02, scripts/device_kernels.py): fixed:1 moves
+# Host values measured on one H200 (2026-12-02, scripts/device_kernels.py at f4e2aab): fixed:1 moves
 # ag-gemm bands at ~13 GB/s and gemm-rs tiles at ~4.9 GB/s per WG; the link saturates near
 # 46 GB/s (SM loads) and collapses with >= 32 concurrent ag-gemm movers.
 MODEL_DEFAULTS: dict[str, dict[str, float]] = {

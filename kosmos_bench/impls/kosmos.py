@@ -1016,7 +1016,7 @@ class KosmosRunner:
         self.calls += 1
 
     def run_ce_plan_alone(self, epoch: int = 1) -> None:
-        """The copy-engine plan of one call without the kernel (timing its copies; scripts/).
+        """The copy-engine plan of one call without the kernel (timing its copies apart from it).
         Its flag releases make the next kernel call of this runner wrong: use a spare runner."""
         import torch
 
