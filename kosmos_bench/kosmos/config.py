@@ -136,7 +136,7 @@ FIELDS: dict[str, Knob] = {k.name: k for k in (
     Knob("builder", _none_or(_choice("mma", "sm90")), "mma | sm90 | auto",
          "auto: sm90 for ag-gemm on sm_90 when TMA takes the shape (kosmos.builder.builder_choice)",
          "Builder kernel: portable mma.sync, or the Hopper wgmma+TMA builder (ag-gemm)."),
-    Knob("mover", _none_or(_choice("sm", "ce")), "sm | ce", "none: sm",
+    Knob("mover", _none_or(_choice("sm", "ce")), "sm | ce", "-",
          "Who moves: WGs (sm), or the copy engine (ce: host-fabric ag-gemm, every CTA builds)."),
     Knob("mover_bulk", _to_bool, "on | off", "-",
          "ag-gemm mma-builder movers use TMA bulk copies (needs the mma builder)."),
@@ -355,8 +355,9 @@ def knobs_markdown() -> str:
              "| name | default | values | regime rule | what it does |", "|---|---|---|---|---|"]
     for k in FIELDS.values():
         d = getattr(DEFAULTS, k.name)
-        default = "auto" if d is None else format_value(d)
-        lines.append(f"| `{k.name}` | {default} | {k.values} | {k.rule} | {k.doc} |")
+        default = ("sm" if k.name == "mover" else "auto") if d is None else format_value(d)
+        cells = [f"`{k.name}`", default, k.values.replace(" | ", ", "), k.rule, k.doc]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
