@@ -176,3 +176,49 @@ def test_sim_rows_record_the_resolved_configuration():
     row, _ = harness.run_sim_point(_pt(**OLD_KEYS[0][0], knobs=(("ce_slices", 2), ("band_group", 4))))
     assert (row["ce_slices"], row["band_group"], row["knobs"]) == (2, 4, "band_group=4;ce_slices=2")
     assert row["variant"] == "kosmos[self,sm90,ce-mover,band_group=4,ce_slices=2]"
+
+
+def test_sweep_varying_a_knob_distinct_keys_resume_and_report(tmp_path):
+    """A sim sweep that varies ce_slices: one key per value, the resolved value in each row,
+    --resume runs nothing again (and only a new value when the grid grows), report names the
+    value in the variant; --set narrows the grid; a bad --set is a one-line usage error."""
+    import subprocess
+    import sys
+
+    from kosmos_bench.store import load_rows
+
+    def kb(*args):
+        return subprocess.run([sys.executable, "-m", "kosmos_bench.cli", *map(str, args)], capture_output=True,
+                              text=True, timeout=300)
+
+    spec = tmp_path / "knob.yaml"
+    text = """op: ag-gemm
+impls: [kosmos]
+world: [8]
+fabric: host
+shapes: [{M: 2048, N: 8192, K: 1024}]
+kosmos: {builder: [sm90], mover: [ce], ce_slices: %s}
+timing: {warmup: 1, reps: 2}
+"""
+    spec.write_text(text % "[2, 3]")
+    out = tmp_path / "res"
+    r = kb("sweep", spec, "--backend", "sim", "-o", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (run,) = [p for p in out.iterdir() if p.is_dir()]
+    df = load_rows(run)
+    assert len(df) == 2 and df.key.nunique() == 2 and set(df.status) == {"ok"}
+    assert sorted(df.ce_slices) == [2, 3] and sorted(df.knobs) == ["ce_slices=2", "ce_slices=3"]
+    r = kb("sweep", spec, "--backend", "sim", "--resume", run)
+    assert r.returncode == 0 and "2 points already ok, 0 to run" in r.stderr, r.stderr
+    spec.write_text(text % "[2, 3, 4]")
+    r = kb("sweep", spec, "--backend", "sim", "--resume", run)
+    assert "2 points already ok, 1 to run" in r.stderr, r.stderr
+    assert len(load_rows(run)) == 3
+    r = kb("report", run)
+    assert r.returncode == 0
+    for n in (2, 3, 4):
+        assert f"ce_slices={n}]" in r.stdout
+    r = kb("sweep", spec, "--backend", "sim", "--dry-run", "--set", "ce_slices=3")
+    assert r.returncode == 0 and "1 points" in r.stdout and "ce_slices=3" in r.stdout
+    r = kb("sweep", spec, "--backend", "sim", "--dry-run", "--set", "ce_slices=zero")
+    assert r.returncode == 2 and "ce_slices='zero': expected" in r.stderr and len(r.stderr.strip().splitlines()) == 1
