@@ -36,10 +36,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import math
 import os
 import shutil
-from dataclasses import dataclass
 
 import numpy as np
 
