@@ -222,3 +222,54 @@ timing: {warmup: 1, reps: 2}
     assert r.returncode == 0 and "1 points" in r.stdout and "ce_slices=3" in r.stdout
     r = kb("sweep", spec, "--backend", "sim", "--dry-run", "--set", "ce_slices=zero")
     assert r.returncode == 2 and "ce_slices='zero': expected" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+# sha1 (12 hex) of the GPU runner's plan per case, as main built it before the refactor
+# (ce_settings + build_schedule + ce_plan.build/share_flags, 2026-12-04): the kernel arrays of
+# every executed rank's schedule, its mover cap and groups, the copy-engine entries, aliases and
+# flag counts, and whether the last group is K-streamed.
+PLAN_BEFORE = ['6a6cd2ee5523', '143eb7cbdfa8', '20066a940faa', 'a3a31c8e2e0e', '382deeb4bd59', 'db6b37734ad6',
+               'd8b0b7f5f3f5', 'bc55881bdcd3', 'f2f2b67bf75d', '9859f9255dee', '65badd5cbbf7', 'a9c7da31f121',
+               'd74020abdd67', 'f8bd2671f0ba', '3034a0eac18f', 'ad7fea72c76f', 'da176e5658c1', '67dacd21bf05',
+               'a5df37a10777', 'ec7147116764', '4ab16e81d320', 'a93b4a672918', '924b0e564429', '80999aa8b630',
+               '1a64bf88f796', 'c424dd046ac2', '29921e28ab86', '8fb6157bdce0', 'f8a94ce8ef78', '2fff9ed4406b',
+               'cad89dfe5a6e', '595d8e99c1ff', '5312acde7f49', '5c0c08b2d34f']
+
+
+def _plan_cases():
+    cases = []
+    for M, N, K in [(8192, 57344, 8192), (8192, 106496, 16384), (8192, 10240, 8192), (16384, 57344, 8192),
+                    (3000 * 8, 776 * 8, 1000)]:
+        for builder in ("sm90", "mma"):
+            for mover in ("ce", "sm"):
+                for policy in ("self", "fixed:8"):
+                    if mover == "ce" and policy != "self":
+                        continue
+                    cases.append(("host", 8, M, N, K, builder, mover, policy, {0: 132}))
+    for fabric, W in (("local", 4), ("nvlink", 8)):
+        for builder in ("sm90", "mma"):
+            st = S.wg_starts(132, W)
+            sizes = {r: int(st[r + 1] - st[r]) for r in range(W)} if fabric == "local" else {3: 132}
+            cases.append((fabric, W, 3000 * W, 776 * W, 1000, builder, "sm", "self", sizes))
+    return cases
+
+
+def test_runner_plans_of_default_points_unchanged():
+    import hashlib
+    import json
+
+    from kosmos_bench.kosmos.plan import plan
+
+    got = []
+    for fabric, W, M, N, K, builder, mover, policy, sizes in _plan_cases():
+        p = Point(op="ag-gemm", impl="kosmos", M=M, N=N, K=K, world=W, fabric=fabric, policy=policy, builder=builder,
+                  mover=mover)
+        pl = plan(p, KosmosConfig.from_point(p), sizes, builder=builder)
+        arr = [{k: v.tolist() for k, v in s.arrays().items()} | {"max_inflight": s.max_inflight,
+                                                                 "groups": s.meta["remote_groups"]}
+               for s in pl.scheds.values()]
+        ce = ([tuple(e.__dict__.values()) for e in pl.ce_shared], pl.ce_alias, pl.ce_flag_mult) if mover == "ce" \
+            else None
+        blob = json.dumps((arr, ce, pl.resolved.k_stream), sort_keys=True, default=str)
+        got.append(hashlib.sha1(blob.encode()).hexdigest()[:12])
+    assert got == PLAN_BEFORE

@@ -366,7 +366,7 @@ class KosmosRunner:
                 self._keep += [C, work]
                 self.outputs[r] = C
                 if self.mover == "ce":
-                    self._ce_plan(self.scheds[0], work, flags[r], m_loc, K)
+                    self._ce_plan(work, flags[r], m_loc, K)
                 per_rank[r] = dict(A=A[r].data_ptr(), B=B[r].data_ptr(), C=C.data_ptr(), work=work.data_ptr(),
                                    peer_A=[peer_A.get(p, 0) for p in range(W)])
         else:
@@ -548,7 +548,7 @@ class KosmosRunner:
         p.spin_ns = self.spin_ns
         return p
 
-    def _ce_plan(self, sch, work, flag_base: int, m_loc: int, K: int) -> None:
+    def _ce_plan(self, work, flag_base: int, m_loc: int, K: int) -> None:
         """Copy-engine movers: kosmos_bench/ce_plan.py's entries as addresses (copies of the
         pinned A_p into the gathered buffer, 2-D for K-slices; flag addresses)."""
         import torch
