@@ -491,7 +491,7 @@ def report(run_dirs: list[Path], *, as_json: bool = False, compare: tuple[Path, 
 
 # ------------------------------------------------------------------------------ compare
 _DESC = ["op", "variant", "world", "M", "N", "K", "dtype", "fabric", "backend"]
-_CMP_COLS = [("op", 8, "<"), ("variant", 30, "<"), ("world", 5, ">"), ("M", 7, ">"), ("N", 7, ">"), ("K", 7, ">"),
+_CMP_COLS = [("op", 8, "<"), ("variant", 40, "<"), ("world", 5, ">"), ("M", 7, ">"), ("N", 7, ">"), ("K", 7, ">"),
              ("A time(us)", 11, ">"), ("B time(us)", 11, ">"), ("A/B", 7, ">"), ("A TFLOP/s", 9, ">"),
              ("B TFLOP/s", 9, ">"), ("A eff", 5, ">"), ("B eff", 5, ">"), ("B status", 8, "<")]
 

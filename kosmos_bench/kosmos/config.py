@@ -93,7 +93,7 @@ def _policy(v) -> str:
 
 
 def _ce_slices(v):
-    """An int >= 1 (that many one-slice copies) or a split "3,1" (slices per copy)."""
+    """An int >= 1 (that many one-slice copies) or a split "3,1" (slices per copy), normalized."""
     from ..ce_plan import parse_split
 
     if isinstance(v, bool):
@@ -103,7 +103,10 @@ def _ce_slices(v):
     if isinstance(v, (tuple, list)):
         v = ",".join(str(int(x)) for x in v)
     parts = parse_split(str(v))
-    return ",".join(map(str, parts)) if len(parts) > 1 else parts[0]
+    if all(x == 1 for x in parts):  # "1,1,1": three one-slice copies, as 3
+        return len(parts)
+    text = ",".join(map(str, parts))
+    return text if len(parts) > 1 else text + ","  # "2,": one copy of 2 slices (2 alone: two copies)
 
 
 def _band_group(v):
