@@ -2,12 +2,11 @@
 that one call enqueues (``kosmos_ce_plan_begin``/``_end``, csrc/runtime.cu), derived from a rank's
 schedule. Pure: rows and columns, no pointers (the runner turns them into addresses).
 
-* Copies go in mover (consumer-demand) order; the schedule's SM-tail groups (``meta["sm_groups"]``,
-  moved by the WGs in K-slices) get no entries. Consecutive bands of one peer that the
+* Copies go in mover (consumer-demand) order. Consecutive bands of one peer that the
   builders need together (one of the schedule's remote band groups, ``meta["remote_groups"]``)
   travel as one copy: a copy costs the engine ~5 us of setup (2 MB copies ran at 0.85-0.9x
   of one big copy), so few large copies.
-* The last remote group (or the last ``tail_groups``) is cut into ``slices`` K-slices, copied slice-major (slice 0 of
+* The last remote group is cut into ``slices`` K-slices, copied slice-major (slice 0 of
   every band of the group, then slice 1, ...; 2-D copies). Each band flag then counts the
   slices there (``mult`` = slices, value ``mult*epoch - back``); with ``Params.k_stream``
   the sm90 builders start the group's tiles on slice 0 and load each k-block once its slice
@@ -94,22 +93,17 @@ def halving(run: list) -> list[list]:
     return out
 
 
-def build(sch, K: int, slices: int = 1, bk: int = 64, slice_bytes: int = 0,
-          tail_groups: int = 1, split: tuple[int, ...] | None = None,
-          merge: bool = False, split_head: bool = False) -> tuple[list[CeEntry], dict[int, int]]:
+def build(sch, K: int, slices: int = 1, bk: int = 64, split: tuple[int, ...] | None = None,
+          merge: bool = False) -> tuple[list[CeEntry], dict[int, int]]:
     """The plan of one rank and the band flags' multiplicities it implies ({flag: mult};
-    they replace the schedule's SM-mover counts in the kernel's flag_mult). ``slices``: K-slices
-    of each of the last ``tail_groups`` remote groups; ``split``: slices per copy there (sums
-    to ``slices``; default one each); ``slice_bytes`` > 0 also cuts every
-    other group into slices of about that many bytes (streams whole groups; each extra copy
-    costs the engine setup). ``merge``: before the sliced groups, a copy takes every contiguous
-    band of one peer regardless of groups (one copy per peer instead of one per group and
-    peer; a group's earlier bands are released with the peer's later ones), except that the
-    last such run is cut in ``halving`` copies (..., 4, 2, 1 bands). ``split_head``: the first
-    copy's first band travels alone (``first_band_alone``)."""
-    if slices < 1 or slice_bytes < 0 or tail_groups < 1:
-        raise ValueError(f"slices={slices}, slice_bytes={slice_bytes}, tail_groups={tail_groups}: expected "
-                         "slices >= 1, slice_bytes >= 0, tail_groups >= 1")
+    they replace the schedule's mover counts in the kernel's flag_mult). ``slices``: K-slices
+    of the last remote group; ``split``: slices per copy there (sums to ``slices``; default one
+    each). ``merge``: before the sliced group, a copy takes every contiguous band of one peer
+    regardless of groups (one copy per peer instead of one per group and peer; a group's
+    earlier bands are released with the peer's later ones), except that the last such run is
+    cut in ``halving`` copies (..., 4, 2, 1 bands)."""
+    if slices < 1:
+        raise ValueError(f"slices={slices}: expected >= 1")
     explicit = split is not None
     split = parse_split(split) if explicit else (1,) * slices
     if sum(split) != slices:
@@ -126,15 +120,14 @@ def build(sch, K: int, slices: int = 1, bk: int = 64, slice_bytes: int = 0,
         if key not in seen:
             seen.add(key)
             bands.append((key[0], key[1], int(row[S.F["rows"]]), int(row[S.F["rel_flag"]])))
-    # the trailing groups the WGs pull themselves (schedule sm_tail_bands: AG_PULL_K) are not the engine's
-    last = max(group_of.values(), default=-1) - int(sch.meta.get("sm_groups", 0))
+    last = max(group_of.values(), default=-1)
     merged = -2  # the segment id of every merged (unsliced) group
 
     def seg(run_or_band) -> int | None:
         """Copies never span two segments: a group, or all merged groups."""
         b = run_or_band[0] if isinstance(run_or_band, list) else run_or_band
         g = group_of.get((b[0], b[1] // BM))
-        return merged if merge and not slice_bytes and g is not None and g <= last - tail_groups else g
+        return merged if merge and g is not None and g < last else g
 
     # runs: contiguous bands of one peer inside one segment, each run one copy (per slice)
     runs: list[list] = []
@@ -157,14 +150,9 @@ def build(sch, K: int, slices: int = 1, bk: int = 64, slice_bytes: int = 0,
         j = i
         while j < len(runs) and seg(runs[j]) == g:
             j += 1
-        if g is not None and g > last:  # an SM-tail group: no copy, no release
-            i = j
-            continue
         grp = runs[i:j]
-        nbytes = sum(b[2] for run in grp for b in run) * K * 2
-        tail = g is not None and g != merged and g > last - tail_groups
-        ks = slices if tail else (max(1, round(nbytes / slice_bytes)) if slice_bytes else 1)
-        ks = max(1, min(ks, nkb))
+        tail = g is not None and g != merged and g == last
+        ks = max(1, min(slices if tail else 1, nkb))
         parts = split if tail and ks == slices else (1,) * ks
         cols = slice_cols(K, ks, bk)
         s1 = 0
@@ -177,18 +165,7 @@ def build(sch, K: int, slices: int = 1, bk: int = 64, slice_bytes: int = 0,
                     plan.append(CeEntry(run[0][0], run[0][1], rows, c0, c1 - c0, b[3], ks, ks - s1))
                     mult[b[3]] = ks
         i = j
-    return (first_band_alone(plan, BM) if split_head else plan), mult
-
-
-def first_band_alone(plan: list[CeEntry], BM: int) -> list[CeEntry]:
-    """The first copy cut after its first band (BM rows), which then lands alone: with the
-    runner's head on the main stream, the kernel waits for one band's copy, not a group's.
-    Unchanged when the first copy is one band."""
-    if len(plan) < 2 or plan[0].rows <= BM or plan[1].rows:
-        return plan
-    a, b = plan[0], plan[1]  # b: release-only entry of the copy's second band
-    return [CeEntry(a.peer, a.row0, BM, a.col0, a.cols, a.flag, a.mult, a.back),
-            CeEntry(a.peer, a.row0 + BM, a.rows - BM, a.col0, a.cols, b.flag, b.mult, b.back)] + plan[2:]
+    return plan, mult
 
 
 def share_flags(plan: list[CeEntry]) -> tuple[list[CeEntry], dict[int, int]]:

@@ -71,9 +71,22 @@ def _check_run(path: Path) -> None:
         raise usage_error(f"{path}: not a run directory or a .parquet file of result rows")
 
 
+def parse_settings(items: Optional[List[str]]) -> dict:
+    """--set name=value (repeatable): KOSMOS configuration fields; a usage error when bad."""
+    from .kosmos.config import parse_set
+
+    try:
+        return parse_set(items)
+    except ValueError as e:
+        raise usage_error(f"--set: {e}") from None
+
+
+SET_HELP = "KOSMOS setting name=value, repeatable (e.g. --set ce_slices=3; docs/knobs.md lists them)."
+
+
 def build_points(target: str, *, backend: str, fabric: str | None, impls, worlds, trace: bool,
                  reps: int | None = None, warmup: int | None = None, profile: str | None = None,
-                 policies=None, concurrent: bool | None = None):
+                 policies=None, concurrent: bool | None = None, settings: dict | None = None):
     from .spec import SpecError, expand, load_sweep
 
     try:
@@ -82,7 +95,8 @@ def build_points(target: str, *, backend: str, fabric: str | None, impls, worlds
         for w in worlds or sw.world:
             fab = resolve_fabric(fabric or sw.fabric, backend, w)
             points += expand(sw, backend=backend, fabric=fab, impls=impls, worlds=[w], trace=trace,
-                             reps=reps, warmup=warmup, profile=profile, policies=policies, concurrent=concurrent)
+                             reps=reps, warmup=warmup, profile=profile, policies=policies, concurrent=concurrent,
+                             settings=settings)
     except SpecError as e:
         raise usage_error(str(e)) from None
     from .impls import IMPLS
@@ -142,6 +156,7 @@ def sweep(
     impl: Optional[List[str]] = typer.Option(None, "--impl", help="Implementations, comma separated (default: the sweep's)."),
     world: Optional[List[str]] = typer.Option(None, "--world", help="World sizes, comma separated (default: the sweep's)."),
     policy: Optional[List[str]] = typer.Option(None, "--policy", help="kosmos policies: self, fixed:<k>, predicted."),
+    settings: Optional[List[str]] = typer.Option(None, "--set", help=SET_HELP),
     backend: str = typer.Option("auto", help="auto | gpu | cpu | sim (auto: gpu if one is visible, else the simulator)."),
     fabric: Optional[str] = typer.Option(None, help="nvlink | local | host | gloo (default: the sweep's, auto-resolved)."),
     profile: Optional[str] = typer.Option(None, help="Simulator hardware profile (backend sim)."),
@@ -163,12 +178,14 @@ def sweep(
     from . import report
     from .store import RunStore
 
+    sets = parse_settings(settings)
     be = resolve_backend(backend)
     worlds = [int(w) for w in _split(world) or []] or None
     if worlds is not None and any(w < 1 for w in worlds):
         raise usage_error("--world: world sizes must be >= 1")
     sw, points = build_points(target, backend=be, fabric=fabric, impls=_split(impl), worlds=worlds, trace=trace,
-                              reps=reps, warmup=warmup, profile=profile, policies=_split(policy), concurrent=concurrent)
+                              reps=reps, warmup=warmup, profile=profile, policies=_split(policy), concurrent=concurrent,
+                              settings=sets)
     if dry_run:
         t = Table("key", "op", "variant", "world", "fabric", "backend", "M", "N", "K", "model/layer/tokens")
         for p in points:
@@ -214,6 +231,7 @@ def ablate(
     output: Path = typer.Option(Path("results"), "-o", "--output"),
     trace: bool = typer.Option(True, "--trace/--no-trace", help="Record role timelines (for idle-window plots)."),
     timeout: float = typer.Option(600.0),
+    settings: Optional[List[str]] = typer.Option(None, "--set", help=SET_HELP),
 ):
     """Run an ablation sweep and plot it."""
     from . import plot
@@ -223,9 +241,11 @@ def ablate(
     path = find_sweep(f"ablate/{name}") or find_sweep(name)
     if path is None:
         raise usage_error(f"no ablation named {name!r} (expected sweeps/ablate/{name}.yaml)")
+    sets = parse_settings(settings)
     be = resolve_backend(backend)
     worlds = [int(w) for w in _split(world) or []] or None
-    sw, points = build_points(str(path), backend=be, fabric=fabric, impls=None, worlds=worlds, trace=trace)
+    sw, points = build_points(str(path), backend=be, fabric=fabric, impls=None, worlds=worlds, trace=trace,
+                              settings=sets)
     store = RunStore.create(output, f"ablate-{name}-" + __import__("datetime").datetime.now().strftime("%Y%m%d-%H%M%S"))
     store.write_manifest({"sweep": sw.source, "backend": be, "points": len(points)})
     code = execute(points, store, as_json=False, timeout_s=timeout)
@@ -246,6 +266,7 @@ def trace_cmd(
     fabric: str = typer.Option("auto"),
     output: Path = typer.Option(Path("results"), "-o", "--output"),
     profiler: Optional[str] = typer.Option(None, "--profiler", help="torch | rocprofv3: also capture an external profile."),
+    settings: Optional[List[str]] = typer.Option(None, "--set", help=SET_HELP),
 ):
     """Record one point's role timeline; writes Parquet, a Perfetto JSON and the plots."""
     import yaml
@@ -255,12 +276,13 @@ def trace_cmd(
     from .store import RunStore, load_traces
     from .trace import to_perfetto
 
+    sets = parse_settings(settings)
     be = resolve_backend(backend)
     data = {"op": op, "impls": [impl], "world": [world], "shapes": [{"M": M, "N": N, "K": K}],
             "kosmos": {"policy": [policy]}}
     try:
         sw = parse_sweep(data, "trace", "trace")
-        points = expand(sw, backend=be, fabric=resolve_fabric(fabric, be, world), trace=True)
+        points = expand(sw, backend=be, fabric=resolve_fabric(fabric, be, world), trace=True, settings=sets)
     except SpecError as e:
         raise usage_error(str(e)) from None
     if be == "sim":

@@ -48,6 +48,9 @@ class Point:
     builder: str | None = None  # mma | sm90 (Hopper wgmma+TMA); None = the kernel's default
     mover: str | None = None  # sm (WGs move) | ce (host-fabric ag-gemm: the copy engine moves); None = sm
     profile: str | None = None  # simulator hardware profile (backend=sim)
+    # The other KOSMOS configuration fields that differ from their default: sorted (name, value)
+    # pairs (kosmos/config.py KOSMOS_FIELDS; docs/knobs.md). A string "name=value;..." is parsed.
+    knobs: tuple = ()
     warmup: int = 5
     reps: int = 20
     seed: int = 0
@@ -59,11 +62,19 @@ class Point:
     tokens: int | None = None
     sweep: str | None = None
 
+    def __post_init__(self):
+        if isinstance(self.knobs, str) or self.knobs:
+            object.__setattr__(self, "knobs", normalize_knobs(self.knobs))
+
     def config(self) -> dict:
         cfg = {k: v for k, v in dataclasses.asdict(self).items() if k not in _NON_KEY_FIELDS}
         for knob in ("builder", "mover"):  # keys of points from before these knobs existed stay valid
             if cfg[knob] is None:
                 del cfg[knob]
+        if not cfg["knobs"]:  # likewise: a point at the default configuration keeps its old key
+            del cfg["knobs"]
+        else:
+            cfg["knobs"] = [list(kv) for kv in self.knobs]
         return cfg
 
     def key(self) -> str:
@@ -86,16 +97,50 @@ class Point:
             extra.append(self.builder)
         if self.mover not in (None, "sm"):
             extra.append(f"{self.mover}-mover")
+        extra += [f"{n}={_fmt(v)}" for n, v in self.knobs]
         return f"{self.impl}[{','.join(extra)}]"
+
+    @property
+    def knobs_text(self) -> str:
+        """The knobs as one string, "name=value;name=value" ("" when none; parsed back by Point)."""
+        return ";".join(f"{n}={_fmt(v)}" for n, v in self.knobs)
 
     def replace(self, **kw) -> "Point":
         return dataclasses.replace(self, **kw)
 
     def as_row(self) -> dict:
         row = dataclasses.asdict(self)
+        row["knobs"] = self.knobs_text
         row["key"] = self.key()
         row["variant"] = self.variant
         return row
+
+
+def _fmt(v) -> str:
+    return "on" if v is True else "off" if v is False else str(v)
+
+
+def normalize_knobs(knobs) -> tuple:
+    """Sorted, validated (name, value) pairs without the default values, from pairs, a dict or a
+    "name=value;..." string (kosmos.config.coerce checks each). ValueError (one line) when bad."""
+    from .kosmos.config import DEFAULTS, KNOB_FIELDS, coerce
+
+    if isinstance(knobs, str):
+        items = [kv.partition("=")[::2] for kv in knobs.split(";") if kv.strip()]
+    elif isinstance(knobs, dict):
+        items = list(knobs.items())
+    else:
+        items = [tuple(kv) for kv in knobs]
+    out = {}
+    for name, v in items:
+        name = str(name).strip()
+        if name not in KNOB_FIELDS:
+            raise ValueError(f"knob {name!r}: not a KOSMOS setting outside the Point fields; known: "
+                             f"{', '.join(KNOB_FIELDS)}")
+        v = coerce(name, v.strip() if isinstance(v, str) else v)
+        if v != getattr(DEFAULTS, name):
+            out[name] = v
+    return tuple(sorted(out.items()))
 
 
 def parse_policy(policy: str) -> tuple[str, int | None]:

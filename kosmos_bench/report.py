@@ -115,7 +115,7 @@ def derive(df: pd.DataFrame) -> pd.DataFrame:
 
 # ------------------------------------------------------------------------------ text
 _COLS = [  # (title, width, align)
-    ("op", 8, "<"), ("variant", 30, "<"), ("world", 5, ">"), ("M", 7, ">"), ("N", 7, ">"), ("K", 7, ">"),
+    ("op", 8, "<"), ("variant", 40, "<"), ("world", 5, ">"), ("M", 7, ">"), ("N", 7, ">"), ("K", 7, ">"),
     ("time(us)", 10, ">"), ("TFLOP/s", 9, ">"), ("busbw(GB/s)", 11, ">"), ("speedup", 8, ">"),
     ("ovl-eff", 7, ">"), ("eff*", 5, ">"), ("eff-cc", 6, ">"), ("MHz op/gemm", 11, ">"), ("wrong", 6, ">"), ("status", 8, "<"),
 ]
@@ -130,10 +130,12 @@ def _num(v, fmt: str, suffix: str = "") -> str:
 
 
 def _fit(s: str, width: int, align: str) -> str:
-    """Pad to width; left-aligned text (names) is cut with '~', numbers are never cut."""
+    """Pad to width; left-aligned text (names) is cut in the middle with '~' (a variant's
+    varied settings, name=value, sit at its end), numbers are never cut."""
     s = str(s)
     if len(s) > width and align == "<":
-        s = s[: width - 1] + "~"
+        head = (width - 1) // 2
+        s = s[:head] + "~" + s[len(s) - (width - 1 - head):]
     return format(s, f"{align}{width}")
 
 
@@ -489,7 +491,7 @@ def report(run_dirs: list[Path], *, as_json: bool = False, compare: tuple[Path, 
 
 # ------------------------------------------------------------------------------ compare
 _DESC = ["op", "variant", "world", "M", "N", "K", "dtype", "fabric", "backend"]
-_CMP_COLS = [("op", 8, "<"), ("variant", 30, "<"), ("world", 5, ">"), ("M", 7, ">"), ("N", 7, ">"), ("K", 7, ">"),
+_CMP_COLS = [("op", 8, "<"), ("variant", 40, "<"), ("world", 5, ">"), ("M", 7, ">"), ("N", 7, ">"), ("K", 7, ">"),
              ("A time(us)", 11, ">"), ("B time(us)", 11, ">"), ("A/B", 7, ">"), ("A TFLOP/s", 9, ">"),
              ("B TFLOP/s", 9, ">"), ("A eff", 5, ">"), ("B eff", 5, ">"), ("B status", 8, "<")]
 

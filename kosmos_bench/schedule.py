@@ -29,27 +29,9 @@ ag-gemm (pull), rank r: gathered A is ``M x K``; rank p's rows are ``[p*m_loc, (
   that many WGs cooperate on the head band and bands arrive in order over a slow link);
   copy the slice into the gathered buffer at row ``p*m_loc + m0``; release band flag (p, j)
   of rank r, whose multiplicity is S.
-* mover ``AG_PULL_K`` (p != r, band j, K-slice s) (``sm_tail_bands``/``sm_tail_slices``, copy-engine
-  movers with the sm90 builder): K-slice ``n0 = s`` of ``cols = S`` of a band (k-blocks
-  ``[s*nkb//S, (s+1)*nkb//S)`` of 64 columns, all its rows; a 2-D copy) into the gathered
-  buffer; the band flag (multiplicity S) then counts the slices there *in K order* (the item
-  releases only after slice s-1 of its band has, watchdog-bounded), which is what the builders'
-  K-streaming slice waits read. The last ``sm_tail_bands`` remote bands are moved this way by
-  the WGs instead of the copy engine, slice-major within each of their groups, every item
-  gated on the band flag of the copy engine's last band (``deps``: the kernel does not claim
-  one before the engine's last copy has landed, so the SMs never share the link with it). A
-  group leaves at least one WG outside its tiles (those wait inside for slices that only a WG
-  outside them can pull; with the link-first rule free WGs take movers before tiles).
 * builder ``AG_BUILD`` (p, mt, nt): C_r rows ``p*m_loc + m0 ..`` (``m0`` is the row inside
   shard p), cols ``n0 .. n0+cols``; A rows come from A_r itself when p == r (no deps), else
   from the gathered buffer (dep: band flag (p, mt // chunk)). K = full K.
-* builder ``AG_PART`` (p, mt, nt, s) (``split_bands``/``split_k``, sm90 builder only): K-part
-  ``kpart = s`` of ``S = split_k`` of a tile of one of the last ``split_bands`` remote bands:
-  k-blocks ``[s*nkb//S, (s+1)*nkb//S)``, fp32 partial into the split workspace, then one
-  release of the tile's split flag (multiplicity S); the part whose release completes the
-  count sums the S partials in part order (bitwise deterministic whichever part is last) and
-  stores the tile. Same deps as the tile. The tail after the last band lands is then a part
-  (1/S of a tile) on up to S x tiles CTAs instead of a whole tile on as many CTAs as tiles.
 
 gemm-rs (push, owner reduces), rank r: A_r is ``M x K/W``, partials are ``M x N``.
 
@@ -93,8 +75,7 @@ rule is *link-first*: a WG takes a mover whenever a slot is free (keeping the li
 saturated, the other WGs build), without a cap (device-memory fabrics) builder-first.
 
 * ag-gemm: pending ready > [cap: mover if a slot is free] > builder head ready ? claim the
-  next builder (ready: run, else pending) : a fill tile if any (``fill_bands``: own tiles
-  held back in the otherwise unused reduce queue, never a dep) > mover if a slot is free >
+  next builder (ready: run, else pending) : mover if a slot is free >
   [no slot: poll] > block on the pending / next builder (movers exhausted) > done.
 * gemm-rs: pending ready (a mover also needs a free slot) > reduce head ready ? claim the
   next reduce (else pending) > claim the next mover (ready and a slot free: run it, else it
@@ -120,19 +101,18 @@ the last WG of each call; flags are epoch-based and never reset.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .runtime.knobs import env_int
+from .kosmos import decide as _decide
 
 OPS = ("ag-gemm", "gemm-rs")
 QUEUE_ORDERS = ("demand", "fifo", "reverse", "random")
 
 # Item kinds (column 'kind' of an item row).
-AG_PULL, AG_BUILD, RS_BUILD, RS_PUSH, RS_PROXY, RS_REDUCE, AG_PART, AG_PULL_K = range(8)
-KIND_NAMES = ("AG_PULL", "AG_BUILD", "RS_BUILD", "RS_PUSH", "RS_PROXY", "RS_REDUCE", "AG_PART", "AG_PULL_K")
+AG_PULL, AG_BUILD, RS_BUILD, RS_PUSH, RS_PROXY, RS_REDUCE = range(6)
+KIND_NAMES = ("AG_PULL", "AG_BUILD", "RS_BUILD", "RS_PUSH", "RS_PROXY", "RS_REDUCE")
 # Roles in traces (TRACE_COLUMNS 'role').
 ROLE_MOVE, ROLE_BUILD, ROLE_REDUCE, ROLE_WAIT = range(4)
 ROLE_NAMES = ("MOVE", "BUILD", "REDUCE", "WAIT")
@@ -183,8 +163,7 @@ class FlagLayout:
       my buffers"), written by s into every rank's array at ``entry + s``.
     * ``[exit, exit+W)``: exit flag of rank s ("I will not touch your buffers again this
       call"), written by s into every rank's array at ``exit + s``.
-    * ag-gemm: band flag (p, j) at ``band + p*num_bands + j``; split tile i (``AG_PART``, in
-      (p, mt, nt) order) at ``split + i``, released once by each of its K-parts.
+    * ag-gemm: band flag (p, j) at ``band + p*num_bands + j``.
     * gemm-rs: builder flag (d, mt, nt) at ``built + (d*mt_per_band_set + mt)*nt_n + nt``
       (``mt_per_band_set = m_tiles``), arrival flag (s, j, nt) at
       ``arrived + (s*num_bands + j)*nt_n + nt``.
@@ -194,7 +173,6 @@ class FlagLayout:
     entry: int
     exit: int
     band: int = -1
-    split: int = -1
     built: int = -1
     arrived: int = -1
     num_flags: int = 0
@@ -354,18 +332,19 @@ def predicted_movers(op: str, M: int, N: int, K: int, world: int, num_wgs: int,
     return next(k for k, t in enumerate(ts, start=1) if t <= best * (1 + slack))
 
 
-def max_inflight_movers(op: str, fabric: str, num_wgs: int, model: dict | None = None) -> int:
+def max_inflight_movers(op: str, fabric: str, num_wgs: int, model: dict | None = None,
+                        override: int | None = None) -> int:
     """Hard cap on concurrent mover items ("slots") of policy 'self' (0 = none).
 
     A link property, not a role split: the WGs that saturate the link
     (``ceil(link_bw / wg_copy_bw)``, at most num_wgs - 1 so that builders always progress).
     The host PCIe link needs it (measured on one H200: ag-gemm with 48 mover WGs ran 1.5x
     slower than with 8; gemm-rs tile pushes took 3-5x longer each with ~80 concurrent
-    movers); device-memory and NVLink fabrics run uncapped. ``$KOSMOS_MAX_INFLIGHT`` overrides
-    it on every fabric (an ablation).
+    movers); device-memory and NVLink fabrics run uncapped. ``override`` (the configuration's
+    ``max_inflight``) replaces the rule on every fabric (0: no cap).
     """
-    if os.environ.get("KOSMOS_MAX_INFLIGHT"):  # ablation (device and simulator alike; 0 = no cap)
-        return min(int(env_int("KOSMOS_MAX_INFLIGHT", 0)), num_wgs - 1)
+    if override is not None:
+        return min(int(override), num_wgs - 1)
     if fabric != "host":
         return 0
     p = _model(fabric, model)
@@ -380,13 +359,10 @@ def resolve_movers(policy: str, op: str, M: int, N: int, K: int, world: int, num
         return None
     if policy == "predicted":
         return predicted_movers(op, M, N, K, world, num_wgs, model, fabric)
-    if policy.startswith("fixed:"):
-        try:
-            k = int(policy.split(":", 1)[1])
-        except ValueError:
-            k = 0
-        if k < 1:
-            raise ValueError(f"policy {policy!r}: k must be an integer >= 1")
+    from .point import parse_policy
+
+    kind, k = parse_policy(policy)
+    if kind == "fixed":
         if k >= num_wgs:
             raise ValueError(f"policy {policy!r}: k={k} leaves no builder among {num_wgs} WGs per rank")
         return k
@@ -470,24 +446,6 @@ def peer_groups(peers: int, per_peer: int, tail: int = 1) -> list[slice]:
     out += [slice(i * per_peer, (i + 1) * per_peer) for i in range(1, peers - 1)]
     lo = (peers - 1) * per_peer
     return out + [slice(lo + g.start, lo + g.stop) for g in band_groups(per_peer, 0, tail=tail, size=per_peer)]
-
-
-def _peer_runs(bands: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
-    """A demand group's (peer, band) list cut where the peer changes. Its tiles go column by
-    column inside each run, run after run: the bands of one peer arrive together (one copy of
-    the copy engine, one flag release) and before the next peer's, and a column-by-column
-    order over both would put tiles of bands still in flight between ready ones, which the
-    claims take in queue order (405b FC1 on the host fabric: 6-band groups straddling two
-    peers started a tenth of their tiles ~100 us after their first; busy CTAs dipped to 76-87
-    of 132 at those groups, results/issue4-h200-20261204/probes/split_trace_items-14-405b-fc1).
-    Off by default (``build_schedule(peer_runs=...)``, KOSMOS_PEER_RUNS): measured no faster."""
-    runs: list[list[tuple[int, int]]] = []
-    for b in bands:
-        if runs and runs[-1][-1][0] == b[0]:
-            runs[-1].append(b)
-        else:
-            runs.append([b])
-    return runs
 
 
 PEER_GROUPS = "peer"  # band_group: remote groups aligned to peer shards (peer_groups)
@@ -574,10 +532,7 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
                    model: dict | None = None, mover_bytes: int = 256 * 1024,
                    stream_k: bool = False, band_group: int | str | None = None,
                    tail_bands: int | None = None, ramp: bool | None = None, halve: bool = True,
-                   split_bands: int = 0, split_k: int = 1, sm_tail_bands: int = 0,
-                   sm_tail_slices: int = 0, peer_runs: bool = False,
-                   local_halve: bool = False, local_group: int | None = None,
-                   fill_bands: int = 0) -> RankSchedule:
+                   local_group: int | None = None, max_inflight: int | None = None) -> RankSchedule:
     """The schedule of one rank. ``num_wgs`` is the WG count of THIS rank (on the local
     fabric: ``np.diff(wg_starts(G, W))[rank]``). ``local_first`` defaults to True for
     ag-gemm and False (local destination last) for gemm-rs. ``fabric='host'`` adds the
@@ -590,24 +545,11 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
     (``stream_k``): bands of the last remote group instead of one wave of tiles. ``ramp`` /
     ``halve`` (ag-gemm): the remote groups start small and double / shrink toward the end
     (``band_groups``); off, every remote group is regular; ``ramp=None`` (default): only where
-    the own bands do not cover the first group's copy (``ramp_needed``). ``split_bands`` / ``split_k``
-    (ag-gemm, sm90 builder): the last ``split_bands`` remote bands are one-band groups at the
-    end of the demand order whose tiles are ``split_k`` ``AG_PART`` items each (part-major:
-    every tile's part 0, then part 1, ...). ``sm_tail_bands`` / ``sm_tail_slices`` (ag-gemm,
-    ``stream_k``): the last ``sm_tail_bands`` remote bands are pulled by the WGs in
-    ``sm_tail_slices`` K-slices each (``AG_PULL_K``), in groups of one wave of tiles after the
-    copy engine's groups; ``peer_runs`` (ag-gemm): a demand group that straddles two peers
-    has its tiles peer by peer (``_peer_runs``), else column by column over the whole group;
-    ``local_halve`` (ag-gemm): the rank's own bands' groups halve toward their end too (off by
-    default: they are ready at entry, so halving buys nothing and re-streams B);
+    the own bands do not cover the first group's copy (``ramp_needed``); the rank's own bands
+    (ready at entry) are in regular groups (halving buys nothing where nothing arrives);
     ``local_group`` (ag-gemm): bands per regular group of the own bands (default: as the remote
-    ``band_group`` when given, else ~sqrt(builders)); ``fill_bands`` (ag-gemm): the rank's last
-    ``fill_bands`` own bands are not in the builder queue but in the *fill* queue (the reduce
-    queue, unused by ag-gemm), column by column: a WG whose builder head is not ready takes a
-    fill tile (ready from the start) instead of waiting (``simulate_steps``' decide);
-    ``meta["sm_groups"]`` / ``meta["sm_movers"]``: how many trailing remote
-    groups and mover-queue items that is (the copy-engine plan skips those groups; the kernel's
-    mover queue is that suffix).
+    ``band_group`` when given, else ~sqrt(builders)); ``max_inflight``: policy self's mover cap
+    instead of ``max_inflight_movers``' rule (0: none).
     """
     why = validate(op, M, N, K, world, BM, BN, chunk)
     if why:
@@ -632,44 +574,15 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
 
     remote_groups: list = []
     remote_ramp = False  # ag-gemm: whether the remote groups start small (ramp / ramp_needed)
-    split_k = int(split_k) if split_bands else 1
-    if split_k < 1 or split_bands < 0:
-        raise ValueError(f"split_bands={split_bands}, split_k={split_k}: expected >= 0 and >= 1")
-    if split_k > 1 and (op != "ag-gemm" or band_group == PEER_GROUPS):
-        raise ValueError("split_k > 1 is for ag-gemm with demand-order band groups only")
-    sm_tail_bands = int(sm_tail_bands) if sm_tail_slices else 0
-    if sm_tail_bands < 0 or sm_tail_slices < 0:
-        raise ValueError(f"sm_tail_bands={sm_tail_bands}, sm_tail_slices={sm_tail_slices}: expected >= 0")
-    if sm_tail_bands and (op != "ag-gemm" or not stream_k or band_group == PEER_GROUPS or split_k > 1
-                          or queue_order != "demand"):
-        raise ValueError("sm_tail_bands: ag-gemm with K-streaming, demand order and demand-order band groups, "
-                         "without split tiles")
-    sm_groups = 0
-    if fill_bands and (op != "ag-gemm" or not 0 <= fill_bands <= mt_n):
-        raise ValueError(f"fill_bands={fill_bands}: ag-gemm only, 0..{mt_n} (the rank's own bands)")
     if op == "ag-gemm":
-        fill_set = set(range(mt_n - fill_bands, mt_n))  # own band rows held back as fill tiles
         n_loc = N // W
         nt_n = cdiv(n_loc, BN)
-        ring_bands = [(p, mt) for p in ring for mt in range(mt_n)]
-        split_set = ring_bands[len(ring_bands) - min(split_bands, len(ring_bands)):] if split_k > 1 else []
-        split_tiles = [(p, mt, nt) for p in range(W) for mt in range(mt_n) if (p, mt) in split_set
-                       for nt in range(nt_n)]
-        split_flag = {t: 2 * W + W * nb + i for i, t in enumerate(split_tiles)}
-        lay = FlagLayout(W, entry=0, exit=W, band=2 * W, split=2 * W + W * nb,
-                         num_flags=2 * W + W * nb + len(split_tiles))
+        lay = FlagLayout(W, entry=0, exit=W, band=2 * W, num_flags=2 * W + W * nb)
         pull_id: dict[tuple[int, int], list[int]] = {}
-        sm_set = ring_bands[len(ring_bands) - min(sm_tail_bands, len(ring_bands)):] if sm_tail_bands else []
-        # the copy engine's last band: its flag gates the SM tail (released after every engine copy)
-        gate = [lay.band + ring_bands[-len(sm_set) - 1][0] * nb + ring_bands[-len(sm_set) - 1][1]] \
-            if sm_set and len(sm_set) < len(ring_bands) else []
         for p in range(W):
             if p == r:
                 continue
             for j in range(nb):
-                if (p, j) in sm_set:  # K-slices, added per group below (slice-major within a group)
-                    mult[lay.band + p * nb + j] = sm_tail_slices
-                    continue
                 m0 = j * band_rows
                 rows = min(band_rows, m_loc - m0)
                 nbytes = rows * K * ELEM_BYTES
@@ -679,25 +592,15 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
                 mult[lay.band + p * nb + j] = S
                 pull_id[p, j] = [mv.add(AG_PULL, p, m0, rows, s, S, [lay.entry + p], deps, r, lay.band + p * nb + j,
                                         0, max(0, min(per, nbytes - s * per))) for s in range(S)]
-        build_id: dict[tuple[int, int, int], list[int]] = {}  # a tile's items (its K-parts when split)
+        build_id: dict[tuple[int, int, int], int] = {}
         for p in range(W):
             for mt, m0, rows, nt, n0, cols in _tiles(m_loc, BM, n_loc, BN):
                 dl = [] if p == r else [lay.band + p * nb + mt // chunk]
-                if (p, mt, nt) in split_flag:
-                    f = split_flag[p, mt, nt]
-                    mult[f] = split_k
-                    build_id[p, mt, nt] = [
-                        bt.add(AG_PART, p, m0, rows, n0, cols, dl, deps, r, f, 2.0 * rows * cols * K / split_k,
-                               (rows * K + K * cols) * ELEM_BYTES / split_k + rows * cols * 4 * 2, kpart=s)
-                        for s in range(split_k)]
-                else:
-                    tab = rd if (p == r and mt in fill_set) else bt
-                    build_id[p, mt, nt] = [tab.add(AG_BUILD, p, m0, rows, n0, cols, dl, deps, -1, -1,
-                                                  2.0 * rows * cols * K,
-                                                  (rows * K + K * cols + rows * cols) * ELEM_BYTES)]
+                build_id[p, mt, nt] = bt.add(AG_BUILD, p, m0, rows, n0, cols, dl, deps, -1, -1, 2.0 * rows * cols * K,
+                                             (rows * K + K * cols + rows * cols) * ELEM_BYTES)
         b_demand = []
         for seg in ([r], ring) if local_first else (ring, [r]):  # local bands ready at entry, remote as they arrive
-            bands = [(p, mt) for p in seg for mt in range(mt_n) if p != r or mt not in fill_set]
+            bands = [(p, mt) for p in seg for mt in range(mt_n)]
             builders_n = num_wgs - (k_movers or 0)
             # one wave of tiles, at most a regular group (~sqrt(builders) bands)
             by_peer = band_group == PEER_GROUPS and seg is ring
@@ -706,46 +609,21 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
                                                        else max(1, round(math.sqrt(builders_n)))))
             g = int(g) if isinstance(g, int) else max(1, round(math.sqrt(builders_n)))  # "peer" on the local segment
             tail = (tail_bands or min(max(1, builders_n // nt_n), g)) if (stream_k and seg is ring) else 1
-            ns = len(split_set) if seg is ring else 0  # split bands: one-band groups at the end
-            nsm = len(sm_set) if seg is ring else 0  # SM tail: groups of one wave (`tail`) at the end
             if seg is ring:
                 remote_ramp = bool(ramp) if ramp is not None else ramp_needed(
-                    (mt_n - len(fill_set)) if local_first else 0, n_loc, builders_n, g, fabric, model)
+                    mt_n if local_first else 0, n_loc, builders_n, g, fabric, model)
+            # own bands (ready at entry) in regular groups: halving buys nothing where nothing arrives
             groups = (peer_groups(len(ring), mt_n, tail) if by_peer else
-                      band_groups(len(bands) - ns - nsm, builders_n, ramp=remote_ramp and seg is ring, tail=tail, size=g,
-                                  halve=halve if seg is ring else local_halve) if len(bands) > ns + nsm else [])
-            groups += [slice(i, i + 1) for i in range(len(bands) - ns, len(bands))]
-            if nsm:
-                # one wave, leaving a CTA outside the group's tiles: they wait inside for slices
-                # that only a WG outside them can pull
-                per = min(max(1, tail), (num_wgs - 1) // nt_n)
-                if per < 1:
-                    raise ValueError(f"sm_tail_bands: one band has {nt_n} tiles, no fewer than the {num_wgs} WGs")
-                cuts = list(range(len(bands), len(bands) - nsm, -per))[::-1]
-                sm_slices = [slice(max(len(bands) - nsm, c - per), c) for c in cuts]
-                groups += sm_slices
-                sm_groups = len(sm_slices)
-                for grp in sm_slices:
-                    for s in range(sm_tail_slices):
-                        for p, j in bands[grp]:
-                            m0 = j * band_rows
-                            rows = min(band_rows, m_loc - m0)
-                            pull_id.setdefault((p, j), []).append(
-                                mv.add(AG_PULL_K, p, m0, rows, s, sm_tail_slices, [lay.entry + p] + gate, deps, r,
-                                       lay.band + p * nb + j, 0, rows * K * ELEM_BYTES / sm_tail_slices))
-            for grp in groups:  # column by column; a split band part-major (part 0 of every tile, ...)
-                for run in (_peer_runs(bands[grp]) if peer_runs else [bands[grp]]):  # a straddling group: peer by peer
-                    b_demand += [build_id[p, mt, nt][s] for s in range(split_k if (run[0] in split_set) else 1)
-                                 for nt in range(nt_n) for p, mt in run]
+                      band_groups(len(bands), builders_n, ramp=remote_ramp and seg is ring, tail=tail, size=g,
+                                  halve=halve and seg is ring) if bands else [])
+            for grp in groups:  # column by column
+                b_demand += [build_id[p, mt, nt] for nt in range(nt_n) for p, mt in bands[grp]]
             if seg is ring:  # tile rows of the remote bands needed together (copy-engine movers copy them together)
                 remote_groups = [[(p, mt) for p, mt in bands[grp]] for grp in groups]
-        sm_items = [i for grp in (remote_groups[len(remote_groups) - sm_groups:] if sm_groups else [])
-                    for i in sorted(i for b in grp for i in pull_id[b])]  # per group: slice-major (id order)
-        m_demand = [i for p in ring for j in range(nb) if (p, j) not in sm_set for i in pull_id[p, j]] + sm_items
+        m_demand = [i for p in ring for j in range(nb) for i in pull_id[p, j]]
         builders = bt.done(_order(list(range(len(bt.rows))), b_demand, queue_order, rng))
         movers = mv.done(_order(list(range(len(mv.rows))), m_demand, queue_order, rng))
-        fill = [build_id[r, mt, nt][0] for nt in range(nt_n) for mt in sorted(fill_set)]  # column by column
-        reduces = rd.done(_order(list(range(len(rd.rows))), fill, queue_order, rng))
+        reduces = rd.done([])  # ag-gemm has no reduce items
         peer_flags = [lay.entry + s for s in range(W) if s != r] + [lay.exit + s for s in range(W) if s != r]
     else:
         k_loc = K // W
@@ -812,14 +690,12 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
 
     return RankSchedule(
         op=op, M=M, N=N, K=K, world=W, rank=r, BM=BM, BN=BN, chunk=chunk, num_wgs=num_wgs, policy=policy,
-        num_movers=k_movers, max_inflight=max_inflight_movers(op, fabric, num_wgs, model) if k_movers is None else 0,
+        num_movers=k_movers,
+        max_inflight=max_inflight_movers(op, fabric, num_wgs, model, max_inflight) if k_movers is None else 0,
         queue_order=queue_order, local_first=bool(local_first), fabric=fabric, flags=lay,
         builders=builders, movers=movers, reduces=reduces, deps=np.asarray(deps, dtype=np.int32),
         peer_flags=np.asarray(peer_flags, dtype=np.int32), flag_mult=_mult_array(lay.num_flags, mult),
         meta={"m_loc": m_loc, "m_tiles": mt_n, "n_tiles": nt_n, "num_bands": nb, "remote_groups": remote_groups,
-              "split_k": split_k if op == "ag-gemm" else 1, "sm_groups": sm_groups,
-              "sm_movers": len(sm_items) if op == "ag-gemm" else 0,
-              "split_tiles": len(split_tiles) if op == "ag-gemm" else 0, "fill_bands": fill_bands,
               "ramp": remote_ramp},
     )
 
@@ -862,8 +738,7 @@ def simulate_steps(scheds: list[RankSchedule], durations=None, max_steps: int = 
                 flags[p][s.flags.entry + s.rank] = 1
     ctr = [[0, 0, 0] for _ in scheds]
     inflight = [0 for _ in scheds]
-    IDLE = (-1, -1)
-    NOT_READY = object()
+    IDLE = _decide.IDLE
     wgs = []  # [rank, local_idx, state, busy_until, (q, item)]
     for s in scheds:
         for w in range(s.num_wgs):
@@ -898,80 +773,38 @@ def simulate_steps(scheds: list[RankSchedule], durations=None, max_steps: int = 
             if wg["w"] < k:
                 i = claim(s, Q_MOVE)
                 return (Q_MOVE, i) if i is not None else None
-            for q in (Q_BUILD, Q_REDUCE):  # ag-gemm: the fill queue after the builders
+            for q in (Q_BUILD, Q_REDUCE):
                 i = claim(s, q)
                 if i is not None:
                     return q, i
             return None
-        pend = wg["pend"]
-        cap = s.max_inflight
+        return _decide.decide(s.op, _View(wg, s))
 
-        def take_pending():
-            wg["pend"] = None
-            return pend
+    class _View:
+        """decide()'s view of one WG (kosmos/decide.py)."""
 
-        def ready_head(q):
-            """Queue q's head, claimed, if its deps are met; else NOT_READY. The kernel peeks,
-            claims and checks again (its claim can return a later item, then held pending while
-            the WG decides again)."""
-            _, i = head(s, q)
-            if i is None or not ready(s, q, i):
-                return NOT_READY
-            i = claim(s, q)
-            if ready(s, q, i):
-                return q, i
-            wg["pend"] = (q, i)
-            return decide(wg, s)
+        def __init__(self, wg, s):
+            self.wg, self.s, self.cap = wg, s, s.max_inflight
 
-        def mover_with_slot():
-            if head(s, Q_MOVE)[1] is None or not under_cap(s):
-                return None
-            return Q_MOVE, claim(s, Q_MOVE)
+        def head(self, q):
+            return head(self.s, q)[1]
 
-        if pend is not None and pend[0] != Q_MOVE and ready(s, *pend):
-            return take_pending()
-        if s.op == "ag-gemm":
-            if cap:
-                m = mover_with_slot()
-                if m:
-                    return m
-            if pend is None:
-                got = ready_head(Q_BUILD)
-                if got is not NOT_READY:
-                    return got
-                i = claim(s, Q_REDUCE)  # the fill queue (own tiles, never a dep): instead of waiting
-                if i is not None:
-                    return Q_REDUCE, i
-            if head(s, Q_MOVE)[1] is not None:
-                return mover_with_slot() or IDLE
-            if pend is not None:
-                return take_pending()
-            i = claim(s, Q_BUILD)
-            return (Q_BUILD, i) if i is not None else None
-        # gemm-rs
-        if pend is not None and pend[0] == Q_MOVE and ready(s, *pend) and under_cap(s):
-            return take_pending()
-        if pend is None:
-            got = ready_head(Q_REDUCE)
-            if got is not NOT_READY:
-                return got
-            i = claim(s, Q_MOVE)
-            if i is not None:
-                if ready(s, Q_MOVE, i) and under_cap(s):
-                    return Q_MOVE, i
-                wg["pend"] = (Q_MOVE, i)
-                return decide(wg, s)
-        i = claim(s, Q_BUILD)
-        if i is not None:
-            return Q_BUILD, i
-        if pend is not None and pend[0] == Q_MOVE:
-            return take_pending() if under_cap(s) else IDLE
-        if head(s, Q_MOVE)[1] is not None:
-            return mover_with_slot() or IDLE
-        if pend is not None:
-            return take_pending()
-        i = claim(s, Q_REDUCE)
-        return (Q_REDUCE, i) if i is not None else None
+        def claim(self, q):
+            return claim(self.s, q)
+
+        def ready(self, q, i):
+            return ready(self.s, q, i)
+
+        def under_cap(self):
+            return under_cap(self.s)
+
+        @property
+        def pending(self):
+            return self.wg["pend"]
+
+        @pending.setter
+        def pending(self, v):
+            self.wg["pend"] = v
 
     def under_cap(s):
         return s.max_inflight == 0 or inflight[s.rank] < s.max_inflight

@@ -11,7 +11,10 @@ given explicitly and/or from the model catalog::
     shapes: [{M: 8192, N: 8192, K: 8192}]
     models: {names: [llama3-70b], tokens: [8192, 16384], layers: [qkv, fc1]}
     kosmos: {policy: [self, fixed:8, predicted], queue_order: [demand], local_first: [true], chunk: [1],
-             builder: [mma, sm90], mover: [sm, ce]}
+             builder: [mma, sm90], mover: [sm, ce], ce_slices: [2, 3]}   # any KosmosConfig field
+
+The ``kosmos:`` section takes every field of ``kosmos_bench.kosmos.config.KosmosConfig`` as a
+value or a list (a grid; docs/knobs.md lists them).
     timing: {warmup: 5, reps: 20}
 
 Errors name the file, the key and what was expected (`SpecError`).
@@ -25,13 +28,11 @@ from pathlib import Path
 import yaml
 
 from .models import LAYER_OPS, MODELS, get_model, layer_shape
-from .point import DTYPES, FABRICS, OPS, QUEUE_ORDERS, Point, parse_policy
+from .point import DTYPES, FABRICS, OPS, Point
 
 KNOWN_KEYS = {"op", "impls", "world", "dtype", "fabric", "shapes", "models", "kosmos", "timing", "description", "profile"}
 KOSMOS_KEYS = {"policy": ["self"], "queue_order": ["demand"], "local_first": [True], "chunk": [1], "builder": [None],
-               "mover": [None]}
-BUILDERS = ("mma", "sm90")
-MOVERS = ("sm", "ce")
+               "mover": [None]}  # the Point fields' defaults; the other configuration fields: [their default]
 # Implementations that take the kosmos knobs (policy, queue order, ...).
 KNOB_IMPLS = {"kosmos"}
 
@@ -155,28 +156,7 @@ def parse_sweep(data, src: str, name: str = "sweep") -> Sweep:
     if not shapes:
         raise SpecError(f"{src}: shapes/models: no shapes given; expected shapes: [{{M:, N:, K:}}] or models: {{names:, tokens:}}")
 
-    kosmos = dict(KOSMOS_KEYS)
-    kdata = data.get("kosmos") or {}
-    if not isinstance(kdata, dict) or set(kdata) - set(KOSMOS_KEYS):
-        raise SpecError(f"{src}: kosmos: expected a mapping with keys {', '.join(KOSMOS_KEYS)}")
-    if "policy" in kdata:
-        kosmos["policy"] = _as_list(kdata["policy"], src, "kosmos.policy", str)
-        for pol in kosmos["policy"]:
-            try:
-                parse_policy(pol)
-            except ValueError as e:
-                raise SpecError(f"{src}: kosmos.policy: {e}") from None
-    if "queue_order" in kdata:
-        kosmos["queue_order"] = _as_list(kdata["queue_order"], src, "kosmos.queue_order", str, QUEUE_ORDERS)
-    if "local_first" in kdata:
-        kosmos["local_first"] = _as_list(kdata["local_first"], src, "kosmos.local_first", bool)
-    if "chunk" in kdata:
-        kosmos["chunk"] = _as_list(kdata["chunk"], src, "kosmos.chunk", int)
-    if "builder" in kdata:
-        kosmos["builder"] = _as_list(kdata["builder"], src, "kosmos.builder", str, BUILDERS)
-    if "mover" in kdata:
-        kosmos["mover"] = _as_list(kdata["mover"], src, "kosmos.mover", str, MOVERS)
-
+    kosmos = parse_kosmos(data.get("kosmos") or {}, src)
     timing = data.get("timing") or {}
     if not isinstance(timing, dict) or set(timing) - {"warmup", "reps", "concurrent"}:
         raise SpecError(f"{src}: timing: expected a mapping with warmup, reps and/or concurrent")
@@ -188,6 +168,32 @@ def parse_sweep(data, src: str, name: str = "sweep") -> Sweep:
         raise SpecError(f"{src}: profile: expected a simulator profile name")
     return Sweep(name, src, op, impls, world, dtype, fabric, shapes, kosmos, warmup, reps, profile,
                  str(data.get("description", "")), concurrent)
+
+
+def parse_kosmos(kdata, src: str) -> dict:
+    """The ``kosmos:`` section: {field: [values]} for every configuration field (FIELDS), the
+    Point fields defaulting to KOSMOS_KEYS and the others to [their default]."""
+    from .kosmos.config import DEFAULTS, FIELDS, KNOB_FIELDS, coerce
+
+    kosmos = dict(KOSMOS_KEYS)
+    kosmos.update({n: [getattr(DEFAULTS, n)] for n in KNOB_FIELDS})
+    if not isinstance(kdata, dict) or set(kdata) - set(FIELDS):
+        bad = ", ".join(sorted(set(kdata) - set(FIELDS))) if isinstance(kdata, dict) else type(kdata).__name__
+        raise SpecError(f"{src}: kosmos: unknown key(s) {bad}; known: {', '.join(FIELDS)}")
+    for name, v in kdata.items():
+        vals = v if isinstance(v, list) else [v]
+        if not vals:
+            raise SpecError(f"{src}: kosmos.{name}: expected a non-empty value or list")
+        out = []
+        for x in vals:
+            try:
+                out.append(coerce(name, x))
+            except ValueError:
+                raise SpecError(f"{src}: kosmos.{name}: {x!r} is not one of {FIELDS[name].values}") from None
+        kosmos[name] = out
+        if name == "local_first" and None in kosmos[name]:
+            raise SpecError(f"{src}: kosmos.local_first: expected true/false")
+    return kosmos
 
 
 def load_sweep(name_or_path: str) -> Sweep:
@@ -209,16 +215,23 @@ def load_sweep(name_or_path: str) -> Sweep:
 def expand(sweep: Sweep, *, backend: str, fabric: str, impls: list[str] | None = None,
            worlds: list[int] | None = None, profile: str | None = None, trace: bool = False,
            reps: int | None = None, warmup: int | None = None,
-           policies: list[str] | None = None, concurrent: bool | None = None) -> list[Point]:
-    """Grid expansion: shapes x worlds x dtypes x impls (x kosmos knobs for kosmos).
+           policies: list[str] | None = None, concurrent: bool | None = None,
+           settings: dict | None = None) -> list[Point]:
+    """Grid expansion: shapes x worlds x dtypes x impls (x kosmos configuration for kosmos).
 
     `backend` and `fabric` must already be resolved (no 'auto'). Point order groups by world
-    so each group of processes is started once.
+    so each group of processes is started once. ``settings`` ({field: value}, the CLI's
+    ``--set``) fixes configuration fields, replacing the sweep's lists.
     """
+    from .kosmos.config import KNOB_FIELDS
+
     impls = impls or sweep.impls
     kn = dict(sweep.kosmos)
     if policies:
         kn["policy"] = policies
+    for name, v in (settings or {}).items():
+        kn[name] = [v]
+    knob_names = [n for n in KNOB_FIELDS if n in kn]
     points = []
     for world in worlds or sweep.world:
         for shape, dtype, impl in itertools.product(sweep.shapes, sweep.dtype, impls):
@@ -228,10 +241,11 @@ def expand(sweep: Sweep, *, backend: str, fabric: str, impls: list[str] | None =
                          model=shape.model, layer=shape.layer, tokens=shape.tokens,
                          sweep=sweep.name, profile=(profile or sweep.profile) if backend == "sim" else None)
             if impl in KNOB_IMPLS:
-                for pol, qo, lf, ch, bu, mv in itertools.product(kn["policy"], kn["queue_order"], kn["local_first"],
-                                                                 kn["chunk"], kn["builder"], kn["mover"]):
+                for pol, qo, lf, ch, bu, mv, *kv in itertools.product(
+                        kn["policy"], kn["queue_order"], kn["local_first"], kn["chunk"], kn["builder"], kn["mover"],
+                        *(kn[n] for n in knob_names)):
                     points.append(base.replace(policy=pol, queue_order=qo, local_first=lf, chunk=ch, builder=bu,
-                                               mover=mv))
+                                               mover=mv, knobs=tuple(zip(knob_names, kv))))
             else:
                 points.append(base)
     seen, unique = set(), []

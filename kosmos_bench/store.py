@@ -32,7 +32,7 @@ STATUSES = ("ok", "wrong", "failed", "skipped", "timeout")
 
 # Columns every row has (the Point's fields come first; see Point.as_row()).
 RESULT_COLUMNS = [
-    "key", "run_id", "op", "impl", "variant", "policy", "queue_order", "local_first", "chunk", "builder", "mover",
+    "key", "run_id", "op", "impl", "variant", "policy", "queue_order", "local_first", "chunk", "builder", "mover", "knobs",
     "fabric", "backend", "profile", "world", "dtype", "M", "N", "K", "model", "layer", "tokens",
     "status", "error",
     "wrong", "max_rel_err", "deterministic",

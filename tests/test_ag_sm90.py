@@ -17,12 +17,9 @@ def test_validate_mirrors_tma_rules():
     assert "world" in ag_sm90.validate(1024, 1024, 1024, 9)
 
 
-def test_builder_choice(monkeypatch):
-    monkeypatch.delenv("KOSMOS_BUILDER", raising=False)
+def test_builder_choice():
     assert ag_sm90.builder_choice(None) == "mma"  # default unchanged
     assert ag_sm90.builder_choice("sm90") == "sm90"
-    monkeypatch.setenv("KOSMOS_BUILDER", "sm90")
-    assert ag_sm90.builder_choice(None) == "sm90"
     assert ag_sm90.builder_choice("mma") == "mma"
     with pytest.raises(ValueError):
         ag_sm90.builder_choice("wgmma")
@@ -52,7 +49,6 @@ def test_schedule_bn256_tiles(W, M, N, K):
 
 
 def test_builder_choice_picks_by_device_and_shape(monkeypatch):
-    monkeypatch.delenv("KOSMOS_BUILDER", raising=False)
     monkeypatch.setattr(ag_sm90, "find_lib", lambda: "prebuilt")
     shape = (8192, 8192, 8192, 8)
     assert ag_sm90.builder_choice(None, "ag-gemm", shape, (9, 0)) == "sm90"
@@ -62,7 +58,5 @@ def test_builder_choice_picks_by_device_and_shape(monkeypatch):
     assert ag_sm90.builder_choice(None, "ag-gemm", (8192, 8192, 999, 8), (9, 0)) == "mma"  # K % 8
     assert ag_sm90.builder_choice(None, "ag-gemm", shape, (9, 0), mover_bulk=True) == "mma"
     assert ag_sm90.builder_choice("mma", "ag-gemm", shape, (9, 0)) == "mma"  # explicit wins
-    monkeypatch.setenv("KOSMOS_BUILDER", "mma")
-    assert ag_sm90.builder_choice(None, "ag-gemm", shape, (9, 0)) == "mma"
     with pytest.raises(ValueError):
         ag_sm90.builder_choice("tensor")

@@ -40,15 +40,14 @@ def _replay(sch, plan, K, m_loc, epoch=3):
     return cover, flags
 
 
-@pytest.mark.parametrize("slice_bytes", [0, 3 << 20])
 @pytest.mark.parametrize("slices", [1, 4, 8, 1000])
 @pytest.mark.parametrize("shape", [(8192, 57344, 8192), (3000 * 8, 776 * 8, 1000), (1024, 2048, 96)])
-def test_plan_covers_every_remote_byte_once_and_releases_every_band(shape, slices, slice_bytes):
+def test_plan_covers_every_remote_byte_once_and_releases_every_band(shape, slices):
     M, N, K = shape
     W, r = 8, 3
     m_loc = M // W
     sch = _sched(M, N, K, W, r, stream_k=slices > 1)
-    plan, mult = ce_plan.build(sch, K, slices, bk=64, slice_bytes=slice_bytes)
+    plan, mult = ce_plan.build(sch, K, slices, bk=64)
     cover, flags = _replay(sch, plan, K, m_loc)
     _assert_remote_bytes_once(cover, W, r, m_loc)
     bands = {int(x) for x in sch.movers.table[:, S.F["rel_flag"]]}
@@ -59,9 +58,8 @@ def test_plan_covers_every_remote_byte_once_and_releases_every_band(shape, slice
     nkb = -(-K // 64)
     flag_of = _band_flags(sch)
     groups = sch.meta["remote_groups"]
-    for g, grp in enumerate(groups):  # the last group: `slices`; others: ~slice_bytes each, or whole
-        rows = sum(min(128, m_loc - mt * 128) for _, mt in grp)
-        want = slices if g == len(groups) - 1 else (round(rows * K * 2 / slice_bytes) if slice_bytes else 1)
+    for g, grp in enumerate(groups):  # the last group: `slices`; others: whole
+        want = slices if g == len(groups) - 1 else 1
         assert {mult[flag_of[b]] for b in grp} == {max(1, min(nkb, want))}, (g, grp)
 
 
@@ -105,17 +103,6 @@ def test_stream_k_groups_end_at_one_wave_of_tiles():
         assert sizes[-1] == 4 and sum(sizes) == 7 * M // 8 // 128, sizes
     plain = _sched(8192, 57344, 8192, 8, 0)
     assert [len(g) for g in plain.meta["remote_groups"]][-1] == 1
-
-
-def test_tail_groups_slice_the_last_groups():
-    sch = _sched(8192, 57344, 8192, 8, 0, stream_k=True)
-    plan, mult = ce_plan.build(sch, 8192, 4, tail_groups=3)
-    flag_of = _band_flags(sch)
-    groups = sch.meta["remote_groups"]
-    for g, grp in enumerate(groups):
-        sliced = g >= len(groups) - 3
-        want = {4} if sliced else {1}
-        assert {mult[flag_of[b]] for b in grp} == want
 
 
 def test_bad_slices():
@@ -217,78 +204,6 @@ def test_peer_groups_need_fewer_copies_and_cover_every_byte(shape):
     assert len(copies) < sum(1 for e in default if e.rows)
 
 
-@pytest.mark.parametrize("merge", [False, True])
-@pytest.mark.parametrize("shape", [(8192, 57344, 8192), (8192, 10240, 8192), (3000 * 8, 776 * 8, 1000)])
-def test_split_head_sends_the_first_band_alone(shape, merge):
-    """split_head (the runner's head copy on the main stream): the first copy is the first
-    band alone and releases only it; the second copy is the rest of the old first copy, with
-    its bands' releases; every byte still once, each release after its bytes. (Demand groups
-    ramp up from one band, so only per-peer merged plans change.)"""
-    M, N, K = shape
-    W, r = 8, 0
-    m_loc = M // W
-    sch = _sched(M, N, K, W, r, stream_k=True)
-    plan, mult = ce_plan.build(sch, K, 2, bk=64, merge=merge)
-    head, mult2 = ce_plan.build(sch, K, 2, bk=64, merge=merge, split_head=True)
-    assert mult2 == mult
-    cover, flags = _replay(sch, head, K, m_loc)
-    _assert_remote_bytes_once(cover, W, r, m_loc)
-    assert flags == _replay(sch, plan, K, m_loc)[1]  # same releases, same order
-    first = plan[0]
-    if not merge:
-        assert first.rows == 128 and head == plan
-        return
-    assert first.rows == m_loc  # a whole peer
-    assert (head[0].row0, head[0].rows, head[0].flag) == (first.row0, 128, first.flag)
-    assert head[1].rows == first.rows - 128 and head[1].row0 == first.row0 + 128 and head[1].flag == plan[1].flag
-    assert head[2:] == plan[2:]
-    one = [ce_plan.CeEntry(1, 0, 128, 0, K, 5, 1, 0)]
-    assert ce_plan.first_band_alone(one, 128) == one
-
-
-def test_split_bands_are_copied_one_band_per_copy_last():
-    """Split tail bands (schedule split_bands) are one-band groups: the plan copies each alone, at
-    the end, and still covers every remote byte once."""
-    M, N, K, W, r = 8192, 57344, 8192, 8, 1
-    m_loc = M // W
-    sch = S.build_schedule("ag-gemm", M, N, K, W, r, BM=128, BN=256, fabric="host", num_wgs=132, stream_k=True,
-                           split_bands=4, split_k=4)
-    plan, mult = ce_plan.build(sch, K, 2, bk=64)
-    cover, flags = _replay(sch, plan, K, m_loc)
-    _assert_remote_bytes_once(cover, W, r, m_loc)
-    copies = [e for e in plan if e.rows > 0]
-    last4 = [(e.peer, e.row0 // 128) for e in copies[-5:-2]]  # three whole-band copies, then the K-sliced last band
-    assert last4 == [tuple(b) for g in sch.meta["remote_groups"][-4:-1] for b in g]
-    assert all(e.rows == 128 for e in copies[-5:])
-
-
-@pytest.mark.parametrize("merge", [False, True])
-@pytest.mark.parametrize("slices", [1, 2])
-def test_sm_tail_groups_get_no_copies_and_the_rest_is_covered_once(slices, merge):
-    """The schedule's SM-tail groups (AG_PULL_K) are the WGs': no copy, no release; every other
-    remote byte is copied once and its band released; the plan's last release is the SM tail's
-    gate (the band flag the AG_PULL_K items wait for)."""
-    M, N, K, W, r = 8192, 57344, 8192, 8, 5
-    m_loc = M // W
-    sch = S.build_schedule("ag-gemm", M, N, K, W, r, BM=128, BN=256, fabric="host", num_wgs=132, stream_k=True,
-                           model=ag_sm90.schedule_model("host"), sm_tail_bands=8, sm_tail_slices=16)
-    plan, mult = ce_plan.build(sch, K, slices, bk=64, merge=merge)
-    cover, flags = _replay(sch, plan, K, m_loc)
-    t = sch.movers.table
-    sm = {(int(x[S.F["peer"]]), int(x[S.F["m0"]]) // 128) for x in t if x[S.F["kind"]] == S.AG_PULL_K}
-    assert len(sm) == 8
-    for p in range(W):
-        for mt in range(m_loc // 128):
-            rows = cover[p * m_loc + mt * 128:p * m_loc + (mt + 1) * 128]
-            want = 0 if p == r or (p, mt) in sm else 1  # own rows and the SM tail's: never copied
-            assert np.all(rows == want), (p, mt)
-    flag_of = _band_flags(sch)
-    assert set(flags) == set(mult) == {f for b, f in flag_of.items() if b not in sm}
-    q = sch.movers.queue
-    gate = sch.movers.deps_of(int(q[len(q) - sch.meta["sm_movers"]]), sch.deps)[-1]
-    assert plan[-1].flag == gate and plan[-1].value(3) == 3 * mult[gate]
-
-
 def _values_after_each_copy(plan, epoch=3):
     """{flag: value} after each copy and the releases that follow it."""
     out, cur = [], {}
@@ -299,8 +214,7 @@ def _values_after_each_copy(plan, epoch=3):
     return out
 
 
-@pytest.mark.parametrize("kw", [dict(slices=1), dict(slices=3), dict(slices=4, split=(3, 1)), dict(slices=2, merge=True),
-                                dict(slices=3, split_head=True), dict(slices=2, slice_bytes=3 << 20)])
+@pytest.mark.parametrize("kw", [dict(slices=1), dict(slices=3), dict(slices=4, split=(3, 1)), dict(slices=2, merge=True)])
 @pytest.mark.parametrize("shape", [(8192, 57344, 8192), (16384, 106496, 16384), (3000 * 8, 776 * 8, 1000)])
 def test_share_flags_one_release_per_copy_and_the_same_values_where_read(shape, kw):
     """share_flags: the copies unchanged, one release per copy, and at every point between two

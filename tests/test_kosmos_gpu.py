@@ -6,7 +6,6 @@ across repeated calls.
 """
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
@@ -38,8 +37,15 @@ def awkward(op: str, W: int) -> tuple[int, int, int]:
 
 
 def make(op, W, M, N, K, fabric="local", seed=0, **kw):
+    """A prepared runner. Point fields and configuration knobs (band_group=..., spin_ns=...: the
+    point's knobs) go into the point; builder / mover / ce_slices / mover_bulk / max_inflight
+    are prepare's overrides of the point's configuration."""
+    from kosmos_bench.kosmos.config import KNOB_FIELDS
+
     pkw = {k: kw.pop(k) for k in ("policy", "queue_order", "local_first", "chunk") if k in kw}
-    p = Point(op=op, impl="kosmos", M=M, N=N, K=K, world=W, fabric=fabric, seed=seed, **pkw)
+    over = ("builder", "mover", "ce_slices", "mover_bulk", "max_inflight")
+    knobs = tuple((k, kw.pop(k)) for k in list(kw) if k in KNOB_FIELDS and k not in over)
+    p = Point(op=op, impl="kosmos", M=M, N=N, K=K, world=W, fabric=fabric, seed=seed, knobs=knobs, **pkw)
     assert IMPL.unsupported(p) is None, IMPL.unsupported(p)
     ctx = RankCtx(rank=0, world=W, procs=1, device=DEV, fabric=fabric, backend="gpu")
     o = get_op(op)
@@ -321,17 +327,17 @@ def test_sm90_watchdog_missing_peer():
 @pytest.mark.parametrize("group", ["balanced", "peer"])
 @pytest.mark.parametrize("mover", ["sm", "ce"])
 @pytest.mark.parametrize("shape", [(8 * 1024, 8 * 13312 // 4, 1024), (3000 * 8, 776 * 8, 1000)])
-def test_sm90_host_fabric_ag_balanced_demand_groups(shape, mover, group, monkeypatch):
+def test_sm90_host_fabric_ag_balanced_demand_groups(shape, mover, group):
     """Small remote demand groups (what schedule.demand_group picks when link and builders are
-    balanced; forced here with KOSMOS_BAND_GROUP) and groups aligned to peer shards
-    (KOSMOS_BAND_GROUP=peer): correct and bitwise stable for both movers."""
+    balanced; forced here with band_group) and groups aligned to peer shards (band_group=peer):
+    correct and bitwise stable for both movers."""
     from kosmos_bench import schedule as S
 
-    monkeypatch.setenv("KOSMOS_BAND_GROUP", str(S.BALANCED_GROUP) if group == "balanced" else S.PEER_GROUPS)
     W = 8
     M, N, K = shape
     p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90",
-                                        mover=mover, seed=11)
+                                        mover=mover, seed=11,
+                                        band_group=S.BALANCED_GROUP if group == "balanced" else S.PEER_GROUPS)
     try:
         groups = runner.scheds[0].meta["remote_groups"]
         sizes = [len(g) for g in groups]
@@ -376,11 +382,10 @@ def test_sm90_host_fabric_ag_copy_engine_movers(shape):
                                         mover="ce", seed=5)
     try:
         assert runner.info["mover"] == "ce"
-        if not any(k in os.environ for k in ("KOSMOS_CE_SLICES", "KOSMOS_CE_MERGE", "KOSMOS_BAND_GROUP")):
-            bound = N // W < 5000  # rho < COPY_BOUND_RHO at the host model's rates; else rho < 0.7
-            want = {"ce_regime": "copy-bound", "ce_slices": 4, "ce_merge": True, "band_group": 1} if bound else \
-                {"ce_regime": "link-bound", "ce_slices": 3, "ce_merge": False, "band_group": 8}
-            assert runner.k_stream and {k: runner.info[k] for k in want} == want
+        bound = N // W < 5000  # rho < COPY_BOUND_RHO at the host model's rates; else rho < 0.7
+        want = {"ce_regime": "copy-bound", "ce_slices": 4, "ce_merge": True, "band_group": 1} if bound else \
+            {"ce_regime": "link-bound", "ce_slices": 3, "ce_merge": False, "band_group": 8}
+        assert runner.k_stream and {k: runner.info[k] for k in want} == want
         expect_correct(p, runner, A, B, calls=4)
         df = runner.run_traced()
         assert (df.role == "MOVE").sum() == 0 and (df.role == "BUILD").sum() == len(runner.scheds[0].builders)
@@ -495,13 +500,12 @@ def test_sm90_copy_engine_streamed_k_slices(shape, ce_slices):
 
 @sm90
 @pytest.mark.parametrize("tail_bands", [1, 2])
-def test_sm90_copy_engine_tail_bands(monkeypatch, tail_bands):
-    """KOSMOS_CE_TAIL_BANDS: a last remote group of that many bands (instead of one wave of
-    tiles), in 4 K-slices: correct and bitwise stable over calls."""
-    monkeypatch.setenv("KOSMOS_CE_TAIL_BANDS", str(tail_bands))
+def test_sm90_copy_engine_tail_bands(tail_bands):
+    """tail_bands: a last remote group of that many bands (instead of one wave of tiles), in 4
+    K-slices: correct and bitwise stable over calls."""
     W, M, N, K = 8, 8 * 1024, 8 * 7168, 2048
     p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90",
-                                        mover="ce", ce_slices=4, seed=21)
+                                        mover="ce", ce_slices=4, seed=21, tail_bands=tail_bands)
     try:
         assert len(runner.scheds[0].meta["remote_groups"][-1]) == tail_bands
         assert runner.info["ce_tail_bands"] == tail_bands and runner.info["ce_slices"] == 4
@@ -512,32 +516,29 @@ def test_sm90_copy_engine_tail_bands(monkeypatch, tail_bands):
 
 @sm90
 @pytest.mark.parametrize("spin_ns", [0, 4096])
-def test_sm90_copy_engine_flag_spin_sleep(monkeypatch, spin_ns):
-    """Params.spin_ns (KOSMOS_SPIN_NS): builders that poll a band flag without sleeping or
+def test_sm90_copy_engine_flag_spin_sleep(spin_ns):
+    """Params.spin_ns (configuration spin_ns): builders that poll a band flag without sleeping or
     every ~4 us still see every release: correct and bitwise stable; bad values refused."""
-    monkeypatch.setenv("KOSMOS_SPIN_NS", str(spin_ns))
     W, M, N, K = 8, 8 * 1024, 8 * 2048, 2048
     p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90",
-                                        mover="ce", seed=9)
+                                        mover="ce", seed=9, spin_ns=spin_ns)
     try:
         assert runner.info["spin_ns"] == spin_ns
         expect_correct(p, runner, A, B, calls=3)
     finally:
         runner.close()
-    monkeypatch.setenv("KOSMOS_SPIN_NS", "-1")
-    with pytest.raises(ValueError, match="KOSMOS_SPIN_NS"):
-        make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90", mover="ce", seed=9)
+    with pytest.raises(ValueError, match="spin_ns"):
+        make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90", mover="ce", seed=9, spin_ns=-1)
 
 
 @sm90
 @pytest.mark.parametrize("shape", [(8 * 1024, 8 * 2048, 2048), (3000 * 8, 776 * 8, 1000)])
-def test_sm90_copy_engine_merged_peer_copies(monkeypatch, shape):
-    """KOSMOS_CE_MERGE=1: one copy per peer before the sliced groups (flags of a group's early
-    bands released with the peer's later ones): correct and bitwise stable over calls."""
-    monkeypatch.setenv("KOSMOS_CE_MERGE", "1")
+def test_sm90_copy_engine_merged_peer_copies(shape):
+    """ce_merge=on: one copy per peer before the sliced groups (flags of a group's early bands
+    released with the peer's later ones): correct and bitwise stable over calls."""
     W, (M, N, K) = 8, shape
     p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90",
-                                        mover="ce", seed=17)
+                                        mover="ce", seed=17, ce_merge=True)
     try:
         assert runner.info["ce_merge"] and runner.k_stream
         head = [e for e in runner.ce_entries if e.rows and e.cols == K]
@@ -549,58 +550,31 @@ def test_sm90_copy_engine_merged_peer_copies(monkeypatch, shape):
 
 
 @sm90
-@pytest.mark.parametrize("env", ["KOSMOS_CE_INLINE_RELEASE=1", "KOSMOS_CE_TAIL_INLINE=1", "KOSMOS_CE_TAIL_INLINE=0"])
-def test_sm90_copy_engine_inline_releases(monkeypatch, env):
-    """KOSMOS_CE_INLINE_RELEASE=1: flag releases on the copy stream itself (stream order, no
-    events); KOSMOS_CE_TAIL_INLINE=1 (default): only the last copy's, after the flag stream's
-    earlier ones (the band's earlier K-slice releases); =0: none: correct and bitwise stable
+def test_sm90_copy_engine_inline_releases():
+    """The last copy's releases on the copy stream (after the flag stream's earlier ones: the
+    band's earlier K-slice releases), the others on the flag stream: correct and bitwise stable
     over calls, K-slices included (this shape's last band: 4 slices, each a copy)."""
-    monkeypatch.setenv(*env.split("="))
     W, M, N, K = 8, 8 * 1024, 8 * 2048, 2048
     p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90",
                                         mover="ce", seed=13)
     try:
         last_copy = max(i for i, e in enumerate(runner.ce_entries) if e.rows)
-        if env == "KOSMOS_CE_INLINE_RELEASE=1":
-            assert runner.ce_streams[0] is runner.ce_streams[1]
-        else:
-            want = last_copy if env.endswith("=1") else len(runner.ce_entries)
-            assert runner.ce_streams[0] is not runner.ce_streams[1] and runner.ce_inline_from == want
-            assert runner.ce_entries[-1].mult > 1  # the inline releases include a K-slice's
+        assert runner.ce_streams[0] is not runner.ce_streams[1] and runner.ce_inline_from == last_copy
+        assert runner.ce_entries[-1].mult > 1  # the inline releases include a K-slice's
         expect_correct(p, runner, A, B, calls=3)
     finally:
         runner.close()
 
 
 @sm90
-@pytest.mark.parametrize("shape,ce_slices", [((8 * 1024, 8 * 7168, 2048), None), ((8 * 1024, 8 * 1280, 2048), None),
-                                              ((3000 * 8, 776 * 8, 1000), 4)])
-def test_sm90_copy_engine_head_on_main(monkeypatch, shape, ce_slices):
-    """KOSMOS_CE_HEAD_MAIN=1: the first band's copy and release on the main stream before the
-    kernel, the rest on the plan's streams (the flag stream after the head's release): correct
-    and bitwise stable over calls, a traced call included, per-peer (QKV) and sliced plans."""
-    monkeypatch.setenv("KOSMOS_CE_HEAD_MAIN", "1")
-    W, (M, N, K) = 8, shape
-    p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90",
-                                        mover="ce", ce_slices=ce_slices, seed=23)
-    try:
-        assert runner.info["ce_head_main"] == 1 and runner.ce_entries[0].rows == 128
-        assert runner.ce_head == next(i for i, e in enumerate(runner.ce_entries) if i and e.rows)
-        expect_correct_around_trace(p, runner, A, B, calls=3)
-    finally:
-        runner.close()
-
-
-@sm90
 @pytest.mark.parametrize("ahead", ["-1", "0", "1", "8", "100000"])
-def test_sm90_lookahead_claim_settings_agree(monkeypatch, ahead):
-    """KOSMOS_AHEAD_BLOCKS: no lookahead (-1), at the last load (0, 1), 8 k-blocks before it, at
+def test_sm90_lookahead_claim_settings_agree(ahead):
+    """ahead_blocks: no lookahead (-1), at the last load (0, 1), 8 k-blocks before it, at
     the first load: correct, and bitwise equal to the default's output, with CE movers (a
     K-sliced tail) and with SM movers (policy self and fixed: claims ahead become pending)."""
     W, M, N, K = 8, 8 * 1024, 8 * 2048, 2048
     for kw in (dict(mover="ce"), dict(mover="sm", policy="self"), dict(mover="sm", policy="fixed:16")):
         kw = {"policy": "self", **kw}
-        monkeypatch.delenv("KOSMOS_AHEAD_BLOCKS", raising=False)
         p, ctx, inputs, A, B, ref = make("ag-gemm", W, M, N, K, fabric="host", builder="sm90", seed=31, **kw)
         try:
             ref.run()
@@ -608,85 +582,14 @@ def test_sm90_lookahead_claim_settings_agree(monkeypatch, ahead):
             want = ref.outputs[0].clone()
         finally:
             ref.close()
-        monkeypatch.setenv("KOSMOS_AHEAD_BLOCKS", ahead)
-        p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", builder="sm90", seed=31, **kw)
+        p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", builder="sm90", seed=31,
+                                            ahead_blocks=int(ahead), **kw)
         try:
             assert runner.info["ahead_blocks"] == int(ahead)
             expect_correct(p, runner, A, B, calls=2)
             assert torch.equal(runner.outputs[0].view(torch.int16), want.view(torch.int16)), kw
         finally:
             runner.close()
-
-
-@sm90
-@pytest.mark.parametrize("split", ["2:4", "3:5"])
-@pytest.mark.parametrize("case", ["host-ce", "host-sm-self", "host-sm-fixed", "local-random", "host-ce-wide"])
-def test_sm90_split_tiles(monkeypatch, case, split):
-    """KOSMOS_SPLIT_K=bands:parts: the last remote bands' tiles as K-parts (AG_PART: fp32
-    partials, the last part sums them in part order): correct on fresh data with poisoned
-    outputs, bitwise stable over calls (whichever part ends last), epochs in step after a traced
-    call; on the host fabric with copy-engine movers (K-sliced and split bands together) and SM
-    movers (self and fixed), on the local fabric with every rank's tail split, random queue
-    order; awkward shapes (partial tiles in M and N, K = 1000: 16 k-blocks in 5 uneven parts)."""
-    from kosmos_bench import schedule as S
-
-    monkeypatch.setenv("KOSMOS_SPLIT_K", split)
-    bands, parts = (int(x) for x in split.split(":"))
-    fabric, kw = {"host-ce": ("host", dict(mover="ce", policy="self")),
-                  "host-ce-wide": ("host", dict(mover="ce", policy="self")),
-                  "host-sm-self": ("host", dict(mover="sm", policy="self")),
-                  "host-sm-fixed": ("host", dict(mover="sm", policy="fixed:16")),
-                  "local-random": ("local", dict(policy="self", queue_order="random"))}[case]
-    W = 4 if fabric == "local" else 8
-    M, N, K = (8 * 1024, 8 * 2048, 2048) if case == "host-ce-wide" else (3000 * W, 776 * W, 1000)
-    p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric=fabric, builder="sm90", seed=41, **kw)
-    try:
-        assert runner.info["split_k"] == split
-        for sch in runner.scheds:
-            kinds = sch.builders.col("kind")
-            n_tiles = sch.meta["n_tiles"]
-            assert int((kinds == S.AG_PART).sum()) == bands * n_tiles * parts == sch.meta["split_tiles"] * parts
-            assert [len(g) for g in sch.meta["remote_groups"][-bands:]] == [1] * bands
-        expect_correct_around_trace(p, runner, A, B, calls=4)
-    finally:
-        runner.close()
-
-
-@sm90
-def test_sm90_split_tiles_refused(monkeypatch):
-    """KOSMOS_SPLIT_K: a malformed value, more parts than k-blocks, or the mma builder: a
-    one-line ValueError at set-up."""
-    W, M, N, K = 8, 8 * 512, 8 * 512, 512  # 8 k-blocks
-    for val, kw, msg in (("4", {}, "KOSMOS_SPLIT_K"), ("2:0", {}, "KOSMOS_SPLIT_K"), ("2:9", {}, "k-blocks"),
-                         ("2:4", {"builder": "mma"}, "sm90 builder")):
-        monkeypatch.setenv("KOSMOS_SPLIT_K", val)
-        with pytest.raises(ValueError, match=msg):
-            make("ag-gemm", W, M, N, K, fabric="host", policy="self", **{"builder": "sm90", **kw})
-
-
-@sm90
-def test_sm90_copy_engine_whole_plan_on_main(monkeypatch):
-    """KOSMOS_CE_HEAD_MAIN=1 with a head of every copy: the whole plan runs on the main stream
-    (torch's default stream, whose handle is null) before the kernel, which starts after the
-    last copy ends (profiled), and is correct."""
-    monkeypatch.setenv("KOSMOS_CE_HEAD_MAIN", "1")
-    monkeypatch.setenv("KOSMOS_CE_HEAD_MB", "1000000")
-    W, M, N, K = 8, 8 * 1024, 8 * 2048, 2048
-    p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90",
-                                        mover="ce", seed=29)
-    try:
-        assert runner.ce_head == len(runner.ce_entries) and torch.cuda.current_stream().cuda_stream == 0
-        expect_correct(p, runner, A, B, calls=2)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            runner.run()
-            torch.cuda.synchronize()
-        ev = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        copies = [e for e in ev if "Memcpy" in e.name]
-        kernel = [e for e in ev if "ag_gemm" in e.name]
-        assert len(copies) == runner.ce_copies and len(kernel) == 1, [e.name for e in ev]
-        assert kernel[0].time_range.start >= max(c.time_range.end for c in copies)
-    finally:
-        runner.close()
 
 
 @sm90
@@ -732,11 +635,11 @@ def test_sm90_gemm_world1_kernels(kernel):
 
 
 @pytest.mark.parametrize("op", ["ag-gemm", "gemm-rs"])
-def test_host_fabric_inflight_cap_knob(op, monkeypatch):
-    """$KOSMOS_MAX_INFLIGHT reaches the kernel's mover slots through the schedule."""
-    monkeypatch.setenv("KOSMOS_MAX_INFLIGHT", "5")
+def test_host_fabric_inflight_cap_knob(op):
+    """The configuration's max_inflight reaches the kernel's mover slots through the schedule."""
     M, N, K = (8 * 1024, 4096, 2048) if op == "ag-gemm" else (8 * 1024, 2048, 4096)
-    p, ctx, inputs, A, B, runner = make(op, 8, M, N, K, fabric="host", policy="self", seed=3)
+    p, ctx, inputs, A, B, runner = make(op, 8, M, N, K, fabric="host", policy="self", seed=3,
+                                        max_inflight=5)
     try:
         assert runner.info["max_inflight_movers"] == 5
         expect_correct(p, runner, A, B, calls=2)
@@ -769,123 +672,3 @@ def test_harness_concurrent_timing_off():
     row, _ = harness.run_point(p, rank=0, procs=1)
     assert row["status"] == "ok", row.get("error")
     assert row["t_comm_us"] > 0 and row.get("t_concurrent_us") is None and row.get("eff_concurrent") is None
-
-
-@sm90
-@pytest.mark.parametrize("case,sm_tail", [("fc1", "8:16"), ("fc1-sliced", "4:3"), ("awkward", "5:7"),
-                                          ("copy-bound", "3:4"), ("all-bands", "1000:2")])
-def test_sm90_copy_engine_sm_tail(monkeypatch, case, sm_tail):
-    """KOSMOS_CE_SM_TAIL=bands:slices: the last remote bands pulled by the CTAs in K-slices
-    (AG_PULL_K, released in K order, gated on the copy engine's last copy; every band when bands
-    exceeds them: no gate): correct on fresh data with poisoned outputs, bitwise stable over calls
-    and around a traced call, and bitwise the same output as the plan without it (the tiles sum
-    the same k-blocks in the same order whoever moved them); the engine's plan skips those bands."""
-    from kosmos_bench import schedule as S
-
-    W = 8
-    M, N, K = {"fc1": (8 * 1024, 8 * 7168, 2048), "fc1-sliced": (8 * 1024, 8 * 7168, 2048),
-               "awkward": (3000 * W, 776 * W, 1000), "copy-bound": (8 * 1024, 8 * 1280, 2048),
-               "all-bands": (8 * 512, 8 * 2048, 1024)}[case]
-    if case == "fc1-sliced":
-        monkeypatch.setenv("KOSMOS_CE_SLICES", "2")  # the engine's last group K-sliced before the SM tail
-    kw = dict(fabric="host", policy="self", builder="sm90", mover="ce", seed=13)
-    p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, **kw)
-    try:
-        expect_correct(p, runner, A, B, calls=1)
-        want = {r: t.clone() for r, t in runner.outputs.items()}
-    finally:
-        runner.close()
-    monkeypatch.setenv("KOSMOS_CE_SM_TAIL", sm_tail)
-    bands, slices = (int(x) for x in sm_tail.split(":"))
-    p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, **kw)
-    try:
-        sch = runner.scheds[0]
-        remote = (W - 1) * sch.meta["m_tiles"]
-        assert runner.info["ce_sm_tail"] == sm_tail
-        assert sch.meta["sm_movers"] == min(bands, remote) * slices
-        assert (runner.ce_copies == 0) == (bands >= remote), "the engine copies exactly the bands the SM tail leaves"
-        assert int((sch.movers.col("kind") == S.AG_PULL_K).sum()) == sch.meta["sm_movers"]
-        expect_correct_around_trace(p, runner, A, B, calls=3)
-        assert all(torch.equal(want[r], runner.outputs[r]) for r in want), "differs from the plan without the SM tail"
-    finally:
-        runner.close()
-
-
-@sm90
-def test_sm90_sm_tail_refused(monkeypatch):
-    """KOSMOS_CE_SM_TAIL: malformed, more slices than k-blocks, SM movers or the mma builder:
-    a one-line ValueError at set-up."""
-    W, M, N, K = 8, 8 * 512, 8 * 512, 512  # 8 k-blocks
-    for val, kw, msg in (("4", {}, "KOSMOS_CE_SM_TAIL"), ("2:9", {}, "k-blocks"),
-                         ("2:4", {"mover": "sm"}, "KOSMOS_CE_SM_TAIL"),
-                         ("2:4", {"builder": "mma"}, "KOSMOS_CE_SM_TAIL")):
-        monkeypatch.setenv("KOSMOS_CE_SM_TAIL", val)
-        with pytest.raises(ValueError, match=msg):
-            make("ag-gemm", W, M, N, K, fabric="host", policy="self", **{"builder": "sm90", "mover": "ce", **kw})
-
-
-@sm90
-@pytest.mark.parametrize("shape", [(8 * 1024, 8 * 7168, 2048), (8 * 1024, 8 * 1280, 2048)])
-def test_sm90_copy_engine_kernel_side(monkeypatch, shape):
-    """KOSMOS_CE_KERNEL_SIDE=1: the plan's copies on the caller's stream, the kernel on its own
-    stream: correct, bitwise stable around a traced call and the same output as the default
-    streams; the caller's stream waits for the kernel (outputs read right after run() on it)."""
-    M, N, K = shape
-    kw = dict(fabric="host", policy="self", builder="sm90", mover="ce", seed=17)
-    p, ctx, inputs, A, B, runner = make("ag-gemm", 8, M, N, K, **kw)
-    try:
-        expect_correct(p, runner, A, B, calls=1)
-        want = {r: t.clone() for r, t in runner.outputs.items()}
-    finally:
-        runner.close()
-    monkeypatch.setenv("KOSMOS_CE_KERNEL_SIDE", "1")
-    p, ctx, inputs, A, B, runner = make("ag-gemm", 8, M, N, K, **kw)
-    try:
-        assert runner.info["ce_kernel_side"] == 1
-        expect_correct_around_trace(p, runner, A, B, calls=3)
-        for out in runner.outputs.values():
-            out.fill_(float("nan"))
-        runner.run()
-        got = {r: t.clone() for r, t in runner.outputs.items()}  # stream-ordered after the call, no sync
-        torch.cuda.synchronize()
-        assert all(torch.equal(want[r], got[r]) for r in want), "differs from the default streams' output"
-    finally:
-        runner.close()
-
-
-@pytest.mark.parametrize("case", ["sm90-host-ce", "sm90-host-sm-self", "sm90-local-random", "mma-local-self",
-                                  "mma-host-fixed", "sm90-host-ce-all"])
-def test_fill_queue_tiles(monkeypatch, case):
-    """KOSMOS_FILL_BANDS: the rank's last own bands go to the fill queue (ag-gemm's reduce queue),
-    taken when the builder head is not ready: correct on fresh data with poisoned outputs, bitwise
-    stable around a traced call whose BUILD records include every fill tile (traced as builder
-    count + fill id), each executed once; both kernels, copy-engine and SM movers, fixed roles
-    (fill after the builders), random order, and every own band held back ("all")."""
-    builder, fabric, *rest = case.split("-")
-    if builder == "sm90" and _sm90_ready() is not None:
-        pytest.skip(str(_sm90_ready()))
-    kw = {"host-ce": dict(mover="ce", policy="self"), "host-ce-all": dict(mover="ce", policy="self"),
-          "host-sm-self": dict(mover="sm", policy="self"), "local-random": dict(policy="self", queue_order="random"),
-          "local-self": dict(policy="self"), "host-fixed": dict(mover="sm", policy="fixed:8")}["-".join([fabric] + rest)]
-    W = 4 if fabric == "local" else 8
-    M, N, K = (3000 * W, 776 * W, 1000) if builder == "sm90" else (1000 * W, 392 * W, 520)
-    own = -(-(M // W) // 128)
-    fill = own if rest[-1:] == ["all"] else 2
-    monkeypatch.setenv("KOSMOS_FILL_BANDS", "99" if fill == own else str(fill))
-    p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric=fabric, builder=builder, seed=43, **kw)
-    try:
-        assert runner.info["fill_bands"] == fill
-        for sch in runner.scheds:
-            assert len(sch.reduces) == fill * sch.meta["n_tiles"]
-            assert len(sch.builders) + len(sch.reduces) == W * own * sch.meta["n_tiles"]
-        expect_correct(p, runner, A, B, calls=3)
-        tr = runner.run_traced()
-        b = tr[tr.role == "BUILD"]
-        for i, sch in enumerate(runner.scheds):
-            got = b[b["rank"] == sch.rank]["item"]
-            nb = len(sch.builders)
-            assert sorted(got[got >= nb].tolist()) == list(range(nb, nb + len(sch.reduces)))
-            assert sorted(got[got < nb].tolist()) == list(range(nb))
-        expect_correct(p, runner, A, B, calls=2)
-    finally:
-        runner.close()

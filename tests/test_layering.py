@@ -20,11 +20,7 @@ PKG = "kosmos_bench"
 LOWER = ("kosmos_bench.kernels", "kosmos_bench.sim", "kosmos_bench.runtime")
 UPPER = ("kosmos_bench.impls", "kosmos_bench.harness")
 # Known layering exceptions (importer, imported), each with the change that removes it.
-PENDING = {
-    # sim/model.py reads the runner's KOSMOS_* settings (fill_bands_setting, ce_settings, ...)
-    # from impls/kosmos.py; they move to the kosmos/ configuration (issue 28 item 1).
-    ("kosmos_bench.sim.model", "kosmos_bench.impls.kosmos"),
-}
+PENDING: set[tuple[str, str]] = set()  # known exceptions (none left)
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:

@@ -91,31 +91,15 @@ def test_orders_are_permutations(op, order):
         assert np.array_equal(a.builders.queue, np.arange(len(a.builders)))
 
 
-def test_peer_runs():
-    assert S._peer_runs([(1, 6), (1, 7), (2, 0), (2, 1), (3, 0)]) == [[(1, 6), (1, 7)], [(2, 0), (2, 1)], [(3, 0)]]
-    assert S._peer_runs([]) == [] and S._peer_runs([(0, 0)]) == [[(0, 0)]]
-    # off (the default): column by column over the whole group, straddling or not
-    kw = dict(BM=128, BN=256, num_wgs=132, fabric="host", band_group=6, ramp=False)
-    on, off = (S.build_schedule("ag-gemm", 8192, 8 * 2048, 512, 8, 0, peer_runs=v, **kw) for v in (True, False))
-    assert sorted(on.builders.queue) == sorted(off.builders.queue)
-    # 8 bands of 8 tiles per peer: local bands, then group [peer 1 bands 0-5], then [peer 1: 6, 7 | peer 2: 0-3]
-    second = 8 * 8 + 6 * 8
-    n0 = {k: [int(x) for x in s.builders.table[s.builders.queue][second:second + 6, S.F["n0"]]] for k, s in
-          (("on", on), ("off", off))}
-    assert n0 == {"on": [0, 0, 256, 256, 512, 512], "off": [0] * 6}
-
-
-def test_local_halve_off_keeps_the_own_bands_in_regular_groups():
-    """local_halve=False: the own bands (ready at entry) in regular demand groups (8 bands: one
-    group, not 4, 2, 1, 1); the remote groups unchanged."""
+def test_own_bands_in_regular_groups():
+    """The own bands (ready at entry) in regular demand groups (8 bands: one group, not 4, 2, 1,
+    1; world 1: 11, ..., 11, 9)."""
     kw = dict(BM=128, BN=256, num_wgs=132, fabric="host")
-    on, off = (S.build_schedule("ag-gemm", 8192, 8 * 2048, 512, 8, 3, local_halve=v, **kw) for v in (True, False))
+    off = S.build_schedule("ag-gemm", 8192, 8 * 2048, 512, 8, 3, **kw)
     local = 8 * 8  # 8 own bands of 8 tiles, first
-    m0 = {k: [int(x) for x in s.builders.table[s.builders.queue][:local, S.F["m0"]]] for k, s in (("on", on), ("off", off))}
-    assert m0["off"][:8] == [128 * i for i in range(8)]  # one 8-band group: column 0 of every band first
-    assert m0["on"][:8] == [0, 128, 256, 384] * 2  # a 4-band group first
-    assert list(on.builders.queue[local:]) == list(off.builders.queue[local:])
-    w1 = S.build_schedule("ag-gemm", 64 * 128, 2048, 512, 1, 0, local_halve=False, **kw)
+    m0 = [int(x) for x in off.builders.table[off.builders.queue][:local, S.F["m0"]]]
+    assert m0[:8] == [128 * i for i in range(8)]  # one 8-band group: column 0 of every band first
+    w1 = S.build_schedule("ag-gemm", 64 * 128, 2048, 512, 1, 0, **kw)
     t = w1.builders.table[w1.builders.queue]
     assert len({int(x) for x in t[:11, S.F["m0"]]}) == 11 and len({int(x) for x in t[-9:, S.F["m0"]]}) == 9
 
@@ -124,7 +108,7 @@ def test_local_group_sets_the_own_band_groups_only():
     """local_group=8 at world 1 (64 bands): eight 8-band groups (the standalone GEMM's raster)
     instead of ~sqrt(132) = 11; on a host rank the remote groups are unchanged."""
     kw = dict(BM=128, BN=256, num_wgs=132, fabric="host")
-    w1 = S.build_schedule("ag-gemm", 64 * 128, 2048, 512, 1, 0, local_halve=False, local_group=8, **kw)
+    w1 = S.build_schedule("ag-gemm", 64 * 128, 2048, 512, 1, 0, local_group=8, **kw)
     m0 = [int(x) // 128 for x in w1.builders.table[w1.builders.queue][:, S.F["m0"]]]
     assert len(m0) == 64 * 8 and [sorted(set(m0[g * 64:(g + 1) * 64])) for g in range(8)] == \
         [list(range(8 * g, 8 * g + 8)) for g in range(8)]
@@ -184,7 +168,7 @@ def test_band_groups_without_ramp_or_halving_stay_regular():
     assert [g.stop - g.start for g in S.band_groups(56, 132, size=6, halve=False)] == [6] * 9 + [2]
     assert [g.stop - g.start for g in S.band_groups(56, 132, size=6, tail=2, halve=False)] == [6] * 9 + [2]
     assert [g.stop - g.start for g in S.band_groups(57, 132, size=6, tail=4, halve=False)] == [6] * 8 + [5, 4]
-    # the schedule's remote groups (KOSMOS_BAND_RAMP / _HALVE): the local segment is unchanged
+    # the schedule's remote groups (configuration band_ramp / band_halve): the local segment is unchanged
     kw = dict(BN=256, num_wgs=132, fabric="host", stream_k=True, band_group=6)
     base = S.build_schedule("ag-gemm", 8192, 106496, 16384, 8, 0, ramp=True, **kw)
     flat = S.build_schedule("ag-gemm", 8192, 106496, 16384, 8, 0, ramp=False, halve=False, **kw)
@@ -299,16 +283,14 @@ def test_inflight_cap_defaults():
     assert S.predicted_movers("ag-gemm", 8192, 8192, 8192, 8, 132, fabric="host") <= 16
 
 
-def test_inflight_cap_knob(monkeypatch):
-    monkeypatch.setenv("KOSMOS_MAX_INFLIGHT", "20")
-    assert S.max_inflight_movers("ag-gemm", "host", 132) == 20
-    assert S.max_inflight_movers("ag-gemm", "local", 16) == 15  # never every WG
-    monkeypatch.setenv("KOSMOS_MAX_INFLIGHT", "0")
-    assert S.max_inflight_movers("ag-gemm", "host", 132) == 0
-    for bad in ("-1", "many"):
-        monkeypatch.setenv("KOSMOS_MAX_INFLIGHT", bad)
-        with pytest.raises(ValueError, match="KOSMOS_MAX_INFLIGHT"):
-            S.max_inflight_movers("ag-gemm", "host", 132)
+def test_inflight_cap_override():
+    """The configuration's max_inflight replaces the rule on every fabric (0: no cap)."""
+    assert S.max_inflight_movers("ag-gemm", "host", 132, override=20) == 20
+    assert S.max_inflight_movers("ag-gemm", "local", 16, override=20) == 15  # never every WG
+    assert S.max_inflight_movers("ag-gemm", "host", 132, override=0) == 0
+    kw = dict(BM=128, BN=128, num_wgs=16, fabric="host")
+    assert S.build_schedule("ag-gemm", 1024, 1024, 256, 2, 0, max_inflight=3, **kw).max_inflight == 3
+    assert S.build_schedule("ag-gemm", 1024, 1024, 256, 2, 0, max_inflight=3, policy="fixed:2", **kw).max_inflight == 0
 
 
 def test_c_abi_constants_match_python():
@@ -375,13 +357,13 @@ def test_demand_group_small_only_when_link_and_builders_are_balanced():
 
 def test_ag_schedule_uses_balanced_groups_for_remote_bands_only():
     W, K, n_loc = 8, 512, 13312
-    kw = dict(BM=128, BN=256, num_wgs=132, fabric="host", model={"wg_tflops": 5.3}, ramp=True, local_halve=True)
+    kw = dict(BM=128, BN=256, num_wgs=132, fabric="host", model={"wg_tflops": 5.3}, ramp=True)
     sch = S.build_schedule("ag-gemm", 128 * 8 * W, n_loc * W, K, W, 0, **kw)
     t = sch.builders.table[sch.builders.queue]
     nt_n = sch.meta["n_tiles"]
     local = 8 * nt_n
-    # local bands: ~sqrt(132)-band groups (halving at the end), column by column
-    g0 = S.band_groups(8, 132)[0]
+    # local bands: ~sqrt(132)-band groups (regular: 8 bands, one group), column by column
+    g0 = S.band_groups(8, 132, halve=False)[0]
     n0 = g0.stop - g0.start
     assert [int(x) for x in t[:n0, S.F["m0"]]] == [128 * i for i in range(n0)] and n0 != S.BALANCED_GROUP
     # remote groups ramp 1, 2, 4, then at most BALANCED_GROUP bands: each N tile covers <= that many
@@ -415,204 +397,12 @@ def test_peer_groups_ramp_align_and_halve_to_the_tail():
                     assert groups[-1].stop - groups[-1].start == tail
 
 
-def test_env_int_knob_parser():
-    from kosmos_bench.runtime.knobs import env_int
-
-    assert env_int("K_X", 3, env={}) == 3
-    assert env_int("K_X", 3, env={"K_X": " 7 "}) == 7
-    assert env_int("K_X", 0, env={"K_X": "peer"}, words=("peer",)) == "peer"
-    with pytest.raises(ValueError, match=r"K_X='-2': expected an integer >= 0 or 'peer'"):
-        env_int("K_X", 0, env={"K_X": "-2"}, words=("peer",))
-    with pytest.raises(ValueError, match=r"K_X='x': expected an integer >= 1"):
-        env_int("K_X", 1, lo=1, env={"K_X": "x"})
-
-
-@pytest.mark.parametrize("bands,parts", [(1, 2), (3, 4), (100, 3)])
-def test_split_tiles_are_k_parts_of_the_last_remote_bands(bands, parts):
-    """split_bands / split_k: the last remote bands (ring order) become one-band groups at the
-    end of the demand order, each tile `parts` AG_PART items (part-major, kpart 0..parts-1)
-    releasing the tile's own split flag (multiplicity parts, after the band flags), with the
-    tile's deps and 1/parts of its FLOPs; every other tile is unchanged."""
-    W, r, M, N, K = 8, 2, 8 * 512, 8 * 768, 1024
-    kw = dict(BM=128, BN=256, fabric="host", num_wgs=20, stream_k=True)
-    base = S.build_schedule("ag-gemm", M, N, K, W, r, **kw)
-    sch = S.build_schedule("ag-gemm", M, N, K, W, r, split_bands=bands, split_k=parts, **kw)
-    _check_queues(sch)
-    mt_n, nt_n = sch.meta["m_tiles"], sch.meta["n_tiles"]
-    ring = [(p, mt) for p in [(r + i) % W for i in range(1, W)] for mt in range(mt_n)]
-    split = ring[-min(bands, len(ring)):]
-    t = sch.builders.table
-    part = t[:, S.F["kind"]] == S.AG_PART
-    assert int(part.sum()) == len(split) * nt_n * parts == sch.meta["split_tiles"] * parts
-    assert sch.flags.split == base.flags.num_flags and sch.flags.num_flags == base.flags.num_flags + len(split) * nt_n
-    assert np.all(t[part, S.F["rel_rank"]] == r)
-    flags = t[part, S.F["rel_flag"]]
-    assert set(flags) == set(range(sch.flags.split, sch.flags.num_flags))
-    assert np.all(sch.flag_mult[flags] == parts)
-    for f in set(flags):  # one item per part, same tile, same deps
-        rows = t[part][flags == f]
-        assert sorted(rows[:, S.F["kpart"]]) == list(range(parts))
-        assert len({tuple(x) for x in rows[:, [S.F["peer"], S.F["m0"], S.F["n0"], S.F["rows"], S.F["cols"]]]}) == 1
-    assert np.isclose(sch.builders.flops.sum(), base.builders.flops.sum())
-    assert np.all(t[~part, S.F["kpart"]] == 0)
-    # demand order: the split bands last, one band at a time, part-major within a band
-    q = list(sch.builders.queue)
-    tail = q[len(q) - len(split) * nt_n * parts:]
-    assert all(part[i] for i in tail)
-    for b, (p, mt) in enumerate(split):
-        seg = tail[b * nt_n * parts:(b + 1) * nt_n * parts]
-        assert {(t[i, S.F["peer"]], t[i, S.F["m0"]] // 128) for i in seg} == {(p, mt)}
-        assert [t[i, S.F["kpart"]] for i in seg] == [s for s in range(parts) for _ in range(nt_n)]
-    assert sch.meta["remote_groups"][-len(split):] == [[b] for b in split]
-    S.simulate_steps([S.build_schedule("ag-gemm", M, N, K, W, 0, split_bands=bands, split_k=parts, **kw)],
-                     static_peers=True)
-
-
-@pytest.mark.parametrize("order", ORDERS)
-@pytest.mark.parametrize("policy", ["self", "fixed:2"])
-def test_split_tiles_no_deadlock(order, policy):
-    W = 3
-    sch = S.build_all("ag-gemm", 300 * W, 90 * W, 96, W, 3 * W + 1, BM=64, BN=64, policy=policy, queue_order=order,
-                      seed=5, mover_bytes=8192, split_bands=2, split_k=3)
-    assert all(int((s.builders.col("kind") == S.AG_PART).sum()) > 0 for s in sch)
-    rng = np.random.default_rng(1)
-    durs = rng.integers(1, 6, size=100000)
-    S.simulate_steps(sch, durations=lambda rk, q, i: int(durs[(rk * 997 + q * 131 + i) % len(durs)]))
-
-
-def test_split_tiles_refused_where_undefined():
-    with pytest.raises(ValueError, match="split_k"):
-        S.build_schedule("gemm-rs", 1024, 1024, 1024, 8, 0, split_bands=2, split_k=2)
-    with pytest.raises(ValueError, match="split_k"):
-        S.build_schedule("ag-gemm", 1024 * 8, 1024, 1024, 8, 0, split_bands=2, split_k=2, band_group=S.PEER_GROUPS)
-    with pytest.raises(ValueError, match="split_bands"):
-        S.build_schedule("ag-gemm", 1024 * 8, 1024, 1024, 8, 0, split_bands=2, split_k=0)
-    same = S.build_schedule("ag-gemm", 1024 * 8, 1024, 1024, 8, 0, split_bands=0, split_k=4)  # no bands: no split
-    assert not (same.builders.col("kind") == S.AG_PART).any() and same.meta["split_k"] == 1
-
-
-def test_split_k_knob(monkeypatch):
-    from kosmos_bench.impls.kosmos import split_k_setting
-
-    assert split_k_setting({}) == (0, 1)
-    assert split_k_setting({"KOSMOS_SPLIT_K": "4:4"}) == (4, 4)
-    assert split_k_setting({"KOSMOS_SPLIT_K": "3:1"}) == (0, 1)  # one part: no split
-    for bad in ("4", "a:b", "0:4", "2:0", "1:2:3"):
-        with pytest.raises(ValueError, match="KOSMOS_SPLIT_K"):
-            split_k_setting({"KOSMOS_SPLIT_K": bad})
-
-
-@pytest.mark.parametrize("bands,slices", [(8, 16), (6, 3), (1, 1), (500, 5)])
-def test_sm_tail_pulls_the_last_bands_in_k_slices_gated_on_the_engine(bands, slices):
-    """sm_tail_bands / sm_tail_slices: the last remote bands (ring order) are pulled as AG_PULL_K
-    K-slices (n0 = slice of cols = slices), in one-wave groups at the end of the demand order,
-    slice-major within a group and at the end of the mover queue (``meta["sm_movers"]`` items);
-    each waits for its peer's entry and the band flag of the engine's last band (the gate) and
-    releases its band flag, whose multiplicity is the slice count. Builders are the same items."""
-    W, r, M, N, K = 8, 2, 8 * 1024, 8 * 7168, 1024
-    kw = dict(BM=128, BN=256, fabric="host", num_wgs=132, stream_k=True)
-    base = S.build_schedule("ag-gemm", M, N, K, W, r, **kw)
-    sch = S.build_schedule("ag-gemm", M, N, K, W, r, sm_tail_bands=bands, sm_tail_slices=slices, **kw)
-    _check_queues(sch)
-    mt_n, nt_n, nb = sch.meta["m_tiles"], sch.meta["n_tiles"], sch.meta["num_bands"]
-    ring = [(p, mt) for p in [(r + i) % W for i in range(1, W)] for mt in range(mt_n)]
-    sm = ring[-min(bands, len(ring)):]
-    t = sch.movers.table
-    pull_k = t[:, S.F["kind"]] == S.AG_PULL_K
-    assert int(pull_k.sum()) == len(sm) * slices == sch.meta["sm_movers"]
-    q = list(sch.movers.queue)
-    suffix = q[len(q) - sch.meta["sm_movers"]:]
-    assert all(pull_k[i] for i in suffix) and not any(pull_k[i] for i in q[:len(q) - len(suffix)])
-    groups = sch.meta["remote_groups"][len(sch.meta["remote_groups"]) - sch.meta["sm_groups"]:]
-    assert [tuple(b) for g in groups for b in g] == sm
-    assert all(1 <= len(g) <= 132 // nt_n for g in groups)
-    band = lambda p, mt: sch.flags.band + p * nb + mt  # noqa: E731
-    gate = [band(*ring[-len(sm) - 1])] if len(sm) < len(ring) else []
-    pos = 0
-    for g in groups:
-        seg = suffix[pos:pos + len(g) * slices]
-        pos += len(seg)
-        assert [(t[i, S.F["peer"]], t[i, S.F["m0"]] // 128, t[i, S.F["n0"]]) for i in seg] == \
-            [(p, mt, s) for s in range(slices) for p, mt in g]
-    for i in suffix:
-        p, mt = int(t[i, S.F["peer"]]), int(t[i, S.F["m0"]]) // 128
-        assert list(sch.movers.deps_of(i, sch.deps)) == [sch.flags.entry + p] + gate
-        assert (t[i, S.F["cols"]], t[i, S.F["rel_rank"]], t[i, S.F["rel_flag"]]) == (slices, r, band(p, mt))
-        assert sch.flag_mult[band(p, mt)] == slices
-    assert np.isclose(sch.movers.bytes.sum(), base.movers.bytes.sum())
-    other = [c for c in range(S.ITEM_STRIDE) if c != S.F["dep_begin"]]  # same builders, same deps
-    assert np.array_equal(sch.builders.table[:, other], base.builders.table[:, other])
-    assert all(np.array_equal(sch.builders.deps_of(i, sch.deps), base.builders.deps_of(i, base.deps))
-               for i in range(len(base.builders)))
-
-
-def test_sm_tail_refused_where_undefined():
-    kw = dict(BM=128, BN=256, fabric="host", num_wgs=132, sm_tail_bands=4, sm_tail_slices=4)
-    for bad in (dict(stream_k=False), dict(stream_k=True, queue_order="random"),
-                dict(stream_k=True, band_group=S.PEER_GROUPS), dict(stream_k=True, split_bands=2, split_k=2)):
-        with pytest.raises(ValueError, match="sm_tail_bands"):
-            S.build_schedule("ag-gemm", 8 * 1024, 8 * 1024, 1024, 8, 0, **{**kw, **bad})
-    with pytest.raises(ValueError, match="sm_tail_bands"):
-        S.build_schedule("gemm-rs", 8 * 1024, 8 * 1024, 1024, 8, 0, **{**kw, "stream_k": True})
-    off = S.build_schedule("ag-gemm", 8 * 1024, 8 * 1024, 1024, 8, 0, stream_k=True, sm_tail_bands=4, sm_tail_slices=0)
-    assert off.meta["sm_movers"] == 0 and not (off.movers.col("kind") == S.AG_PULL_K).any()
-
-
-def test_sm_tail_knob():
-    from kosmos_bench.impls import kosmos as K
-
-    assert K.sm_tail_setting({}) == (0, 0)
-    assert K.sm_tail_setting({"KOSMOS_CE_SM_TAIL": "8:16"}) == (8, 16)
-    for bad in ("8", "a:b", "0:4", "2:0", "1:2:3"):
-        with pytest.raises(ValueError, match="KOSMOS_CE_SM_TAIL"):
-            K.sm_tail_setting({"KOSMOS_CE_SM_TAIL": bad})
-    on = K.ce_settings(7168, 132, True, True, env={"KOSMOS_CE_SM_TAIL": "8:16"})
-    assert (on.k_stream, on.slices, on.sm_tail_bands, on.sm_tail_slices) == (True, 1, 8, 16)  # engine: whole bands
-    sliced = K.ce_settings(1280, 132, True, True, env={"KOSMOS_CE_SM_TAIL": "4:8", "KOSMOS_CE_SLICES": "2"})
-    assert (sliced.slices, sliced.regime) == (2, "copy-bound")  # explicit slices win
-    with pytest.raises(ValueError, match="KOSMOS_CE_SM_TAIL"):
-        K.ce_settings(7168, 132, False, True, env={"KOSMOS_CE_SM_TAIL": "8:16"})  # no sm90 builder
-    assert not on.kernel_side and K.ce_settings(7168, 132, True, True, env={"KOSMOS_CE_KERNEL_SIDE": "1"}).kernel_side
-    for bad in ({"KOSMOS_CE_KERNEL_SIDE": "2"}, {"KOSMOS_CE_KERNEL_SIDE": "1", "KOSMOS_CE_HEAD_MAIN": "1"}):
-        with pytest.raises(ValueError, match="KOSMOS_CE_KERNEL_SIDE"):
-            K.ce_settings(7168, 132, True, True, env=bad)
-
-
-def test_fill_bands_hold_back_the_last_own_bands():
-    """fill_bands=3: the rank's last 3 own bands leave the builder queue for the fill queue
-    (ag-gemm's reduce queue), column by column, no deps; the remote demand order is unchanged;
-    every tile is in exactly one queue; the WG loop (simulate_steps) finishes with fixed roles and
-    self; a bad count or gemm-rs is refused."""
-    kw = dict(BM=128, BN=256, num_wgs=132, fabric="host")
-    d, f = (S.build_schedule("ag-gemm", 8192, 8 * 2048, 512, 8, 3, fill_bands=v, **kw) for v in (0, 3))
-    nt = f.meta["n_tiles"]
-    t = f.reduces.table[f.reduces.queue]
-    assert len(f.reduces) == 3 * nt and len(f.builders) + len(f.reduces) == len(d.builders)
-    assert [int(x) // 128 for x in t[:6, S.F["m0"]]] == [5, 6, 7] * 2 and [int(x) for x in t[:6, S.F["n0"]]] == \
-        [0, 0, 0, 256, 256, 256]
-    assert set(t[:, S.F["kind"]].tolist()) == {S.AG_BUILD} and set(t[:, S.F["peer"]].tolist()) == {3}
-    assert int(t[:, S.F["dep_count"]].sum()) == 0
-    fb = f.builders.table[f.builders.queue]
-    assert (fb[:5 * nt, S.F["peer"]] == 3).all() and (fb[5 * nt:, S.F["peer"]] != 3).all()
-    rem = d.builders.table[d.builders.queue][8 * nt:]
-    assert (fb[5 * nt:, [S.F["peer"], S.F["m0"], S.F["n0"]]] == rem[:, [S.F["peer"], S.F["m0"], S.F["n0"]]]).all()
-    for pol in ("self", "fixed:4"):
-        sc = [S.build_schedule("ag-gemm", 8 * 512, 8 * 1024, 256, 8, r, BM=128, BN=128, num_wgs=16, fill_bands=2,
-                               policy=pol) for r in range(8)]
-        assert S.simulate_steps(sc, durations=lambda r, q, i: 1 + (i * 7 + r) % 5) > 0
-    for bad in (dict(fill_bands=9), dict(fill_bands=-1)):
-        with pytest.raises(ValueError, match="fill_bands"):
-            S.build_schedule("ag-gemm", 8192, 8 * 2048, 512, 8, 3, **bad, **kw)
-    with pytest.raises(ValueError, match="fill_bands"):
-        S.build_schedule("gemm-rs", 8192, 8 * 2048, 512, 8, 3, fill_bands=1, **kw)
-
-
 def test_ramp_only_where_the_own_bands_do_not_cover_the_first_group():
     """ramp=None (default): on the host fabric the remote groups start at one band only when the
     own bands (built first) take the builders less long than the link takes for the first
     regular group (own_bands * rho < group): 405b FC1 (rho 0.88, 8 own bands, 6-band groups) has
-    no ramp at 8k and 16k tokens, a narrow layer (rho 0.15) keeps it; held-back fill bands do
-    not count; other fabrics keep the ramp; ramp=True / False force it."""
+    no ramp at 8k and 16k tokens, a narrow layer (rho 0.15) keeps it; other fabrics keep the
+    ramp; ramp=True / False force it."""
     from kosmos_bench.kernels import ag_sm90
 
     m = ag_sm90.schedule_model("host")
@@ -625,6 +415,6 @@ def test_ramp_only_where_the_own_bands_do_not_cover_the_first_group():
     assert S.link_compute_ratio(13312, 132, "host", m) * 8 >= S.BALANCED_GROUP
     assert first(8192, 106496) == ([6, 6, 6], False) and first(16384, 106496)[1] is False
     assert first(8192, 106496, ramp=True) == ([1, 2, 4], True)
-    assert first(8192, 106496, fill_bands=4)[1] is True  # 4 own bands first: 4 * 0.88 < 6
+    assert S.ramp_needed(4, 13312, 132, 6, "host", m)  # 4 own bands first: 4 * 0.88 < 6
     assert first(8192, 18432, band_group=6)[1] is True  # rho 0.15
     assert S.ramp_needed(8, 13312, 132, 6, "nvlink") and not S.ramp_needed(8, 13312, 132, 6, "host", m)

@@ -110,8 +110,8 @@ def test_unsupported():
 
 
 # ---------------------------------------------------------------------------- closed forms
-def test_builder_auto_is_the_runners_pick(monkeypatch):
-    """builder None: what kernels/ag_sm90.builder_choice picks on the profile's device."""
+def test_builder_auto_is_the_runners_pick():
+    """builder None: what kosmos.builder.builder_choice picks on the profile's device."""
     from kosmos_bench.sim import model
 
     h200, mi = profiles.load("h200-nvlink-x8"), profiles.load("mi355x-xgmi-x8")
@@ -120,11 +120,7 @@ def test_builder_auto_is_the_runners_pick(monkeypatch):
     assert model.resolve_builder(pt(K=1001), h200) == "mma"  # K % 8: no TMA row stride
     assert model.resolve_builder(pt(), mi) == "mma"  # no sm90 builder figures
     assert model.resolve_builder(pt(builder="mma"), h200) == "mma"
-    monkeypatch.setenv("KOSMOS_BUILDER", "mma")
-    assert model.resolve_builder(pt(), h200) == "mma"
-    monkeypatch.delenv("KOSMOS_BUILDER")
-    monkeypatch.setenv("KOSMOS_MOVER_BULK", "1")
-    assert model.resolve_builder(pt(), h200) == "mma"
+    assert model.resolve_builder(pt(knobs=(("mover_bulk", True),)), h200) == "mma"
 
 
 @pytest.mark.parametrize("builder", ["mma", None])
@@ -287,7 +283,6 @@ def test_copy_engine_k_sliced_tail_as_the_runner_plans_it(N, slices):
     groups): the last group's tiles wait for slice 0 only (no edge to its whole-band copies),
     end no earlier than the last slice's arrival plus the work after it, and the call beats
     the same schedule with whole bands (the tail after the last byte shrinks)."""
-    from kosmos_bench.impls import kosmos as kimpl
     from kosmos_bench.sim import model
 
     p = pt(M=8192, N=N, K=8192, fabric="host", builder="sm90", mover="ce")
@@ -308,14 +303,7 @@ def test_copy_engine_k_sliced_tail_as_the_runner_plans_it(N, slices):
         deps = prob.dep_idx[prob.dep_ptr[it]:prob.dep_ptr[it + 1]]
         assert not moves & set(deps.tolist()), "a streamed tile still waits for a whole-band copy"
     t_sliced = run_point(p)[0]["t_median_us"]
-    whole = kimpl.DEFAULT_CE_SLICES, kimpl.COPY_BOUND_SLICES
-    try:
-        kimpl.DEFAULT_CE_SLICES = kimpl.COPY_BOUND_SLICES = 1
-        model._schedule.cache_clear()
-        t_whole = run_point(p)[0]["t_median_us"]
-    finally:
-        kimpl.DEFAULT_CE_SLICES, kimpl.COPY_BOUND_SLICES = whole
-        model._schedule.cache_clear()
+    t_whole = run_point(p.replace(knobs=(("ce_slices", 1),)))[0]["t_median_us"]  # whole bands
     assert t_sliced < t_whole
 
 
@@ -326,8 +314,8 @@ def test_copy_engine_plan_copies_pay_set_up_and_release_together(N):
     copy beyond the first of its peer (whole copies in the engine, K-slices in the tail's
     arrivals), so more set-up is never faster."""
     from kosmos_bench import ce_plan
-    from kosmos_bench.impls import kosmos as kimpl
     from kosmos_bench.kernels import ag_sm90
+    from kosmos_bench.kosmos import config as kcfg
     from kosmos_bench.sim import model
 
     p = pt(M=8192, N=N, K=8192, fabric="host", builder="sm90", mover="ce")
@@ -336,8 +324,9 @@ def test_copy_engine_plan_copies_pay_set_up_and_release_together(N):
     prob, sch = built.problem, built.scheds[0]
     moves = np.flatnonzero(prob.kind == 1)
     assert prob.nbytes[moves].sum() == pytest.approx(7 * (p.M // 8) * p.K * 2)
-    copy_bound = kimpl.ce_regime(N // 8, 132) == "copy-bound"
-    plan, _ = ce_plan.build(sch, p.K, kimpl.COPY_BOUND_SLICES if copy_bound else kimpl.DEFAULT_CE_SLICES,
+    regime = kcfg.regime_of(N // 8, 132)
+    copy_bound = regime == "copy-bound"
+    plan, _ = ce_plan.build(sch, p.K, kcfg.REGIMES[regime]["ce_slices"],
                             bk=ag_sm90.BK, merge=copy_bound)
     whole = [e for e in plan if e.rows and e.cols == p.K]
     tail = {tuple(b) for b in sch.meta["remote_groups"][-1]} if any(e.rows and e.cols < p.K for e in plan) else set()
@@ -376,95 +365,62 @@ def test_copy_engine_movers_unsupported_elsewhere(kw, why):
 def test_balanced_demand_groups_beat_sqrt_groups_in_the_simulator(monkeypatch):
     """The measured effect (405b FC1 on host, results/issue4-h200-20261203/timeline/): 3-band
     remote groups finish sooner than ~sqrt(132)-band groups when link and builders are balanced
-    and a group's tiles go column by column over all its bands (the default). Peer by peer
-    (KOSMOS_PEER_RUNS=1), an 11-band group's first peer's tiles no longer wait behind the second
-    peer's copy: the simulator then has sqrt groups as fast as balanced ones (within 1%)."""
-    from kosmos_bench.sim import model
+    and a group's tiles go column by column over all its bands (the default)."""
+    from kosmos_bench.kosmos import plan as kplan
 
     p = pt(M=8192, N=106496, K=16384, fabric="host", builder="sm90", mover="ce")
 
-    def t(runs: str, sqrt: bool) -> float:
+    def t(sqrt: bool) -> float:
         with monkeypatch.context() as m:
-            m.setenv("KOSMOS_PEER_RUNS", runs)
             if sqrt:
                 m.setattr(S, "demand_group", lambda *a, **k: round(math.sqrt(132)))
-            model._schedule.cache_clear()
+            kplan._schedule.cache_clear()
             return run_point(p)[0]["t_median_us"]
 
     try:
-        assert t("0", False) < 0.97 * t("0", True)
-        assert t("1", True) < 0.98 * t("0", True) and abs(t("1", True) / t("1", False) - 1) < 0.01
+        assert t(False) < 0.97 * t(True)
     finally:
-        model._schedule.cache_clear()
+        kplan._schedule.cache_clear()
 
 
-def test_copy_engine_knobs_reach_the_simulator(monkeypatch):
-    """The simulator takes the runner's KOSMOS_CE_* / KOSMOS_BAND_GROUP knobs (impls/kosmos.py
-    ce_settings): a 2-band last group or peer-aligned groups change the schedule and the time;
-    a knob it does not model is a clear Unsupported, not a silent default."""
+def test_copy_engine_knobs_reach_the_simulator():
+    """The simulator plans with the runner's configuration (kosmos.plan): a 2-band last group,
+    peer-aligned groups, a forced ramp or no halving change the schedule (and the time)."""
     from kosmos_bench.sim import model
 
     p = pt(M=8192, N=57344, K=8192, fabric="host", builder="sm90", mover="ce")
     prof = profiles.load("h200-host-pcie")
 
-    def groups_and_time():
-        model._schedule.cache_clear()
-        built = model.build(p, prof)
-        return [len(g) for g in built.scheds[0].meta["remote_groups"]], simulate_point(p, prof)[0]["t_median_us"]
+    def groups_and_time(**knobs):
+        q = p.replace(knobs=tuple(knobs.items()))
+        built = model.build(q, prof)
+        return [len(g) for g in built.scheds[0].meta["remote_groups"]], simulate_point(q, prof)[0]["t_median_us"]
 
     g0, t0 = groups_and_time()
-    monkeypatch.setenv("KOSMOS_CE_TAIL_BANDS", "2")
-    g2, t2 = groups_and_time()
+    g2, t2 = groups_and_time(tail_bands=2)
     assert g0[-1] == 4 and g2[-1] == 2 and t2 != t0
-    monkeypatch.delenv("KOSMOS_CE_TAIL_BANDS")
-    monkeypatch.setenv("KOSMOS_BAND_GROUP", "peer")
-    gp, _ = groups_and_time()
+    gp, _ = groups_and_time(band_group="peer")
     assert gp == [1, 2, 5, 8, 8, 8, 8, 8, 4, 4]
-    monkeypatch.delenv("KOSMOS_BAND_GROUP")
     assert g0[:3] == [8, 8, 8]  # link-bound defaults: peer-sized groups, no ramp
-    monkeypatch.setenv("KOSMOS_BAND_RAMP", "1")
-    gr, _ = groups_and_time()
+    gr, _ = groups_and_time(band_ramp=True)
     assert gr[:3] == [1, 2, 4]
-    monkeypatch.setenv("KOSMOS_BAND_RAMP", "0")
-    monkeypatch.setenv("KOSMOS_BAND_HALVE", "0")
-    gf, _ = groups_and_time()
+    gf, _ = groups_and_time(band_ramp=False, band_halve=False)
     assert gf[:-2] == [max(gf)] * (len(gf) - 2) and gf[0] > 4 and sum(gf) == sum(g0)
-    monkeypatch.delenv("KOSMOS_BAND_RAMP")
-    monkeypatch.delenv("KOSMOS_BAND_HALVE")
-    monkeypatch.setenv("KOSMOS_CE_TAIL_GROUPS", "2")
-    with pytest.raises(Unsupported, match="KOSMOS_CE_TAIL_GROUPS"):
-        simulate_point(p, prof)
-    monkeypatch.delenv("KOSMOS_CE_TAIL_GROUPS")
-    monkeypatch.setenv("KOSMOS_CE_HEAD_MAIN", "1")
-    with pytest.raises(Unsupported, match="KOSMOS_CE_HEAD_MAIN"):
-        simulate_point(p, prof)
-    monkeypatch.delenv("KOSMOS_CE_HEAD_MAIN")
-    for knob, val in (("KOSMOS_CE_SM_TAIL", "8:16"), ("KOSMOS_CE_KERNEL_SIDE", "1"), ("KOSMOS_SPLIT_K", "4:4"),
-                      ("KOSMOS_CE_SHARED_RELEASE", "0")):
-        monkeypatch.setenv(knob, val)
-        with pytest.raises(Unsupported, match=knob):
-            simulate_point(p, prof)
-        monkeypatch.delenv(knob)
-    model._schedule.cache_clear()
 
 
-def test_uneven_k_slices_arrive_with_the_last_slice_of_their_copy(monkeypatch):
-    """KOSMOS_CE_SLICES=6,4,2,1 (13 uniform slices in 4 copies): the slices of one copy arrive
+def test_uneven_k_slices_arrive_with_the_last_slice_of_their_copy():
+    """ce_slices=6,4,2,1 (13 uniform slices in 4 copies): the slices of one copy arrive
     together, when uniform slices would have delivered the copy's last one (plus the setup of
     the copies before it), and a thin last copy leaves less work after the last byte."""
     from kosmos_bench.sim import model
 
     p = pt(M=8192, N=57344, K=8192, fabric="host", builder="sm90", mover="ce")
     prof = prof_with("h200-host-pcie", copy_engine_setup_ns=0.0)
-    model._schedule.cache_clear()
-    monkeypatch.setenv("KOSMOS_CE_SLICES", "13")
-    uniform = model.build(p, prof)
-    t_uniform = simulate_point(p, prof)[0]["t_median_us"]
-    monkeypatch.setenv("KOSMOS_CE_SLICES", "6,4,2,1")
-    model._schedule.cache_clear()
-    split = model.build(p, prof)
-    t_split = simulate_point(p, prof)[0]["t_median_us"]
-    model._schedule.cache_clear()
+    p13, p6421 = p.replace(knobs=(("ce_slices", 13),)), p.replace(knobs=(("ce_slices", "6,4,2,1"),))
+    uniform = model.build(p13, prof)
+    t_uniform = simulate_point(p13, prof)[0]["t_median_us"]
+    split = model.build(p6421, prof)
+    t_split = simulate_point(p6421, prof)[0]["t_median_us"]
     rate, sch = float(prof["copy_engine_GBps"]["h2d"]), split.scheds[0]
     a13, _ = model._ce_stream(sch, 13, 128, rate, 1.0)
     a6421, _ = model._ce_stream(sch, 13, 128, rate, 1.0, split=(6, 4, 2, 1))
@@ -478,9 +434,7 @@ def test_uneven_k_slices_arrive_with_the_last_slice_of_their_copy(monkeypatch):
         if band == last:
             assert [times[i] for i in (5, 9, 11, 12)] == pytest.approx([u[i] for i in (5, 9, 11, 12)])
     assert (split.problem.end_floor_ns > 0).sum() == (uniform.problem.end_floor_ns > 0).sum() > 0
-    monkeypatch.setenv("KOSMOS_CE_SLICES", "3")
-    t3 = simulate_point(p, prof)[0]["t_median_us"]
-    model._schedule.cache_clear()
+    t3 = simulate_point(p.replace(knobs=(("ce_slices", 3),)), prof)[0]["t_median_us"]
     # the last copy's 1/13 of K leaves what 13 uniform slices leave, less than a third of K
     assert t_split == pytest.approx(t_uniform, rel=1e-3) and t_split < t3 - 3.0
 
@@ -501,31 +455,3 @@ def test_copy_engine_start_delays_the_plan_and_its_slices():
     streamed = f0 > 0
     assert streamed.any() and np.allclose(f1[streamed], f0[streamed] + 20000.0)
     assert simulate_point(p, prof1)[0]["t_median_us"] >= simulate_point(p, prof0)[0]["t_median_us"]
-
-
-def test_fill_queue_tiles_fill_the_waits_in_the_simulator(monkeypatch):
-    """KOSMOS_FILL_BANDS=4 (405b FC1, copy-engine movers): the 4 held-back own bands are the fill
-    queue; the simulated CTAs take fill tiles while remote tiles are already running (fill
-    instead of waiting for a group's copy: the kernel's decide()), every tile runs once, and the
-    total time never exceeds the default's by more than a tile."""
-    from kosmos_bench.sim import engine as E
-    from kosmos_bench.sim import model
-
-    p = pt(M=8192, N=106496, K=16384, fabric="host", builder="sm90", mover="ce")
-    prof = profiles.load("h200-host-pcie")
-    model._schedule.cache_clear()
-    t0 = simulate_point(p, prof)[0]["t_median_us"]
-    monkeypatch.setenv("KOSMOS_FILL_BANDS", "4")
-    model._schedule.cache_clear()
-    built = model.build(p, prof)
-    sch = built.scheds[0]
-    assert len(sch.reduces) == 4 * sch.meta["n_tiles"] and built.problem.rule_sets[1] == model.LOOP_RULES["ce-builder"]
-    res = E.simulate(built.problem)
-    fill = built.problem.queues[0][2].items
-    remote = [i for i, row in zip(built.problem.queues[0][0].items, sch.builders.table[sch.builders.queue])
-              if row[S.F["peer"]] != sch.rank]
-    assert np.isfinite(res.t_end[fill]).all() and np.isfinite(res.t_end[remote]).all()
-    assert (res.t_start[fill] > res.t_start[remote].min()).any()
-    t4 = simulate_point(p, prof)[0]["t_median_us"]
-    model._schedule.cache_clear()
-    assert t4 <= t0 + 200

@@ -12,19 +12,20 @@ One implementation object, ``kosmos``, for ops ag-gemm and gemm-rs on three fabr
   the buffers peers touch live in one symmetric allocation). Untested until a multi-GPU
   machine is available.
 
-Point knobs: ``policy`` (self | fixed:k | predicted), ``queue_order``, ``local_first``,
-``chunk``; bf16 only. Extra ``prepare`` keywords: ``num_wgs`` (default: all co-resident),
-``timeout_s`` (watchdog, default ``$KOSMOS_TIMEOUT_S`` or 5 s), ``debug_skip_rank`` (local
-fabric: that emulated rank never signals; the watchdog test), ``trace_cap`` (records/WG),
-``max_inflight`` (policy self: override the schedule's in-flight mover cap; 0 = none),
-``mover_bulk`` (ag-gemm movers use TMA bulk copies; default ``$KOSMOS_MOVER_BULK`` or off),
-``mover`` ('sm' default; 'ce': host-fabric ag-gemm bands move by the copy engine, flags
-released by stream memory operations, every WG builds; default ``$KOSMOS_MOVER``; as a
-Point knob ``mover``),
-``builder`` ('mma': the portable mma.sync builder, 256-thread WGs, 128x128 tiles; 'sm90':
+The tunables are the point's configuration (``kosmos.config.KosmosConfig.from_point``: the
+Point fields policy, queue_order, local_first, chunk, builder, mover and the point's
+``knobs``; docs/knobs.md lists them); the schedules and the copy-engine plan come from
+``kosmos.plan.plan``, as in the simulator. bf16 only. ``mover`` 'ce': host-fabric ag-gemm
+bands move by the copy engine, flags released by stream memory operations, every WG builds.
+``builder`` 'mma': the portable mma.sync builder, 256-thread WGs, 128x128 tiles; 'sm90':
 ag-gemm, the Hopper wgmma+TMA builder in 384-thread CTAs, one per SM, 128x256 tiles,
-csrc/ag_gemm_sm90.cu; default ``$KOSMOS_BUILDER``, else picked by device: sm90 for ag-gemm
-on sm_90 when the shape suits it, mma otherwise — ``kernels.ag_sm90.builder_choice``).
+csrc/ag_gemm_sm90.cu; unset, picked by device (``kosmos.builder.builder_choice``).
+
+Extra ``prepare`` keywords: ``config`` (a KosmosConfig instead of the point's), ``num_wgs``
+(default: all co-resident), ``timeout_s`` (watchdog, default ``$KOSMOS_TIMEOUT_S`` or 5 s),
+``debug_skip_rank`` (local fabric: that emulated rank never signals; the watchdog test),
+``trace_cap`` (records/WG); ``max_inflight``, ``mover_bulk``, ``mover``, ``builder``,
+``ce_slices`` override those configuration fields (tests).
 
 Runner: ``run()`` launches without synchronizing (and first raises :class:`WatchdogError`
 if an earlier call timed out); ``check()`` synchronizes and raises for this call;
@@ -35,131 +36,21 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import math
 import os
 import shutil
-from dataclasses import dataclass
 
 import numpy as np
 
 from .. import schedule as S
-from ..point import Point
-from ..runtime.knobs import env_int
+from ..kosmos import builder as kb
+from ..kosmos.config import KosmosConfig
+from ..kosmos.plan import info as plan_info
+from ..kosmos.plan import plan as make_plan
+from ..point import Point, parse_policy
 from .base import common_unsupported
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("KOSMOS_TIMEOUT_S", "5"))
 DEFAULT_TRACE_CAP = 4096
-# K-slices of the last remote group (sm90 + ce; 1 = whole bands). 2 measured 1.0-1.5% faster than 1
-# and 4/8 on the copy-bound host shapes (results/issue4-h200-20261203/timeline/): the tail after
-# the last byte drops from a tile to half a tile, and rows of K/2 still copy at full speed.
-DEFAULT_CE_SLICES = 2
-DEFAULT_CE_MERGE = "0"
-# The last copy's releases on the copy stream (KOSMOS_CE_TAIL_INLINE; 0: all on the flag
-# stream). The flag stream's release lands 9-18 us after the last byte (an event hop); inline,
-# the tail after the last byte is 5-13 us shorter on 70b FC1 / QKV
-# (results/issue4-h200-20261203/probes/tail_probe-*).
-DEFAULT_CE_TAIL_INLINE = "1"
-# KOSMOS_CE_HEAD_MAIN=1: the plan's first copy, cut to its first band, goes on the main stream
-# before the kernel (no event hop before the first byte; the kernel starts when it has landed).
-# Off: measured back to back on 70b FC1 8k (probes/tail_probe-6-head-main.parquet, 2026-12-03
-# 21:05) the call then serialises: 3423-3430 us (tail after the last byte 1050 us, i.e. the
-# whole GEMM) against 2248-2249 us off; why the kernel waits for the copies is not understood.
-DEFAULT_CE_HEAD_MAIN = "0"
-# KOSMOS_CE_KERNEL_SIDE=1: the plan's copies on the caller's (main) stream, the kernel on a stream
-# of its own (kernel_stream), so that the first byte leaves without the ~10 us event hop from
-# main to the copy stream and the kernel, whose first remote band lands a copy later anyway,
-# takes the hop instead; main then waits for the kernel. Off: 120-150 us slower on 70b FC1 8k /
-# 16k (2347-2375 vs 2223 us; results/issue4-h200-20261203/probes/tail_probe-9-groups, call 5),
-# cause not measured (the probe's span events sit on the plan's copy stream, empty in this mode).
-# An ablation, like KOSMOS_CE_HEAD_MAIN.
-DEFAULT_CE_KERNEL_SIDE = "0"
-# KOSMOS_CE_SHARED_RELEASE (default 1): one flag release per copy, the bands of a copy sharing
-# its first band's flag (ce_plan.share_flags). 0: a release per band, as before 2026-12-04: each
-# is a fenced stream write, and they landed ~11 us apart, an 8-band copy's last band ~80 us
-# after its first (probes/split_trace_items-10-tail.parquet, tile starts by band).
-DEFAULT_CE_SHARED_RELEASE = "1"
-# Copy-bound shapes (rho = schedule.link_compute_ratio < COPY_BOUND_RHO: the QKV layers on the
-# host fabric, rho <= 0.16; FC1 is 0.47-0.88): the builders wait for the link anyway, so what
-# counts is fewer copies and a short tail: one copy per peer (merge), 1-band groups and the
-# last group (copy_bound_tail_bands) in COPY_BOUND_SLICES K-slices. 1.5-3% faster than the
-# defaults on the three QKV shapes (timeline/t12-copy-bound.parquet, t13-halving); on FC1 merge
-# costs 1-6% (t11), so only here.
-COPY_BOUND_RHO = 0.3
-COPY_BOUND_SLICES = 4
-# Link-bound shapes (COPY_BOUND_RHO <= rho < schedule.BALANCED_RHO[0]: 70b FC1 on the host
-# fabric, rho 0.47): the builders have slack, so remote groups need not start small (no ramp)
-# and can be a peer's shard (8 bands), which saves the copies where groups straddle peers (11
-# instead of 17 at 8k tokens, ~2.5 us each), and the last group arrives in 3 K-slices (a third
-# of each tile's K after the last byte: tail 41-44 us against 55-60 with 2; 4 slices' narrower
-# copies cost more than they save). Back to back on 70b FC1 8k / 16k, fresh processes
-# (results/issue4-h200-20261203/probes/tail_probe-9-groups.parquet, session of 2026-12-03 22:27):
-# 2213-2215 / 4348-4350 us against 2242-2252 / 4382-4395 for the previous defaults (copy alone
-# 2138-2146 / 4253-4261): efficiency 0.966-0.970 / 0.978-0.980. Groups of 16 / 24 / 32 bands
-# and the ramp kept: 5-30 us slower.
-LINK_BOUND_GROUP = 8
-LINK_BOUND_SLICES = 3
-# The sm90 AG kernel's lookahead claim (KOSMOS_AHEAD_BLOCKS; csrc/ag_gemm_sm90.cu kAheadBlocks):
-# the scheduler claims the next ready tile this many k-blocks before the current tile's last
-# load, so the claim's chain of global accesses overlaps the tile; -1: no lookahead (claim
-# after the loads, as before 2026-12-03: 2.6 us per tile lost on the host fabric), a large
-# value: at the tile's first load (ready tiles then went to busy WGs: copy-bound FC1 2-3.5%
-# slower). 24 keeps both: run37 (results/issue4-h200-20261203/, session 18:11-21:11) 70b FC1 8k
-# 2246-2256 us (tile start 2320), 405b FC1 8k 4884 (none 4982).
-DEFAULT_AHEAD_BLOCKS = 24
-# Split tiles (sm90 builder; KOSMOS_SPLIT_K="bands:parts", e.g. "4:4"; "0": none): the last
-# `bands` remote bands are one-band groups whose tiles are `parts` K-parts each (schedule
-# AG_PART), so that the work left when the last band lands is a part of a tile on up to parts x
-# tiles CTAs instead of the last K-slice of a tile on as many CTAs as tiles. Off: on 70b FC1
-# (8k / 16k tokens) every setting lengthened the tail after the last byte (79-143 us vs 53-82,
-# results/issue4-h200-20261203/probes/tail_probe-7-split, -8-split-ahead): a quarter part runs
-# 31-36 us, not the ~23 of a quarter tile (fill, fp32 partial out, fence, the last part's sum of
-# 4 x 128 KB), so split bands cost ~45% more CTA time and their parts queue behind each other
-# (probes/split_trace-70b-fc1-8k.parquet). An ablation.
-DEFAULT_SPLIT_K = "0"
-# SM-streamed tail (sm90 + copy-engine movers; KOSMOS_CE_SM_TAIL="bands:slices", e.g. "8:16";
-# "0": none): the last `bands` remote bands are pulled by the CTAs themselves (schedule
-# AG_PULL_K: one item per band and K-slice, released in K order) in groups of one wave of
-# tiles, once the copy engine's last copy has landed; the engine copies the rest (whole bands
-# unless KOSMOS_CE_SLICES says otherwise). Their tiles then stream K as it arrives slice by
-# slice, without the engine's ~2.5 us per copy, so the work left at the last byte is one
-# slice of each tile instead of half a tile (~50 us at K = 8192). The SMs pull pinned host
-# memory at 48-50 GB/s against the engine's 52-53 (probes/pcie_aggregate-*), which those bands
-# pay. Off: inside the fused call they pulled at only 33-41 GB/s (16 MB in 415-440 us; 14-40
-# mover slots, 4-32 slices per band: the CTAs pulling are the ones not waiting inside tail tiles,
-# each claim costs a chain of global round trips), so every setting lost 25-100 us on 70b FC1
-# 8k to what the engine would have moved (results/issue4-h200-20261203/probes/tail_probe-9-groups,
-# calls 2-3). Correct and bitwise equal to the engine's plan (tests/test_kosmos_gpu.py). An
-# ablation.
-DEFAULT_CE_SM_TAIL = "0"
-
-
-def _bands_colon(name: str, default: str, what: str, env=None) -> tuple[int, int] | None:
-    """A "0" or "bands:<what>" knob (both >= 1, e.g. 4:4): None for "0"."""
-    v = (os.environ if env is None else env).get(name, default).strip()
-    if v in ("", "0"):
-        return None
-    try:
-        bands, n = (int(x) for x in v.split(":"))
-    except ValueError:
-        bands = n = 0
-    if bands < 1 or n < 1:
-        raise ValueError(f"{name}={v!r}: expected 0 or bands:{what} with both >= 1 (e.g. 4:4)")
-    return bands, n
-
-
-def split_k_setting(env=None) -> tuple[int, int]:
-    """(bands, parts) of KOSMOS_SPLIT_K ("0" or "bands:parts"; (0, 1): no split)."""
-    v = _bands_colon("KOSMOS_SPLIT_K", DEFAULT_SPLIT_K, "parts", env)
-    return v if v and v[1] > 1 else (0, 1)
-
-
-def sm_tail_setting(env=None) -> tuple[int, int]:
-    """(bands, slices) of KOSMOS_CE_SM_TAIL ("0" or "bands:slices"; (0, 0): off)."""
-    return _bands_colon("KOSMOS_CE_SM_TAIL", DEFAULT_CE_SM_TAIL, "slices", env) or (0, 0)
-
-
-# Sleep between two polls of a flag spin (Params.spin_ns; KOSMOS_SPIN_NS).
-DEFAULT_SPIN_NS = 32
 
 # The CE plans' two streams (copies, flag releases), made once per device and process
 # (kosmos_stream_create: non-blocking, never used by anything but CE plans) and shared by every
@@ -197,200 +88,8 @@ def plan_streams(lib, dev_index: int) -> list[int]:
     return _PLAN_STREAMS[dev_index]
 
 
-_KERNEL_STREAMS: dict[int, int] = {}
-
-
-def kernel_stream(lib, dev_index: int) -> int:
-    """The stream the fused kernel runs on with KOSMOS_CE_KERNEL_SIDE=1 (one per device, shared
-    like the plan's pair)."""
-    if dev_index not in _KERNEL_STREAMS:
-        _KERNEL_STREAMS[dev_index] = make_stream_pair(lib, dev_index, 1)[0]
-    return _KERNEL_STREAMS[dev_index]
-
-
-def ce_regime(n_loc: int, builders: int) -> str:
-    """'copy-bound', 'link-bound' or 'compute': which CE-plan defaults a host-fabric shape gets
-    (above; the runner and the simulator decide the same way)."""
-    from ..kernels import ag_sm90
-
-    rho = S.link_compute_ratio(n_loc, builders, "host", ag_sm90.schedule_model("host"))
-    return "copy-bound" if rho < COPY_BOUND_RHO else ("link-bound" if rho < S.BALANCED_RHO[0] else "compute")
-
-
-def copy_bound_tail_bands(n_loc: int, builders: int) -> int:
-    """Bands of a copy-bound shape's last (K-sliced) group: enough that one K-slice of the
-    group's bands takes the link at least as long as a CTA needs for that slice of its tile
-    (that per-CTA compute/link ratio is rho * builders / tiles per band, ~2.2 on the H200 host
-    fabric), so every tile has only its last slice's k-blocks left when the last byte lands; at
-    most one wave of tiles. A 1-band last group's 5-9 tiles kept most of their K: tail 52-112 us
-    after the last byte on the QKV layers, 31-56 us with 2-4 bands, calls 0.4-0.9% shorter
-    (results/issue4-h200-20261203/probes/tail_probe-5-qkv.parquet)."""
-    from ..kernels import ag_sm90
-
-    nt = S.cdiv(n_loc, ag_sm90.BN)
-    rho = S.link_compute_ratio(n_loc, builders, "host", ag_sm90.schedule_model("host"))
-    return max(1, min(math.ceil(rho * builders / nt), builders // nt))
-
-
-def _band_group_env(env) -> int | str | None:
-    """KOSMOS_BAND_GROUP: bands per remote demand group (0: the schedule's rule) or "peer"
-    (groups aligned to peer shards: schedule.peer_groups)."""
-    n = env_int("KOSMOS_BAND_GROUP", 0, env=env, words=(S.PEER_GROUPS,))
-    return n or None
-
-
-def peer_runs_setting(env=None) -> bool:
-    """KOSMOS_PEER_RUNS=1: a demand group that straddles two peers has its tiles peer by peer
-    (schedule._peer_runs); default 0: column by column over the whole group. An ablation: on
-    405b FC1 8k (6-band groups, most straddling two peers) the sweep took 4907 / 4914 us with it
-    and 4898 / 4896 without (results/issue4-h200-20261204/run48-*), although a traced call had
-    busy CTAs dip to 76-87 of 132 where such groups started; with it, 11-band groups ran as fast
-    as 6 (4902 / 4973 us), which the simulator predicts too."""
-    return _env_bool("KOSMOS_PEER_RUNS", os.environ if env is None else env, default=0)
-
-
-def local_halve_setting(env=None) -> bool:
-    """KOSMOS_LOCAL_HALVE (default 0): the rank's own bands (ready at entry) in regular demand
-    groups (8 own bands: one group; world 1: 11, ..., 11, 9); 1: groups that halve toward their
-    end like the remote ones (4, 2, 1, 1; world 1: 11, 11, 11, 11, 10, 5, 3, 1, 1). Halving buys
-    nothing where nothing arrives, and every group streams B from HBM again: at the 700 W limit
-    on 405b FC1's rank GEMM (8192x13312x16384, K = 16384) the world-1 kernel took 5396-5412 us
-    regular against 5458-5460 halving (5348 vs 5402 in another process), the landed host kernel
-    5606-5628 vs 5636-5669; in the host sweep together with no ramp: 4812 / 4813 us against
-    4837-4976 (results/issue4-h200-20261204b/)."""
-    return _env_bool("KOSMOS_LOCAL_HALVE", os.environ if env is None else env, default=0)
-
-
-def local_group_setting(env=None) -> int:
-    """KOSMOS_LOCAL_GROUP: bands per regular demand group of the rank's own bands (0, the
-    default: as the remote groups when KOSMOS_BAND_GROUP or the regime sets them, else
-    ~sqrt(builders): 11 of 132 CTAs). An ablation of the tile raster at world 1 and of the own
-    bands, where nothing waits for a copy and only L2 reuse (HBM traffic, hence power at the
-    700 W limit) depends on the group."""
-    n = env_int("KOSMOS_LOCAL_GROUP", 0, env=os.environ if env is None else env)
-    if n < 0:
-        raise ValueError(f"KOSMOS_LOCAL_GROUP={n}: expected >= 0")
-    return n
-
-
-def fill_bands_setting(env=None) -> int:
-    """KOSMOS_FILL_BANDS (default 0): the rank's last n own bands go to the fill queue
-    (schedule ``fill_bands``): a CTA whose next remote tile is not ready yet takes one of their
-    tiles instead of waiting, so the waits for a whole group's copy and the end game's idle CTAs
-    do own work that would otherwise run at the start."""
-    n = env_int("KOSMOS_FILL_BANDS", 0, env=os.environ if env is None else env)
-    if n < 0:
-        raise ValueError(f"KOSMOS_FILL_BANDS={n}: expected >= 0")
-    return n
-
-
-def _env_bool(name: str, env, default: int = 1) -> bool:
-    """A 0/1 knob (default 1 unless said)."""
-    v = env_int(name, default, env=env)
-    if v not in (0, 1):
-        raise ValueError(f"{name}={v!r}: expected 0 or 1")
-    return bool(v)
-
-
-@dataclass(frozen=True)
-class CeSettings:
-    """How a runner with copy-engine movers cuts its plan (ce_plan.build) and groups its bands:
-    the defaults, the copy-bound regime's and the KOSMOS_* knobs, decided once for the GPU
-    runner and the simulator alike (``ce_settings``)."""
-
-    k_stream: bool  # the last group(s) arrive in K-slices the builders stream (sm90 + ce)
-    regime: str  # "copy-bound", "compute", or "" (no K-streaming / not on the host fabric)
-    split: tuple[int, ...]  # slices per copy of the sliced groups (sum = slices)
-    merge: bool  # one copy per peer before the sliced groups
-    band_group: int | str | None  # schedule.build_schedule band_group
-    slice_bytes: int  # > 0: every other remote group streamed in slices of about that size
-    tail_groups: int  # groups sliced at the end
-    tail_bands: int | None  # bands of the last remote group (None: one wave of tiles)
-    head_main: bool = False  # the first band's copy on the main stream, before the kernel
-    ramp: bool | None = None  # remote groups start small and double (KOSMOS_BAND_RAMP; None: schedule.ramp_needed)
-    halve: bool = True  # remote groups shrink toward the end (KOSMOS_BAND_HALVE)
-    sm_tail_bands: int = 0  # the last remote bands the CTAs pull in K-slices (AG_PULL_K)
-    sm_tail_slices: int = 0
-    kernel_side: bool = False  # the plan's copies on the caller's stream, the kernel on its own
-    shared_release: bool = True  # one flag release per copy (ce_plan.share_flags)
-    peer_runs: bool = False  # a straddling demand group's tiles peer by peer (KOSMOS_PEER_RUNS)
-    local_halve: bool = False  # the own bands' groups halve toward their end (KOSMOS_LOCAL_HALVE)
-    local_group: int = 0  # bands per own-band group, 0: the schedule's rule (KOSMOS_LOCAL_GROUP)
-    fill_bands: int = 0  # own bands held back as fill tiles (KOSMOS_FILL_BANDS)
-
-    @property
-    def slices(self) -> int:
-        return sum(self.split)
-
-
-def ce_settings(n_loc: int, builders: int, streams: bool, host: bool, ce_slices=None,
-                env=None) -> CeSettings:
-    """The CE plan's settings for a rank GEMM of n_loc columns on ``builders`` CTAs.
-    ``streams``: copy-engine movers with the sm90 builder (the only builder with a slice wait);
-    ``ce_slices`` (argument) and the environment's KOSMOS_CE_SLICES / _MERGE / _SLICE_MB /
-    _TAIL_GROUPS / _TAIL_BANDS and KOSMOS_BAND_GROUP win over the copy-bound defaults."""
-    from .. import ce_plan
-
-    env = os.environ if env is None else env
-    spec = ce_slices if ce_slices is not None else env.get("KOSMOS_CE_SLICES", DEFAULT_CE_SLICES)
-    split = ce_plan.parse_split(int(spec) if isinstance(spec, str) and spec.strip().isdigit() else spec)
-    slice_bytes = int(float(env.get("KOSMOS_CE_SLICE_MB", "0")) * 2 ** 20)
-    if slice_bytes < 0:
-        raise ValueError(f"KOSMOS_CE_SLICE_MB={slice_bytes / 2 ** 20}: expected >= 0")
-    tail_groups = int(env.get("KOSMOS_CE_TAIL_GROUPS", "1"))
-    tail_bands = int(env.get("KOSMOS_CE_TAIL_BANDS", "0")) or None
-    if tail_bands is not None and tail_bands < 1:
-        raise ValueError(f"KOSMOS_CE_TAIL_BANDS={tail_bands}: expected >= 1 (0: one wave of tiles)")
-    merge = bool(int(env.get("KOSMOS_CE_MERGE", DEFAULT_CE_MERGE)))
-    band_group = _band_group_env(env)
-    head_main = env.get("KOSMOS_CE_HEAD_MAIN", DEFAULT_CE_HEAD_MAIN)
-    if head_main not in ("0", "1"):
-        raise ValueError(f"KOSMOS_CE_HEAD_MAIN={head_main!r}: expected 0 or 1")
-    sm_bands, sm_slices = sm_tail_setting(env)
-    if sm_bands and not (streams and host):
-        raise ValueError("KOSMOS_CE_SM_TAIL: the SM-streamed tail needs copy-engine movers, the sm90 builder and "
-                         "the host fabric")
-    if sm_bands and ce_slices is None and "KOSMOS_CE_SLICES" not in env:
-        split = (1,)  # the engine's last group lands whole: the SM tail streams after it
-    k_stream = streams and (sum(split) > 1 or slice_bytes > 0 or sm_bands > 0)
-    regime = ce_regime(n_loc, builders) if k_stream and host else ""
-    if regime == "copy-bound":  # explicit settings win
-        if ce_slices is None and "KOSMOS_CE_SLICES" not in env and not sm_bands:
-            split = (1,) * COPY_BOUND_SLICES
-        if "KOSMOS_CE_MERGE" not in env:
-            merge = True
-        if "KOSMOS_BAND_GROUP" not in env:
-            band_group = 1
-        if "KOSMOS_CE_TAIL_BANDS" not in env:
-            tail_bands = copy_bound_tail_bands(n_loc, builders)
-    elif regime == "link-bound":  # explicit settings win
-        if ce_slices is None and "KOSMOS_CE_SLICES" not in env and not sm_bands:
-            split = (1,) * LINK_BOUND_SLICES
-        if "KOSMOS_BAND_GROUP" not in env:
-            band_group = LINK_BOUND_GROUP
-    # ramp: KOSMOS_BAND_RAMP forces it on / off; unset, the schedule decides (ramp_needed)
-    ramp = _env_bool("KOSMOS_BAND_RAMP", env) if "KOSMOS_BAND_RAMP" in env else None
-    halve = _env_bool("KOSMOS_BAND_HALVE", env)
-    if regime == "link-bound" and "KOSMOS_BAND_RAMP" not in env:
-        ramp = False
-    side = env.get("KOSMOS_CE_KERNEL_SIDE", DEFAULT_CE_KERNEL_SIDE)
-    if side not in ("0", "1") or (side == "1" and head_main == "1"):
-        raise ValueError(f"KOSMOS_CE_KERNEL_SIDE={side!r}: expected 0 or 1 (and not with KOSMOS_CE_HEAD_MAIN=1)")
-    shared = env.get("KOSMOS_CE_SHARED_RELEASE", DEFAULT_CE_SHARED_RELEASE)
-    if shared not in ("0", "1"):
-        raise ValueError(f"KOSMOS_CE_SHARED_RELEASE={shared!r}: expected 0 or 1")
-    return CeSettings(k_stream, regime, split, merge, band_group, slice_bytes, tail_groups, tail_bands,
-                      head_main == "1", ramp, halve, sm_bands, sm_slices, side == "1", shared == "1",
-                      peer_runs_setting(env), local_halve_setting(env), local_group_setting(env),
-                      fill_bands_setting(env))
-
-
 class WatchdogError(RuntimeError):
     """A spin-wait in a kosmos kernel timed out (missing peer, protocol bug)."""
-
-
-def _policy(p: Point) -> str:
-    return p.policy or "self"
 
 
 class KosmosImpl:
@@ -426,37 +125,36 @@ class KosmosImpl:
             return why
         if point.dtype != "bf16":
             return f"kosmos kernels are bf16 only (dtype={point.dtype})"
+        try:
+            cfg = KosmosConfig.from_point(point)
+        except ValueError as e:
+            return str(e)
         if point.op == "gemm":
-            from ..kernels import ag_sm90, sm90_gemm
+            from ..kernels import sm90_gemm
 
             ok, why = sm90_gemm.available()
             if not ok:
                 return why
-            if os.environ.get("KOSMOS_GEMM_KERNEL", "fused") == "standalone":
+            if cfg.gemm_kernel == "standalone":
                 return sm90_gemm.validate_shape(point.M, point.N, point.K)
-            return ag_sm90.validate(point.M, point.N, point.K, 1)
-        if (point.builder or os.environ.get("KOSMOS_BUILDER")) == "sm90":
-            from ..kernels import ag_sm90
-
+            return kb.validate(point.M, point.N, point.K, 1)
+        if cfg.builder == "sm90":
             if point.op != "ag-gemm":
                 return f"builder sm90: the Hopper-builder variant is ag-gemm only (op={point.op})"
-            why = ag_sm90.validate(point.M, point.N, point.K, point.world)
+            why = kb.validate(point.M, point.N, point.K, point.world)
             if why:
                 return why
-        why = S.validate(point.op, point.M, point.N, point.K, point.world, chunk=point.chunk or 1)
+        why = S.validate(point.op, point.M, point.N, point.K, point.world, chunk=cfg.chunk)
         if why:
             return why
-        pol = _policy(point)
-        if (point.mover or os.environ.get("KOSMOS_MOVER")) == "ce":
+        pol = cfg.policy
+        if cfg.mover == "ce":
             if point.fabric != "host" or point.op != "ag-gemm":
                 return f"mover ce: copy-engine movers are host-fabric ag-gemm only (fabric={point.fabric}, op={point.op})"
             if pol != "self":
                 return f"mover ce: the copy engine does every move, so WG role policies do not apply (policy={pol})"
-        if pol.startswith("fixed:"):
-            try:
-                k = int(pol.split(":", 1)[1])
-            except ValueError:
-                return f"policy {pol!r}: k is not an integer"
+        kind, k = parse_policy(pol)
+        if kind == "fixed":
             wgs = _guess_wgs_per_rank(point)
             if wgs is not None and k >= wgs:
                 return f"policy {pol}: k={k} leaves no builder among {wgs} WGs per rank"
@@ -465,28 +163,23 @@ class KosmosImpl:
     def prepare(self, point: Point, ctx, inputs, **kw) -> "KosmosRunner":
         if point.op == "gemm":
             return _prepare_gemm(point, ctx, inputs, **kw)
-        kw.setdefault("builder", point.builder)
-        kw.setdefault("mover", point.mover)
         return KosmosRunner(point, ctx, inputs, **kw)
 
 
-def _gemm_kernel(kw: dict) -> str:
-    kernel = kw.pop("gemm_kernel", None) or os.environ.get("KOSMOS_GEMM_KERNEL", "fused")
-    if kernel not in ("fused", "standalone"):
-        raise ValueError(f"gemm_kernel={kernel!r}: expected 'fused' or 'standalone'")
-    return kernel
-
-
-def _prepare_gemm(point: Point, ctx, inputs, **kw):
+def _prepare_gemm(point: Point, ctx, inputs, *, gemm_kernel: str | None = None, **kw):
     """op gemm (world 1): 'fused' (default) runs the KOSMOS AG+GEMM kernel with the sm90
     builder at world 1 — the same persistent kernel, claims, flags and exit protocol, with no
-    communication items; 'standalone' ($KOSMOS_GEMM_KERNEL or gemm_kernel=) the builder's own
-    persistent GEMM (kernels/sm90_gemm.py), which isolates the builder from the protocol."""
+    communication items; 'standalone' (the configuration's ``gemm_kernel``, or gemm_kernel=)
+    the builder's own persistent GEMM (kernels/sm90_gemm.py), which isolates the builder from
+    the protocol."""
     import torch
 
-    if _gemm_kernel(kw) == "fused":
+    cfg = kw.pop("config", None) or KosmosConfig.from_point(point)
+    if gemm_kernel is not None:
+        cfg = cfg.replace(gemm_kernel=gemm_kernel)
+    if cfg.gemm_kernel == "fused":
         fused = point.replace(op="ag-gemm", fabric="local", builder="sm90", policy="self", mover=None)
-        r = KosmosRunner(fused, ctx, inputs, builder="sm90", **kw)
+        r = KosmosRunner(fused, ctx, inputs, config=cfg.replace(builder="sm90", policy="self", mover=None), **kw)
         r.info["gemm_kernel"] = "fused ag-gemm sm90, world 1"
         return r
     from ..kernels import sm90_gemm
@@ -527,9 +220,8 @@ class KosmosRunner:
         self.closed, self.outputs = False, {}
         self._keep: list = []  # tensors whose pointers the kernel holds
         self._mapped: list[int] = []  # kosmos_alloc_mapped host pointers
-        self._runner_streams: list[int] = []  # KOSMOS_CE_PLAN_STREAMS=runner: this runner's own pair
         self.sm90_handle = None
-        self.ahead_blocks = None  # sm90 builder: the lookahead claim (KOSMOS_AHEAD_BLOCKS)
+        self.ahead_blocks = None  # sm90 builder: the lookahead claim (configuration ahead_blocks)
         self.ce_plan = None  # C handle (kosmos_ce_plan_create) when the copy engine moves
         try:
             self._setup(point, ctx, inputs, **kw)
@@ -537,35 +229,39 @@ class KosmosRunner:
             self.close()
             raise
 
-    def _setup(self, point: Point, ctx, inputs, *, num_wgs: int | None = None, timeout_s: float | None = None,
-               debug_skip_rank: int | None = None, trace_cap: int = DEFAULT_TRACE_CAP,
-               max_inflight: int | None = None, mover_bulk: bool | None = None, mover: str | None = None,
-               builder: str | None = None, ce_slices: int | str | tuple | None = None):
+    def _setup(self, point: Point, ctx, inputs, *, config: KosmosConfig | None = None, num_wgs: int | None = None,
+               timeout_s: float | None = None, debug_skip_rank: int | None = None,
+               trace_cap: int = DEFAULT_TRACE_CAP, max_inflight: int | None = None, mover_bulk: bool | None = None,
+               mover: str | None = None, builder: str | None = None, ce_slices: int | str | tuple | None = None):
         import torch
 
         from .. import kernels
         from ..kernels import abi, ag_sm90
 
+        cfg = config or KosmosConfig.from_point(point)
+        over = dict(max_inflight=max_inflight, mover_bulk=mover_bulk, mover=mover, builder=builder,
+                    ce_slices=ce_slices)
+        cfg = cfg.replace(**{k: v for k, v in over.items() if v is not None})
+        self.config = cfg
         self.point, self.ctx = point, ctx
         self.dev = ctx.device
         self.lib = kernels.load()
         # 'mma': the main library's kernels. 'sm90' (ag-gemm; the default on sm_90 when the shape
         # suits TMA): the Hopper builder kernel of kernels/ag_sm90.py; same buffers, schedule
         # arrays and protocol.
-        bulk_asked = bool(mover_bulk) or (mover_bulk is None and bool(int(os.environ.get("KOSMOS_MOVER_BULK", "0"))))
-        self.builder = ag_sm90.builder_choice(builder, point.op, (point.M, point.N, point.K, point.world),
-                                              torch.cuda.get_device_capability(self.dev), bulk_asked)
+        self.builder = kb.builder_choice(cfg.builder, point.op, (point.M, point.N, point.K, point.world),
+                                         torch.cuda.get_device_capability(self.dev), cfg.mover_bulk)
         self.sm90 = None
         if self.builder == "sm90":
             if point.op != "ag-gemm":
                 raise ValueError(f"builder='sm90' is implemented for ag-gemm only (op={point.op})")
-            why = ag_sm90.validate(point.M, point.N, point.K, point.world)
+            why = kb.validate(point.M, point.N, point.K, point.world)
             if why:
                 raise ValueError(why)
-            if mover_bulk or (mover_bulk is None and bool(int(os.environ.get("KOSMOS_MOVER_BULK", "0")))):
+            if cfg.mover_bulk:
                 raise ValueError("builder='sm90' has no mover_bulk path (no shared memory beside the builder)")
-            mover_bulk = False
             self.sm90 = ag_sm90.load()
+        self.mover_bulk = cfg.mover_bulk
         self.abi = abi
         op, W, M, N, K = point.op, point.world, point.M, point.N, point.K
         fabric = point.fabric
@@ -573,20 +269,14 @@ class KosmosRunner:
         self.op_code = abi.OP_CODES[op]
         # 'sm': WGs move (the KOSMOS design); 'ce' (host fabric, ag-gemm): the copy engine moves
         # each band (cudaMemcpyAsync on a side stream) and releases its flag with a stream
-        # memory operation; every WG builds.
-        self.mover = mover or os.environ.get("KOSMOS_MOVER", "sm")
-        if self.mover not in ("sm", "ce"):
-            raise ValueError(f"mover={self.mover!r}: expected 'sm' or 'ce'")
+        # memory operation; every WG builds. Copy-engine movers + sm90 builders: the last remote
+        # group arrives in K-slices that the builders stream (Params.k_stream; ce_plan.py); the
+        # mma builder has no slice wait: it always gets whole bands. kosmos.plan (below, once the
+        # CTA count is known) resolves slices, merging and groups as the simulator does.
+        self.mover = cfg.mover or "sm"
         if self.mover == "ce" and (fabric != "host" or op != "ag-gemm"):
             raise ValueError("mover='ce' is implemented for ag-gemm on the host fabric only")
-        # Copy-engine movers + sm90 builders: the last remote group arrives in K-slices that the
-        # builders stream (Params.k_stream; kosmos_bench/ce_plan.py); the mma builder has no
-        # slice wait: it always gets whole bands. ce_settings (below, once the CTA count is
-        # known) decides slices, merging and groups from the defaults, the copy-bound regime
-        # and the KOSMOS_CE_* / KOSMOS_BAND_GROUP knobs, as the simulator does.
-        self.spin_ns = int(os.environ.get("KOSMOS_SPIN_NS", DEFAULT_SPIN_NS))
-        if not 0 <= self.spin_ns <= 1_000_000:
-            raise ValueError(f"KOSMOS_SPIN_NS={self.spin_ns}: expected 0..1000000 ns")
+        self.spin_ns = cfg.spin_ns
         self.calls = 0  # completed launches since the last reset (epoch of the next = calls + 1)
         dev_index = self.dev.index if self.dev.index is not None else torch.cuda.current_device()
         self.dev_index = dev_index
@@ -604,31 +294,10 @@ class KosmosRunner:
             starts = np.array([0, G], dtype=np.int32)
         self.ranks, self.grid, self.starts = ranks, G, starts
         sizes = np.diff(starts)
-        ce = ce_settings(N // W, int(sizes.min()), self.mover == "ce" and self.sm90 is not None, fabric == "host",
-                         ce_slices)
-        self.ce, self.k_stream = ce, ce.k_stream
-        band_group = ce.band_group
-        kw = dict(BM=128, BN=ag_sm90.BN if self.sm90 is not None else 128, chunk=point.chunk or 1, policy=_policy(point),
-                  queue_order=point.queue_order or "demand", seed=point.seed, local_first=point.local_first,
-                  fabric="host" if fabric == "host" else ("local" if fabric == "local" else "nvlink"),
-                  stream_k=self.k_stream, band_group=band_group, tail_bands=ce.tail_bands, ramp=ce.ramp,
-                  halve=ce.halve, peer_runs=ce.peer_runs, local_halve=ce.local_halve,
-                  local_group=ce.local_group or None, fill_bands=min(ce.fill_bands, S.cdiv(M // W, 128)))
-        if self.sm90 is not None:  # loader-warpgroup movers, CTA builders
-            kw["model"] = ag_sm90.schedule_model(kw["fabric"])
-        self.split_bands, self.split_k = split_k_setting()
-        if self.split_k > 1:
-            if self.sm90 is None:
-                raise ValueError("KOSMOS_SPLIT_K: split tiles need the sm90 builder")
-            if self.split_k > S.cdiv(K, ag_sm90.BK):
-                raise ValueError(f"KOSMOS_SPLIT_K: {self.split_k} parts > {S.cdiv(K, ag_sm90.BK)} k-blocks of K={K}")
-            kw.update(split_bands=self.split_bands, split_k=self.split_k)
-        if ce.sm_tail_bands:
-            if ce.sm_tail_slices > S.cdiv(K, ag_sm90.BK):
-                raise ValueError(f"KOSMOS_CE_SM_TAIL: {ce.sm_tail_slices} slices > {S.cdiv(K, ag_sm90.BK)} k-blocks "
-                                 f"of K={K}")
-            kw.update(sm_tail_bands=ce.sm_tail_bands, sm_tail_slices=ce.sm_tail_slices)
-        self.scheds = [S.build_schedule(op, M, N, K, W, r, num_wgs=int(sizes[i]), **kw) for i, r in enumerate(ranks)]
+        self.plan = make_plan(point, cfg, {r: int(sizes[i]) for i, r in enumerate(ranks)}, builder=self.builder)
+        self.ce = self.plan.resolved
+        self.k_stream = self.ce.k_stream
+        self.scheds = [self.plan.scheds[r] for r in ranks]
         dt = torch.bfloat16
         m_loc = M // W
         nf = self.scheds[0].flags.num_flags
@@ -697,7 +366,7 @@ class KosmosRunner:
                 self._keep += [C, work]
                 self.outputs[r] = C
                 if self.mover == "ce":
-                    self._ce_plan(self.scheds[0], work, flags[r], m_loc, K)
+                    self._ce_plan(work, flags[r], m_loc, K)
                 per_rank[r] = dict(A=A[r].data_ptr(), B=B[r].data_ptr(), C=C.data_ptr(), work=work.data_ptr(),
                                    peer_A=[peer_A.get(p, 0) for p in range(W)])
         else:
@@ -746,8 +415,8 @@ class KosmosRunner:
             arrs = sch.arrays()
             for q, name in enumerate(("builder", "mover", "reduce")):
                 queue = arrs[f"{name}_queue"]
-                if q == S.Q_MOVE and self.mover == "ce":  # the copy engine moves; WGs build and pull the SM tail
-                    queue = queue[len(queue) - sch.meta["sm_movers"]:]
+                if q == S.Q_MOVE and self.mover == "ce":  # the copy engine moves; every WG builds
+                    queue = queue[:0]
                 ti, tq = _i32(self.dev, arrs[f"{name}_items"]), _i32(self.dev, np.ascontiguousarray(queue))
                 self._keep += [ti, tq]
                 a.items[q], a.queue[q] = ti.data_ptr(), tq.data_ptr()
@@ -776,8 +445,7 @@ class KosmosRunner:
             a.rank = r
             a.wg_begin, a.wg_end = int(starts[i]), int(starts[i + 1])
             a.num_mover_wgs = int(sch.num_movers or 0)
-            a.max_inflight_movers = int(sch.max_inflight if max_inflight is None or sch.num_movers
-                                        else min(max(0, max_inflight), int(sizes[i]) - 1))
+            a.max_inflight_movers = int(sch.max_inflight)
             a.num_peer_flags = len(sch.peer_flags)
             a.skip = 1 if (debug_skip_rank is not None and r == debug_skip_rank) else 0
         self._ra_arr = ra_arr
@@ -787,46 +455,21 @@ class KosmosRunner:
             self.sm90_handle = self.sm90.kosmos_sm90_ag_create()
             if not self.sm90_handle:
                 raise MemoryError("kosmos_sm90_ag_create failed")
-            self.ahead_blocks = env_int("KOSMOS_AHEAD_BLOCKS", DEFAULT_AHEAD_BLOCKS, lo=-1)
+            self.ahead_blocks = cfg.ahead_blocks
             self._call(self.sm90.kosmos_sm90_ag_set_ahead(ctypes.c_void_p(self.sm90_handle), self.ahead_blocks),
                        "kosmos_sm90_ag_set_ahead")
             for i, r in enumerate(ranks):
                 d = per_rank[r]
                 self._sm90_set_rank(i, d["A"], d["work"], d["B"], d["C"])
-                tiles = self.scheds[i].meta["split_tiles"]
-                if tiles:  # fp32 partials of the split tiles: [tile][part][128 x 256]
-                    ws = torch.empty(tiles * self.split_k * ag_sm90.BM * ag_sm90.BN, dtype=torch.float32, device=self.dev)
-                    self._keep.append(ws)
-                    self._call(self.sm90.kosmos_sm90_ag_set_split(ctypes.c_void_p(self.sm90_handle), i,
-                                                                  ctypes.c_void_p(ws.data_ptr()),
-                                                                  self.scheds[i].flags.split),
-                               "kosmos_sm90_ag_set_split")
 
-        self.mover_bulk = bool(int(os.environ.get("KOSMOS_MOVER_BULK", "0"))) if mover_bulk is None else bool(mover_bulk)
         self.timeout_ns = int((timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S) * 1e9)
         self.params = self._params(trace=False)
         k = self.scheds[0].num_movers
-        self.info = {"num_movers": k, "num_wgs": int(G), "wgs_per_rank": int(sizes.min()),
-                     "max_inflight_movers": int(ra_arr[0].max_inflight_movers), "mover_bulk": self.mover_bulk,
-                     "mover": self.mover, "builder": self.builder,
-                     "ce_copies": int(getattr(self, "ce_copies", 0)),
-                     "ce_slices": self.ce.slices if self.k_stream else (1 if self.mover == "ce" else 0),
-                     "ce_split": ",".join(map(str, self.ce.split)) if self.k_stream else "",
-                     "ce_slice_mb": self.ce.slice_bytes / 2 ** 20 if self.k_stream else 0.0,
-                     "ce_tail_groups": self.ce.tail_groups if self.k_stream else 0,
-                     "ce_tail_bands": (self.ce.tail_bands or 0) if self.k_stream else 0,
-                     "ce_head_main": int(self.ce.head_main), "ce_kernel_side": int(self.ce.kernel_side),
-                     "ce_releases": len(getattr(self, "ce_entries", ())), "peer_runs": int(self.ce.peer_runs),
-                     "local_halve": int(self.ce.local_halve),
-                     "local_group": int(self.ce.local_group),
-                     "band_ramp": int(self.scheds[0].meta.get("ramp", False)),
-                     "fill_bands": int(self.scheds[0].meta.get("fill_bands", 0)),
-                     "ce_merge": self.ce.merge if self.mover == "ce" else False,
-                     "ce_regime": self.ce.regime, "band_group": -1 if band_group == S.PEER_GROUPS else int(band_group or 0),
-                     "spin_ns": self.spin_ns, "ahead_blocks": self.ahead_blocks,
-                     "split_k": f"{self.split_bands}:{self.split_k}" if self.split_k > 1 else "0",
-                     "ce_sm_tail": f"{self.ce.sm_tail_bands}:{self.ce.sm_tail_slices}" if self.ce.sm_tail_bands else "0",
-                     "kosmos_policy": _policy(point), "trace_dropped": 0}
+        self.info = {"num_movers": k, "num_wgs": int(G), "wgs_per_rank": int(sizes.min()), "mover": self.mover,
+                     "builder": self.builder, "ce_copies": int(getattr(self, "ce_copies", 0)),
+                     "ce_releases": len(getattr(self, "ce_entries", ())), **plan_info(self.plan, self.scheds[0]),
+                     "max_inflight_movers": int(ra_arr[0].max_inflight_movers), "ahead_blocks": self.ahead_blocks,
+                     "kosmos_policy": cfg.policy, "trace_dropped": 0}
         torch.cuda.synchronize(self.dev)
 
     # ---- helpers ----
@@ -905,22 +548,13 @@ class KosmosRunner:
         p.spin_ns = self.spin_ns
         return p
 
-    def _ce_plan(self, sch, work, flag_base: int, m_loc: int, K: int) -> None:
+    def _ce_plan(self, work, flag_base: int, m_loc: int, K: int) -> None:
         """Copy-engine movers: kosmos_bench/ce_plan.py's entries as addresses (copies of the
         pinned A_p into the gathered buffer, 2-D for K-slices; flag addresses)."""
         import torch
 
-        from .. import ce_plan
-        from ..kernels import ag_sm90
-
-        entries, self.ce_flag_mult = ce_plan.build(sch, K, self.ce.slices if self.k_stream else 1, bk=ag_sm90.BK,
-                                                   split=self.ce.split if self.k_stream else None,
-                                                   slice_bytes=self.ce.slice_bytes if self.k_stream else 0,
-                                                   tail_groups=self.ce.tail_groups, merge=self.ce.merge,
-                                                   split_head=self.ce.head_main)
-        self.ce_alias = {}
-        if self.ce.shared_release:
-            entries, self.ce_alias = ce_plan.share_flags(entries)
+        # one release per copy: a copy's bands share its first band's flag (ce_plan.share_flags)
+        entries, self.ce_alias, self.ce_flag_mult = self.plan.ce_shared, self.plan.ce_alias, self.plan.ce_flag_mult
         pitch = K * 2
         cols = {n: [] for n in ("dst", "src", "width", "height", "pitch", "flag")}
         for e in entries:
@@ -934,40 +568,22 @@ class KosmosRunner:
         self.ce_entries, self.ce_work = entries, work
         self.ce_copies = sum(1 for e in entries if e.rows)
         copies = [i for i, e in enumerate(entries) if e.rows]
-        if not copies:  # the SM tail takes every remote band: nothing for the engine
+        if not copies:
             return
-        # Entries enqueued before the kernel launch: copies until KOSMOS_CE_HEAD_MB (default 0: the
-        # first copy only; more keeps the engine busy while the host launches the kernel (32 KB
-        # of parameters) and enqueues the rest: not yet measured on the device).
-        head_bytes = float(os.environ.get("KOSMOS_CE_HEAD_MB", "0")) * 2 ** 20
-        head, acc = len(entries), 0
-        for j, i in enumerate(copies):
-            if j > 0 and acc >= head_bytes:
-                head = i
-                break
-            acc += entries[i].rows * entries[i].cols * 2
-        # copies, flag releases; KOSMOS_CE_INLINE_RELEASE=1: both on the copy stream (no events).
-        # The process's plan streams, not torch's pool (plan_streams says why).
-        inline = os.environ.get("KOSMOS_CE_INLINE_RELEASE", "0") == "1"
-        which = os.environ.get("KOSMOS_CE_PLAN_STREAMS", "process")
-        if which not in ("process", "runner"):
-            raise ValueError(f"KOSMOS_CE_PLAN_STREAMS={which!r}: expected 'process' (default) or 'runner'")
-        if which == "runner":  # ablation: a pair per runner
-            handles = self._runner_streams = make_stream_pair(self.lib, self.dev_index)
-        else:
-            handles = plan_streams(self.lib, self.dev_index)
+        # Entries enqueued before the kernel launch: the first copy (the rest after the launch).
+        head = copies[1] if len(copies) > 1 else len(entries)
+        # copies on the first, flag releases on the second of the process's plan streams, not
+        # torch's pool (plan_streams says why)
+        handles = plan_streams(self.lib, self.dev_index)
         self.ce_streams = [torch.cuda.ExternalStream(h, device=self.dev) for h in handles]
-        if inline:
-            self.ce_streams[1] = self.ce_streams[0]
         self.ce_cols = [np.ascontiguousarray(np.array(cols[n], dtype=np.uint64)) for n in cols]
         self.ce_mult = np.array([e.mult for e in entries], dtype=np.uint32)
         self.ce_back = np.array([e.back for e in entries], dtype=np.uint32)  # a test holds one release back
         self.ce_head = head
-        # The last copy's releases on the copy stream (no event hop; KOSMOS_CE_TAIL_INLINE=0: off).
-        tail_inline = os.environ.get("KOSMOS_CE_TAIL_INLINE", DEFAULT_CE_TAIL_INLINE)
-        if tail_inline not in ("0", "1"):
-            raise ValueError(f"KOSMOS_CE_TAIL_INLINE={tail_inline!r}: expected 0 or 1")
-        self.ce_inline_from = copies[-1] if tail_inline == "1" else len(entries)
+        # The last copy's releases on the copy stream: the flag stream's release landed 9-18 us
+        # after the last byte (an event hop); inline, the tail after the last byte is 5-13 us
+        # shorter on 70b FC1 / QKV (issue4-h200-20261203/probes/tail_probe-*).
+        self.ce_inline_from = copies[-1]
         self._ce_commit()
 
     def _ce_commit(self) -> None:
@@ -980,7 +596,7 @@ class KosmosRunner:
                                            ctypes.c_void_p(self.ce_streams[1].cuda_stream), len(self.ce_mult),
                                            *(a.ctypes.data_as(u64) for a in self.ce_cols),
                                            self.ce_mult.ctypes.data_as(u32), self.ce_back.ctypes.data_as(u32),
-                                           self.ce_head, self.ce_inline_from, int(self.ce.head_main))
+                                           self.ce_head, self.ce_inline_from)
         if not h:
             from .. import kernels
 
@@ -997,21 +613,14 @@ class KosmosRunner:
         with ctx:
             # The first copy goes in before the kernel launch and the rest after it:
             # enqueueing a whole plan from Python used to delay the first band by ~100 us.
-            side = kernel_stream(self.lib, self.dev_index) if self.ce_plan and self.ce.kernel_side else None
-            if side:  # the copies on main, the kernel on its own stream (runtime.cu says why)
-                self._call(self.lib.kosmos_ce_plan_begin_side(self.ce_plan, main, side, epoch),
-                           "kosmos_ce_plan_begin_side")
-            elif self.ce_plan:
+            if self.ce_plan:
                 self._call(self.lib.kosmos_ce_plan_begin(self.ce_plan, main, epoch), "kosmos_ce_plan_begin")
-            on = side or main
             if self.sm90 is not None:
-                self._call(self.sm90.kosmos_sm90_ag_launch(self.sm90_handle, ctypes.byref(params), on),
+                self._call(self.sm90.kosmos_sm90_ag_launch(self.sm90_handle, ctypes.byref(params), main),
                            "kosmos_sm90_ag_launch")
             else:
-                self._call(self.lib.kosmos_launch(ctypes.byref(params), on), "kosmos_launch")
-            if side:
-                self._call(self.lib.kosmos_ce_plan_end_side(self.ce_plan, main, side, epoch), "kosmos_ce_plan_end_side")
-            elif self.ce_plan:
+                self._call(self.lib.kosmos_launch(ctypes.byref(params), main), "kosmos_launch")
+            if self.ce_plan:
                 self._call(self.lib.kosmos_ce_plan_end(self.ce_plan, main, epoch), "kosmos_ce_plan_end")
         self.calls += 1
 
@@ -1151,9 +760,6 @@ class KosmosRunner:
         if self.ce_plan:
             self.lib.kosmos_ce_plan_destroy(self.ce_plan)
             self.ce_plan = None
-        for h in self._runner_streams:
-            self.lib.kosmos_stream_destroy(ctypes.c_void_p(h))
-        self._runner_streams.clear()
         self._keep.clear()
         self.outputs = {}
 

@@ -75,7 +75,8 @@ def simulate_point(point: Point, prof: dict | None = None, num_movers: int | Non
         res = engine.simulate(built.problem, check=False)
         t = (res.makespan_ns + built.overhead_ns) / 1e3
         fields.update(res.summary())
-        fields.update(builder=model.resolve_builder(point, prof))  # as the GPU runner's info records it
+        fields.update(built.info or {})  # the resolved configuration, as the GPU runner's info records it
+        fields.update(builder=model.resolve_builder(point, prof))
         fields.update(num_movers=built.num_movers, num_wgs=built.num_wgs, sim_ranks=len(built.ranks),
                       sim_symmetric=built.symmetric, sim_items=built.problem.n, sim_events=res.events)
     fields.update(t_median_us=t, t_min_us=t, t_p99_us=t, sim_wall_s=time.perf_counter() - t0)

@@ -19,8 +19,8 @@ in per-rank queues (int arrays in priority order, exactly as the kernels get the
     READY_CAPPED as READY, and only under the cap
   When no rule applies the WG exits. (A mode may also be a bool: True = READY, False = ANY.)
   A rule set may instead be one of the named loops SELF_AG / SELF_RS: the kernels' policy
-  'self' with its per-WG *pending* slot (see `_self_decide`, a transcription of
-  schedule.simulate_steps' decide(); queues 0/1/2 = builder/mover/reduce).
+  'self' with its per-WG *pending* slot (``kosmos.decide.decide``, the rule
+  schedule.simulate_steps runs too; queues 0/1/2 = builder/mover/reduce).
 
 Links are a fluid model: every active transfer has a rate, set by max-min fairness over the
 links on its path (each of capacity bytes/ns) and a per-transfer cap (what one WG can drive);
@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
+from ..kosmos import decide as _decide
 
 BUILD, MOVE, REDUCE = 0, 1, 2
 ANY, READY, ANY_CAPPED, READY_CAPPED = 0, 1, 2, 3
@@ -501,63 +503,45 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
             waiting[it] = g
         return queues[r][_QM if is_mover else _QB]
 
-    def take_pending(r, g, pd, t, move):
-        pend[r][g] = None
-        return take(r, g, pd, t, move)
+    class _View:
+        """decide()'s view of WG g of rank r at time t (kosmos/decide.py)."""
+
+        __slots__ = ("r", "g", "t", "cap")
+
+        def __init__(self, r, g, t):
+            self.r, self.g, self.t, self.cap = r, g, t, cap[r]
+
+        def head(self, q):
+            return head(self.r, q)
+
+        def claim(self, q):
+            return claim(self.r, q)
+
+        def ready(self, q, i):
+            return ready_t[i] <= self.t
+
+        def under_cap(self):
+            return under_cap(self.r)
+
+        @property
+        def pending(self):
+            pd = pend[self.r][self.g]
+            return None if pd is None else (_QM if is_move[pd] else _QB, pd)
+
+        @pending.setter
+        def pending(self, v):
+            pend[self.r][self.g] = None if v is None else v[1]
 
     def self_decide(r, g, t):
-        """The kernels' policy 'self' (schedule.simulate_steps decide()): returns the queue
-        the WG took from, None to poll (spin), True when done."""
-        loop = rules[r][g]
-        rdy = lambda i: ready_t[i] <= t  # noqa: E731
-
-        for _ in range(4):  # at most one re-decision after parking a claim as pending
-            pd = pend[r][g]
-            if pd is not None and not is_move[pd] and rdy(pd):
-                return take_pending(r, g, pd, t, False)
-            if loop == SELF_AG:
-                if cap[r] and head(r, _QM) is not None and under_cap(r):
-                    return take(r, g, claim(r, _QM), t, True)
-                if pd is None:
-                    i = head(r, _QB)
-                    if i is not None and rdy(i):
-                        return take(r, g, claim(r, _QB), t, False)
-                    if head(r, _QR) is not None:  # the fill queue (own tiles, ready): instead of waiting
-                        take(r, g, claim(r, _QR), t, False)
-                        return queues[r][_QR]
-                if head(r, _QM) is not None:
-                    return take(r, g, claim(r, _QM), t, True) if under_cap(r) else None
-                if pd is not None:
-                    return take_pending(r, g, pd, t, False)
-                i = claim(r, _QB)
-                return take(r, g, i, t, False) if i is not None else True
-            # gemm-rs
-            if pd is not None and is_move[pd] and rdy(pd) and under_cap(r):
-                return take_pending(r, g, pd, t, True)
-            if pd is None:
-                i = head(r, _QR)
-                if i is not None and rdy(i):
-                    return take(r, g, claim(r, _QR), t, False)
-                i = claim(r, _QM)
-                if i is not None:
-                    if rdy(i) and under_cap(r):
-                        return take(r, g, i, t, True)
-                    pend[r][g] = i
-                    continue  # decide again, holding the pending mover
-            i = claim(r, _QB)
-            if i is not None:
-                return take(r, g, i, t, False)
-            if pd is not None and is_move[pd]:
-                if not under_cap(r):
-                    return None
-                return take_pending(r, g, pd, t, True)
-            if head(r, _QM) is not None:
-                return take(r, g, claim(r, _QM), t, True) if under_cap(r) else None
-            if pd is not None:
-                return take_pending(r, g, pd, t, False)
-            i = claim(r, _QR)
-            return take(r, g, i, t, False) if i is not None else True
-        raise RuntimeError("self_decide: no decision")  # unreachable
+        """The kernels' policy 'self' (kosmos.decide.decide): returns the queue the WG took
+        from, None to poll (spin), True when done."""
+        got = _decide.decide("ag-gemm" if rules[r][g] == SELF_AG else "gemm-rs", _View(r, g, t))
+        if got is None:
+            return True
+        if got == _decide.IDLE:
+            return None
+        q, i = got
+        return take(r, g, i, t, q == _QM)
 
     def pick(r, g, t):
         """Walk g's rules: the queue it claimed from, None if it must spin, True if it exited."""

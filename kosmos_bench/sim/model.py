@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
 from .. import schedule as S
 from ..ops.base import ELEM_BYTES
+from ..kosmos import builder as kb
+from ..kosmos.config import KosmosConfig
+from ..kosmos.plan import info as plan_info
+from ..kosmos.plan import plan as make_plan
 from ..point import Point
 from . import engine as E
 
@@ -40,12 +43,12 @@ LOOP_RULES = {
     ("gemm-rs", "self"): E.SELF_RS,
     "mover": [(_M, E.ANY)],
     "builder": [(_B, E.ANY), (_R, E.ANY)],
-    # copy-engine movers: every CTA builds under decide() with no mover: the builder head if
-    # ready, else a fill tile (ag-gemm's reduce queue), else the head, waiting for it
-    "ce-builder": [(_B, E.READY), (_R, E.ANY), (_B, E.ANY)],
+    # copy-engine movers: every CTA builds under decide() with no mover: the builder head,
+    # waiting for it when it is not ready
+    "ce-builder": [(_B, E.ANY)],
 }
 
-_ROLE_OF_KIND = {S.AG_PULL: E.MOVE, S.AG_PULL_K: E.MOVE, S.AG_BUILD: E.BUILD, S.AG_PART: E.BUILD, S.RS_BUILD: E.BUILD,
+_ROLE_OF_KIND = {S.AG_PULL: E.MOVE, S.AG_BUILD: E.BUILD, S.RS_BUILD: E.BUILD,
                  S.RS_PUSH: E.MOVE, S.RS_PROXY: E.MOVE, S.RS_REDUCE: E.REDUCE}
 
 
@@ -64,6 +67,7 @@ class Built:
     symmetric: bool
     overhead_ns: float          # launch + exit handshake, added to the makespan
     scheds: list
+    info: dict = None           # the resolved configuration (kosmos.plan.info), result-row columns
 
 
 def model_params(prof: dict, fabric: str) -> dict:
@@ -84,43 +88,18 @@ def model_params(prof: dict, fabric: str) -> dict:
     }
 
 
-@lru_cache(maxsize=64)
-def _schedule(op, M, N, K, world, rank, BM, BN, chunk, num_wgs, queue_order, seed, local_first, fabric,
-              sm90=False, stream_k=False, band_group=None, tail_bands=None, ramp=None, halve=True, peer_runs=False,
-              local_halve=False, local_group=None, fill_bands=0):
-    # Built with policy='self': the mover count only changes the WG rules, never the queues.
-    # sm90: the Hopper builder's schedule model, as impls/kosmos.py builds it.
-    from ..kernels import ag_sm90
-
-    return S.build_schedule(op, M, N, K, world, rank, BM=BM, BN=BN, chunk=chunk, num_wgs=num_wgs, policy="self",
-                            queue_order=queue_order, seed=seed, local_first=local_first, fabric=fabric,
-                            model=ag_sm90.schedule_model(fabric) if sm90 else None, stream_k=stream_k,
-                            band_group=band_group, tail_bands=tail_bands, ramp=ramp, halve=halve,
-                            peer_runs=peer_runs, local_halve=local_halve, local_group=local_group,
-                            fill_bands=fill_bands)
+def resolve_builder(p: Point, prof: dict, cfg: KosmosConfig | None = None) -> str:
+    """The builder the GPU runner would use on the profile's device (kosmos.builder.builder_choice):
+    the configuration's, else 'sm90' for ag-gemm where the profile has the sm90 builder's
+    figures (an sm_90 device) and the shape suits TMA and no bulk movers are asked for; the
+    portable 'mma' otherwise."""
+    cfg = cfg or KosmosConfig.from_point(p)
+    return kb.sim_builder(cfg.builder, p.op, (p.M, p.N, p.K, p.world), bool(prof.get("builder_sm90")),
+                          cfg.mover_bulk)
 
 
-def resolve_builder(p: Point, prof: dict) -> str:
-    """The builder the GPU runner would use on the profile's device (kernels/ag_sm90.py
-    builder_choice): the point's, else $KOSMOS_BUILDER, else 'sm90' for ag-gemm where the
-    profile has the sm90 builder's figures (an sm_90 device) and the shape suits TMA and no
-    bulk movers are asked for; the portable 'mma' otherwise."""
-    import os
-
-    from ..kernels import ag_sm90
-
-    b = p.builder or os.environ.get("KOSMOS_BUILDER")
-    if b:
-        return b
-    bulk = bool(int(os.environ.get("KOSMOS_MOVER_BULK", "0") or 0))
-    if p.op == "ag-gemm" and prof.get("builder_sm90") and not bulk and \
-            ag_sm90.validate(p.M, p.N, p.K, p.world) is None:
-        return "sm90"
-    return "mma"
-
-
-def _ce_copies(sch, K: int, slices: int, merge: bool, BM: int, move_offset: int, work: np.ndarray,
-               nbytes: np.ndarray, setup_ns: float, start_ns: float = 0.0, split: tuple = ()) -> dict:
+def _ce_copies(sch, plan: list, K: int, slices: int, BM: int, move_offset: int, work: np.ndarray,
+               nbytes: np.ndarray, setup_ns: float, start_ns: float = 0.0) -> dict:
     """The runner's CE plan (ce_plan.build, same settings) as the engine sees it: a copy's bytes
     travel with the first mover item of its first band, so its bands are released together when
     the copy ends (merged copies hold early bands back), and every copy beyond the first of its
@@ -129,19 +108,16 @@ def _ce_copies(sch, K: int, slices: int, merge: bool, BM: int, move_offset: int,
     calibrated rate). The first copy starts ``start_ns`` late (the plan's streams wait for the
     call's start on the main stream: an event hop). Edits work / nbytes in place; returns
     {(slice, (peer, M-tile)): extra copies up to and including that K-slice's copy} for the
-    sliced tail (``_ce_stream``); ``split``: slices per copy there (ce_plan.parse_split), every
-    slice of a copy gets the copy's count."""
+    sliced tail (``_ce_stream``); every slice of a copy gets the copy's count. ``plan``: the
+    runner's entries (kosmos.plan: ce_plan.build) before its flags are shared."""
     from .. import ce_plan
-    from ..kernels import ag_sm90
-
-    plan, _ = ce_plan.build(sch, K, slices, bk=ag_sm90.BK, merge=merge, split=split or None)
     tab = sch.movers.table
     items: dict = {}
     for i in sch.movers.queue:
         items.setdefault((int(tab[i][S.F["peer"]]), int(tab[i][S.F["m0"]]) // BM), []).append(move_offset + int(i))
     if len(sch.movers.queue):
         work[move_offset + int(sch.movers.queue[0])] += start_ns
-    starts = [c0 for c0, _ in ce_plan.slice_cols(K, slices, ag_sm90.BK)]
+    starts = [c0 for c0, _ in ce_plan.slice_cols(K, slices, kb.BK)]
     seen, extra, sliced = set(), 0, {}
     for e in plan:
         if not e.rows:
@@ -224,19 +200,24 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     if p.dtype != "bf16":
         raise Unsupported(f"kosmos kernels are bf16 only (dtype={p.dtype})")
     W = p.world
-    ce = (p.mover or "sm") == "ce"
-    if ce and (p.fabric != "host" or p.op != "ag-gemm" or (p.policy or "self") != "self"):
+    try:
+        cfg = KosmosConfig.from_point(p)
+    except ValueError as e:
+        raise Unsupported(str(e)) from None
+    ce = (cfg.mover or "sm") == "ce"
+    if ce and (p.fabric != "host" or p.op != "ag-gemm" or cfg.policy != "self"):
         raise Unsupported("mover ce is ag-gemm on the host fabric with policy self only")
-    sm90 = resolve_builder(p, prof) == "sm90"
+    builder = resolve_builder(p, prof, cfg)
+    sm90 = builder == "sm90"
     if sm90:
         b = prof.get("builder_sm90")
         if not b or p.op != "ag-gemm":
             raise Unsupported(f"builder sm90: ag-gemm with a profile that has builder_sm90 figures ({prof['name']})")
         prof = {**prof, "tile_m": b["tile_m"], "tile_n": b["tile_n"], "builder_efficiency": b["efficiency"]}
     BM, BN = int(prof["tile_m"]), int(prof["tile_n"])
-    chunk = int(p.chunk or 1)
-    order = p.queue_order or "demand"
-    policy = p.policy or "self"
+    chunk = cfg.chunk
+    order = cfg.queue_order
+    policy = cfg.policy
     why = S.validate(p.op, p.M, p.N, p.K, W, BM, BN, chunk)
     if why:
         raise Unsupported(why)
@@ -250,9 +231,7 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
         if model_from_profile:
             model = model_params(prof, p.fabric)
         else:  # the runner's: the sm90 builder's schedule model (its CTA rate), else MODEL_DEFAULTS
-            from ..kernels import ag_sm90
-
-            model = ag_sm90.schedule_model(p.fabric) if sm90 else None
+            model = kb.schedule_model(p.fabric) if sm90 else None
         try:
             num_movers = S.resolve_movers(policy, p.op, p.M, p.N, p.K, W, sizes[0], model, p.fabric)
         except ValueError as e:
@@ -271,45 +250,18 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
         ranks = list(range(W))
     sched_fabric = "host" if p.fabric == "host" else p.fabric
 
-    # copy-engine movers: the runner's settings (impls/kosmos.py ce_settings: K-sliced tail with
-    # the sm90 builder, regime defaults, the KOSMOS_CE_* / KOSMOS_BAND_GROUP knobs)
-    stream_k, ce_slices, ce_split, band_group, merge, tail_bands = False, 1, (), None, False, None
-    ramp, halve = None, True  # None: the schedule's ramp_needed, as the runner
-    from ..impls.kosmos import fill_bands_setting, local_group_setting, local_halve_setting, peer_runs_setting
-
-    peer_runs, local_halve, local_group = peer_runs_setting(), local_halve_setting(), local_group_setting()
-    fill_bands = min(fill_bands_setting(), S.cdiv(p.M // W, BM)) if p.op == "ag-gemm" else 0
-    if ce:
-        from ..impls import kosmos as kimpl
-
-        try:
-            cs = kimpl.ce_settings(p.N // W, sizes[0], sm90, True)
-        except ValueError as e:
-            raise Unsupported(str(e)) from None
-        if cs.k_stream and (cs.slice_bytes or cs.tail_groups != 1):
-            raise Unsupported("the simulator models K-slices of the last group only (KOSMOS_CE_SLICE_MB, "
-                              "KOSMOS_CE_TAIL_GROUPS are not modelled)")
-        if cs.head_main:
-            raise Unsupported("the simulator does not model the head copy on the main stream (KOSMOS_CE_HEAD_MAIN=1)")
-        if not cs.shared_release:
-            raise Unsupported("the simulator releases a copy's bands together: a release per band "
-                              "(KOSMOS_CE_SHARED_RELEASE=0) is not modelled")
-        if cs.sm_tail_bands or cs.kernel_side:
-            raise Unsupported("the simulator does not model the SM-streamed tail (KOSMOS_CE_SM_TAIL) or the kernel "
-                              "on a side stream (KOSMOS_CE_KERNEL_SIDE)")
-        from ..impls.kosmos import split_k_setting
-
-        if split_k_setting()[1] > 1:
-            raise Unsupported("the simulator does not model split tail tiles (KOSMOS_SPLIT_K)")
-        stream_k, merge, band_group, tail_bands = cs.k_stream, cs.merge, cs.band_group, cs.tail_bands
-        ramp, halve = cs.ramp, cs.halve
-        ce_slices = cs.slices if stream_k else 1
-        ce_split = tuple(cs.split) if stream_k else ()
+    # the runner's plan (kosmos.plan): schedules built with policy 'self' (the mover count only
+    # changes the WG rules, never the queues), the resolved settings, the copy-engine plan
+    try:
+        pl = make_plan(p, cfg, {r: sizes[r] for r in ranks}, builder=builder, fabric=sched_fabric, BM=BM, BN=BN,
+                       policy="self", cached=True)
+    except ValueError as e:
+        raise Unsupported(str(e)) from None
+    stream_k = pl.resolved.k_stream
+    ce_slices = pl.ce_slices
 
     def sched(r):
-        return _schedule(p.op, p.M, p.N, p.K, W, r, BM, BN, chunk, sizes[r], order, p.seed,
-                         p.local_first, sched_fabric, sm90, stream_k, band_group, tail_bands, ramp, halve,
-                         peer_runs, local_halve, local_group, fill_bands)
+        return pl.schedule(r, sizes[r])
 
     scheds = {r: sched(r) for r in ranks}
     elem_scale = ELEM_BYTES[p.dtype] / S.ELEM_BYTES
@@ -360,8 +312,8 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
 
     setup_ns = float(prof.get("copy_engine_setup_ns", 0.0))
     start_ns = float(prof.get("copy_engine_start_ns", 0.0))
-    sliced_extra = _ce_copies(scheds[ranks[0]], p.K, ce_slices, merge, BM, offset[ranks[0], S.Q_MOVE], work, nbytes,
-                              setup_ns, start_ns, ce_split) if ce else {}
+    sliced_extra = _ce_copies(scheds[ranks[0]], pl.ce_entries, p.K, ce_slices, BM, offset[ranks[0], S.Q_MOVE], work,
+                              nbytes, setup_ns, start_ns) if ce else {}
 
     # ---- dependencies: every dependency flag -> all items that release it
     remote_lat = float(prof["flag_latency_ns"]["remote"])
@@ -425,7 +377,7 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     if stream_k:  # the last group's tiles start on slice 0 and end after their last slice's work
         r0 = ranks[0]
         arrive, rows = _ce_stream(scheds[r0], ce_slices, BM, float(prof["copy_engine_GBps"]["h2d"]), elem_scale,
-                                  setup_ns, sliced_extra, start_ns, ce_split)
+                                  setup_ns, sliced_extra, start_ns, pl.resolved.split if stream_k else ())
         moved = offset[r0, S.Q_MOVE] + np.asarray(rows, dtype=np.int64)
         bt = scheds[r0].builders
         end_floor = np.zeros(n)
@@ -472,7 +424,8 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
                      claim_ns=float(prof.get("claim_ns", 0.0)), sm=sm, inflight_cap=caps,
                      collapse=None if ce else _collapse(prof, p.fabric, len(links.bw)), end_floor_ns=end_floor)
     overhead = prof["launch_overhead_us"] * 1e3 + (remote_lat if p.fabric != "host" and W > 1 else 0.0)
-    return Built(prob, ranks, sizes[0], num_movers, symmetric, overhead, [scheds[r] for r in ranks])
+    return Built(prob, ranks, sizes[0], num_movers, symmetric, overhead, [scheds[r] for r in ranks],
+                 plan_info(pl, scheds[ranks[0]]))
 
 
 def _peer_releases(r, sched, offset, W):

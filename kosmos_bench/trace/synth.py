@@ -51,15 +51,14 @@ def synthetic_trace(policy: str = "self", *, world: int = 8, ranks: list[int] | 
 
 
 def _one_rank(policy, rank, world, wgs, bpp, tpb, tb, tm, link_par, jitter, seed) -> pd.DataFrame:
+    from ..point import parse_policy
+
     rng = np.random.default_rng(seed)
-    if policy == "self":
-        k = None
-    elif policy == "predicted":
+    kind, k = parse_policy(policy)
+    if kind == "predicted":
         k = predicted_movers(wgs, world, bpp * tpb, tb, bpp * tm, link_par)
-    elif policy.startswith("fixed:"):
-        k = min(int(policy.split(":")[1]), wgs - 1)
-    else:
-        raise ValueError(f"policy {policy!r}")
+    elif kind == "fixed":
+        k = min(k, wgs - 1)
     # Band id = source rank * bpp + sub-band; peers ring-staggered (r+1, r+2, ...).
     movers = [((rank + d) % world) * bpp + s for d in range(1, world) for s in range(bpp)]
     local = [rank * bpp + s for s in range(bpp)]

@@ -1,0 +1,69 @@
+"""The builder model: tile sizes of the Hopper (sm90) builder, what its TMA loads can take,
+which builder a shape gets, and the schedule-model rates the schedule is built with.
+
+Pure Python (no torch, no compiled library): the GPU runner, the simulator and the trace
+analysis all use it. Building and loading the sm90 library is ``kernels/ag_sm90.py``'s.
+"""
+from __future__ import annotations
+
+BM, BN, BK = 128, 256, 64  # sm90 builder tile (the schedule is built with BN = 256 for it); BK: one k-block
+MOVER_THREADS = 128  # a mover item is copied by the loader warpgroup (csrc/ag_gemm_sm90.cu)
+CTA_TFLOPS = 5.3  # one builder CTA's nominal rate for the schedule's model: ~700 TFLOP/s world-1 over 132 SMs
+BUILDERS = ("mma", "sm90")
+
+
+def schedule_model(fabric: str) -> dict:
+    """The schedule-model overrides of the sm90 builder (schedule.MODEL_DEFAULTS otherwise): a
+    mover item is the 128-thread loader warpgroup's, a builder is one CTA at CTA_TFLOPS.
+    Everything that rebuilds the kernel's schedule (runner, simulator, trace analysis) uses it."""
+    from .. import schedule as S
+
+    base = S.MODEL_DEFAULTS.get(fabric, S.MODEL_DEFAULTS["host"])
+    return {"wg_copy_gbs": base["wg_copy_gbs"] * MOVER_THREADS / 256, "wg_tflops": CTA_TFLOPS}
+
+
+def validate(M: int, N: int, K: int, world: int) -> str | None:
+    """None when the sm90 AG+GEMM takes the shape, else why not (mirrors the C validate)."""
+    if world < 1 or world > 8:
+        return "sm90 ag-gemm: world outside 1..8"
+    if min(M, N, K) <= 0:
+        return "sm90 ag-gemm: M, N, K must be positive"
+    if M % world or N % world:
+        return "sm90 ag-gemm: M and N must be divisible by world"
+    if K % 8:
+        return "sm90 ag-gemm: K must be a multiple of 8 (TMA: 16-byte row strides)"
+    if (N // world) % 8:
+        return "sm90 ag-gemm: N/world must be a multiple of 8 (TMA: 16-byte row strides of B_r and C_r)"
+    return None
+
+
+def _sm90_library_ok() -> bool:
+    """Whether the sm90 library is cached or can be built here (nvcc and CUTLASS headers)."""
+    from ..kernels import ag_sm90
+
+    return ag_sm90.find_lib() is not None or ag_sm90._can_build()
+
+
+def builder_choice(builder: str | None, op: str = "ag-gemm", shape: tuple[int, int, int, int] | None = None,
+                   capability: tuple[int, int] | None = None, mover_bulk: bool = False,
+                   library_ok=None) -> str:
+    """The builder to use: the argument (the configuration's ``builder``), else picked by
+    device: 'sm90' (wgmma + TMA) for ag-gemm on an sm_90 GPU when the shape (M, N, K, world)
+    suits it, the library can be had (``library_ok()``, default: cached or buildable here) and
+    no bulk movers are asked for; the portable 'mma' otherwise."""
+    if builder:
+        if builder not in BUILDERS:
+            raise ValueError(f"builder={builder!r}: expected one of {', '.join(BUILDERS)}")
+        return builder
+    if op != "ag-gemm" or mover_bulk or capability != (9, 0):
+        return "mma"
+    if shape is not None and validate(*shape) is not None:
+        return "mma"
+    return "sm90" if (library_ok or _sm90_library_ok)() else "mma"
+
+
+def sim_builder(builder: str | None, op: str, shape: tuple[int, int, int, int], has_sm90_figures: bool,
+                mover_bulk: bool = False) -> str:
+    """The builder the GPU runner would use on a simulated device (``builder_choice`` with the
+    profile's sm90 figures standing for an sm_90 device whose library can be had)."""
+    return builder_choice(builder, op, shape, (9, 0) if has_sm90_figures else None, mover_bulk, lambda: True)
