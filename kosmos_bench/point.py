@@ -11,6 +11,8 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
+from .kosmos.decide import parse_policy  # noqa: F401 - re-exported: the one policy parser
+
 OPS = ("ag-gemm", "gemm-rs", "gemm")
 DTYPES = ("bf16", "fp16", "fp32")
 FABRICS = ("nvlink", "local", "host", "gloo")
@@ -141,17 +143,3 @@ def normalize_knobs(knobs) -> tuple:
         if v != getattr(DEFAULTS, name):
             out[name] = v
     return tuple(sorted(out.items()))
-
-
-def parse_policy(policy: str) -> tuple[str, int | None]:
-    """'self' -> ('self', None); 'fixed:4' -> ('fixed', 4); 'predicted' -> ('predicted', None)."""
-    if policy in ("self", "predicted"):
-        return policy, None
-    if policy.startswith("fixed:"):
-        try:
-            k = int(policy.split(":", 1)[1])
-        except ValueError:
-            k = -1
-        if k >= 1:
-            return "fixed", k
-    raise ValueError(f"policy {policy!r}: expected 'self', 'predicted' or 'fixed:<k>' with k >= 1")

@@ -359,7 +359,7 @@ def resolve_movers(policy: str, op: str, M: int, N: int, K: int, world: int, num
         return None
     if policy == "predicted":
         return predicted_movers(op, M, N, K, world, num_wgs, model, fabric)
-    from .point import parse_policy
+    from .kosmos.decide import parse_policy
 
     kind, k = parse_policy(policy)
     if kind == "fixed":

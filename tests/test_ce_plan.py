@@ -7,11 +7,12 @@ import pytest
 from kosmos_bench import ce_plan
 from kosmos_bench import schedule as S
 from kosmos_bench.kernels import ag_sm90
+from kosmos_bench.kosmos import builder
 
 
 def _sched(M, N, K, W, r, wgs=132, stream_k=False):  # as kosmos.py builds it for the sm90 builder
     return S.build_schedule("ag-gemm", M, N, K, W, r, BM=128, BN=256, num_wgs=wgs, fabric="host",
-                            stream_k=stream_k, model=ag_sm90.schedule_model("host"))
+                            stream_k=stream_k, model=builder.schedule_model("host"))
 
 
 def _band_flags(sch) -> dict:
@@ -189,7 +190,7 @@ def test_peer_groups_need_fewer_copies_and_cover_every_byte(shape):
     M, N, K = shape
     W, r = 8, 0
     m_loc = M // W
-    kw = dict(BM=128, BN=256, num_wgs=132, fabric="host", stream_k=True, model=ag_sm90.schedule_model("host"))
+    kw = dict(BM=128, BN=256, num_wgs=132, fabric="host", stream_k=True, model=builder.schedule_model("host"))
     sch = S.build_schedule("ag-gemm", M, N, K, W, r, band_group=S.PEER_GROUPS, **kw)
     for grp in sch.meta["remote_groups"]:
         assert len({p for p, _ in grp}) == 1, grp

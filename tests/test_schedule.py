@@ -403,9 +403,9 @@ def test_ramp_only_where_the_own_bands_do_not_cover_the_first_group():
     regular group (own_bands * rho < group): 405b FC1 (rho 0.88, 8 own bands, 6-band groups) has
     no ramp at 8k and 16k tokens, a narrow layer (rho 0.15) keeps it; other fabrics keep the
     ramp; ramp=True / False force it."""
-    from kosmos_bench.kernels import ag_sm90
+    from kosmos_bench.kosmos import builder
 
-    m = ag_sm90.schedule_model("host")
+    m = builder.schedule_model("host")
     kw = dict(BM=128, BN=256, num_wgs=132, fabric="host", model=m, stream_k=True)
 
     def first(M, N, **k):

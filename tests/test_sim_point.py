@@ -314,7 +314,7 @@ def test_copy_engine_plan_copies_pay_set_up_and_release_together(N):
     copy beyond the first of its peer (whole copies in the engine, K-slices in the tail's
     arrivals), so more set-up is never faster."""
     from kosmos_bench import ce_plan
-    from kosmos_bench.kernels import ag_sm90
+    from kosmos_bench.kosmos import builder
     from kosmos_bench.kosmos import config as kcfg
     from kosmos_bench.sim import model
 
@@ -327,7 +327,7 @@ def test_copy_engine_plan_copies_pay_set_up_and_release_together(N):
     regime = kcfg.regime_of(N // 8, 132)
     copy_bound = regime == "copy-bound"
     plan, _ = ce_plan.build(sch, p.K, kcfg.REGIMES[regime]["ce_slices"],
-                            bk=ag_sm90.BK, merge=copy_bound)
+                            bk=builder.BK, merge=copy_bound)
     whole = [e for e in plan if e.rows and e.cols == p.K]
     tail = {tuple(b) for b in sch.meta["remote_groups"][-1]} if any(e.rows and e.cols < p.K for e in plan) else set()
     tail_items = sum(1 for i in sch.movers.queue

@@ -19,9 +19,7 @@ from . import libs
 from .libs import BuildError, cutlass_include, nvcc  # noqa: F401 - cutlass_include, nvcc: _can_build
 
 LIB = libs.AG_SM90
-# The builder model (tile sizes, what TMA takes, which builder a shape gets) is pure Python in
-# kosmos/builder.py; re-exported here for the callers of this module.
-from ..kosmos.builder import BK, BM, BN, BUILDERS, CTA_TFLOPS, MOVER_THREADS, builder_choice, schedule_model, validate  # noqa: E402,F401,E501
+# The builder model (tile sizes, what TMA takes, which builder a shape gets): kosmos/builder.py.
 
 
 def _can_build() -> bool:

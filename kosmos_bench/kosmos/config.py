@@ -84,7 +84,7 @@ def _choice(*allowed):
 
 
 def _policy(v) -> str:
-    from ..point import parse_policy
+    from .decide import parse_policy
 
     if not isinstance(v, str):
         raise ValueError

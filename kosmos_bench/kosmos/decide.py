@@ -100,3 +100,17 @@ def _once(op: str, v):
         return _take_pending(v)
     i = v.claim(Q_REDUCE)
     return (Q_REDUCE, i) if i is not None else None
+
+
+def parse_policy(policy: str) -> tuple[str, int | None]:
+    """'self' -> ('self', None); 'fixed:4' -> ('fixed', 4); 'predicted' -> ('predicted', None)."""
+    if policy in ("self", "predicted"):
+        return policy, None
+    if policy.startswith("fixed:"):
+        try:
+            k = int(policy.split(":", 1)[1])
+        except ValueError:
+            k = -1
+        if k >= 1:
+            return "fixed", k
+    raise ValueError(f"policy {policy!r}: expected 'self', 'predicted' or 'fixed:<k>' with k >= 1")

@@ -51,7 +51,7 @@ def synthetic_trace(policy: str = "self", *, world: int = 8, ranks: list[int] | 
 
 
 def _one_rank(policy, rank, world, wgs, bpp, tpb, tb, tm, link_par, jitter, seed) -> pd.DataFrame:
-    from ..point import parse_policy
+    from ..kosmos.decide import parse_policy
 
     rng = np.random.default_rng(seed)
     kind, k = parse_policy(policy)
