@@ -595,7 +595,7 @@ def _availability(impl, backend: str) -> tuple[bool, str]:
 
         if impl.name in sim.IMPLS:
             return True, ""
-        return False, f"the simulator models {', '.join(sim.IMPLS)} only"
+        return False, f"needs --backend gpu (the simulator models {', '.join(sim.IMPLS)} only)"
     return impl.available(backend)
 
 
