@@ -429,9 +429,9 @@ def ablate(
         points = [p for p in points if p.key() not in done]
         err.print(f"resume {resume}: {total - len(points)} points already ok, {len(points)} to run", markup=False)
     else:
-        store = RunStore.create(output, f"ablate-{name}-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+        store = RunStore.create(output, f"ablate-{path.stem}-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
     store.write_manifest({"sweep": sw.source, "sweep_name": sw.name, "op": sw.op, "backend": be, "points": total})
-    code = run_and_report(store, f"ablate {name}", points, be, total=total, timeout_s=timeout)
+    code = run_and_report(store, f"ablate {path.stem}", points, be, total=total, timeout_s=timeout)
     for f in plot.render(store.root):
         err.print(f"wrote {f}", markup=False)
     raise typer.Exit(code)
