@@ -339,7 +339,8 @@ def sweep(
     fabric: Optional[str] = typer.Option(None, help="nvlink | local | host | gloo (default: the sweep's, auto-resolved)."),
     profile: Optional[str] = typer.Option(None, help="Simulator hardware profile (backend sim)."),
     output: Path = typer.Option(Path("results"), "-o", "--output", help="Directory under which the run directory is created."),
-    resume: Optional[Path] = typer.Option(None, help="Existing run directory: skip points already ok, append the rest."),
+    resume: Optional[Path] = typer.Option(None, help="Existing run directory of this sweep and backend: skip points "
+                                          "already ok, run the rest (a run another sweep made is refused)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the expanded points and exit."),
     trace: bool = typer.Option(False, "--trace", help="Record role timelines of kosmos points."),
     reps: Optional[int] = typer.Option(None, help="Timed repetitions per point (default: the sweep's)."),
