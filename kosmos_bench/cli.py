@@ -188,6 +188,7 @@ class _Table:
         self.rows = {r["key"]: r for r in prior.to_dict(orient="records")} if len(prior) else {}
         self.run_id = run_id
         self.pending: list[str] = []
+        self.seen: set[str] = set()  # keys added by this invocation
         self.group = None
 
     def add(self, row: dict) -> None:
@@ -201,6 +202,7 @@ class _Table:
         self.rows.pop(row["key"], None)  # a re-run (resume) replaces the old row
         self.rows[row["key"]] = row
         self.pending.append(row["key"])
+        self.seen.add(row["key"])
 
     def flush(self) -> None:
         import pandas as pd
@@ -228,11 +230,11 @@ def execute(points, store, *, as_json: bool, timeout_s: float, profiler: str | N
             store.write_trace(p.key(), trace)
             row["trace_file"] = f"traces/{p.key()}.parquet"
         store.write_row(row)
-        progress.done(p, row)
         if as_json:
             out.print(json.dumps({k: v for k, v in row.items()}, default=str), markup=False)
         elif table is not None:
             table.add(row)
+        progress.done(p, row)
 
     with _Progress(len(points)) as progress:
         sim_points = [p for p in points if p.backend == "sim"]
@@ -290,9 +292,14 @@ def run_and_report(store, title: str, points, backend: str, *, total: int, as_js
 
         for child in mp.active_children():  # this sweep's workers
             child.kill()
-        if table is not None:
+        stored = store.rows()
+        if table is not None:  # every row saved before the interrupt is printed, once
+            keys = {p.key() for p in points}
+            for r in stored.to_dict(orient="records"):
+                if r["key"] in keys and r["key"] not in table.seen:
+                    table.add(r)
             table.flush()
-        saved = len(store.rows())
+        saved = len(stored)
         how = f"resume with: {_resume_command(store.root)}" if resumable else "run the command again"
         err.print(f"interrupted: {saved} of {total} points saved in {store.root}; {how}", markup=False)
         raise typer.Exit(130) from None
