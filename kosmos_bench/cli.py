@@ -2,14 +2,19 @@
 calibrate, validate-sim.
 
 Data goes to stdout (rows, tables, --json), progress and diagnostics to stderr. Exit codes:
-0 all points ok, 1 some point wrong/failed/timed out, 2 usage error.
+0 every point ok (or skipped, as long as one ran), 1 some point wrong/failed/timed out or no
+point ran at all (every one skipped), 2 usage error (one line on stderr), 130 interrupted
+(Ctrl-C; what finished is saved and `--resume` runs the rest).
 """
 from __future__ import annotations
 
 import json
+import math
+import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -37,6 +42,41 @@ def _split(values: Optional[List[str]]) -> list[str] | None:
     if not values:
         return None
     return [x.strip() for v in values for x in v.split(",") if x.strip()]
+
+
+def _worlds(values: Optional[List[str]]) -> list[int] | None:
+    """--world values (comma separated) as integers >= 1, else a usage error naming the value."""
+    worlds = []
+    for w in _split(values) or []:
+        try:
+            n = int(w)
+        except ValueError:
+            raise usage_error(f"--world: {w!r} is not an integer") from None
+        if n < 1:
+            raise usage_error(f"--world: {n}: world sizes must be >= 1")
+        worlds.append(n)
+    return worlds or None
+
+
+def check_options(*, policies: list[str] | None = None, fabric: str | None = None, reps: int | None = None,
+                  warmup: int | None = None, timeout: float | None = None) -> None:
+    """Usage errors (exit 2, one line naming the bad value) for option values the sweep would
+    otherwise carry into every row: --policy, --fabric, --reps, --warmup, --timeout."""
+    from .point import FABRICS, parse_policy
+
+    for pol in policies or []:
+        try:
+            parse_policy(pol)
+        except ValueError as e:
+            raise usage_error(f"--policy: {e}") from None
+    if fabric is not None and fabric not in ("auto",) + FABRICS:
+        raise usage_error(f"--fabric: {fabric!r} is not one of auto, {', '.join(FABRICS)}")
+    if reps is not None and reps < 1:
+        raise usage_error(f"--reps: {reps}: expected an integer >= 1 (timed repetitions per point)")
+    if warmup is not None and warmup < 1:
+        raise usage_error(f"--warmup: {warmup}: expected an integer >= 1 (warm-up calls per point)")
+    if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
+        raise usage_error(f"--timeout: {timeout:g}: expected seconds > 0")
 
 
 def resolve_backend(backend: str) -> str:
@@ -111,43 +151,202 @@ def build_points(target: str, *, backend: str, fabric: str | None, impls, worlds
     return sw, points
 
 
-def execute(points, store, *, as_json: bool, timeout_s: float, profiler: str | None = None,
-            isolate: bool = False) -> int:
-    """Run points (resume-filtered by the caller), writing each row as it lands."""
-    from . import harness, launch, report
+class _Progress:
+    """Progress on stderr: a live bar on a terminal; elsewhere (a CI log, `2>log`) one plain
+    line per finished point, so a long run shows where it is."""
 
-    rows = []
+    def __init__(self, total: int):
+        self.total, self.n, self.t0 = total, 0, time.monotonic()
+        self.live = None
+        if err.is_terminal:
+            self.live = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=err, transient=True)
+            self.task = self.live.add_task("starting", total=total)
+
+    def __enter__(self):
+        if self.live is not None:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.live is not None:
+            self.live.__exit__(*exc)
+        return False
+
+    @staticmethod
+    def label(p) -> str:
+        return f"{p.op} {p.variant} W={p.world} {p.M}x{p.N}x{p.K}"
+
+    def start(self, p) -> None:
+        if self.live is not None:
+            self.live.update(self.task, description=self.label(p))
+
+    def done(self, p, row: dict) -> None:
+        self.n += 1
+        if self.live is not None:
+            self.live.advance(self.task)
+            return
+        t = row.get("t_median_us")
+        took = f" {t:.2f} us" if isinstance(t, (int, float)) and math.isfinite(t) else ""
+        el = int(time.monotonic() - self.t0)
+        print(f"progress: {self.n}/{self.total} points, {el // 60}:{el % 60:02d} elapsed: {self.label(p)}: "
+              f"{row.get('status')}{took}", file=sys.stderr, flush=True)
+
+
+class _Table:
+    """The sweep's fixed-width rows on stdout, derived like `report` (speedup, eff*): the rows
+    of one problem (op, shape, world, fabric, ...) are printed together once its last point is
+    in, so its nccl-seq baseline is known (points are expanded problem by problem)."""
+
+    def __init__(self, prior, run_id: str):
+        self.rows = {r["key"]: r for r in prior.to_dict(orient="records")} if len(prior) else {}
+        self.run_id = run_id
+        self.pending: list[str] = []
+        self.seen: set[str] = set()  # keys added by this invocation
+        self.group = None
+
+    def add(self, row: dict) -> None:
+        from .report import MATCH_COLS
+
+        group = tuple(str(row.get(c)) for c in MATCH_COLS)
+        if self.pending and group != self.group:
+            self.flush()
+        self.group = group
+        row = dict(row, run_id=self.run_id)
+        self.rows.pop(row["key"], None)  # a re-run (resume) replaces the old row
+        self.rows[row["key"]] = row
+        self.pending.append(row["key"])
+        self.seen.add(row["key"])
+
+    def flush(self) -> None:
+        import pandas as pd
+
+        from . import report
+
+        if not self.pending:
+            return
+        df = report.derive(pd.DataFrame(list(self.rows.values())))
+        by_key = {r["key"]: r for r in df.to_dict(orient="records") if r["key"] in set(self.pending)}
+        for k in self.pending:
+            out.print(report.row_text(by_key[k]), markup=False)
+        self.pending = []
+
+
+def execute(points, store, *, as_json: bool, timeout_s: float, profiler: str | None = None,
+            isolate: bool = False, table: "_Table | None" = None) -> None:
+    """Run points (resume-filtered by the caller), writing each row as it lands; with a table,
+    rows go to it (printed by problem), else one JSON object per row when as_json."""
+    from . import harness, launch
 
     def on_row(p, row, trace):
         if trace is not None and len(trace):
             store.write_trace(p.key(), trace)
             row["trace_file"] = f"traces/{p.key()}.parquet"
         store.write_row(row)
-        rows.append(row)
-        progress.advance(task)
         if as_json:
             out.print(json.dumps({k: v for k, v in row.items()}, default=str), markup=False)
-        else:
-            out.print(report.row_text(row), markup=False)
+        elif table is not None:
+            table.add(row)
+        progress.done(p, row)
 
-    def on_start(p):
-        progress.update(task, description=f"{p.op} {p.variant} W={p.world} {p.M}x{p.N}x{p.K}")
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, transient=True) as progress:
-        task = progress.add_task("starting", total=len(points))
+    with _Progress(len(points)) as progress:
         sim_points = [p for p in points if p.backend == "sim"]
         real_points = [p for p in points if p.backend != "sim"]
         for p in sim_points:
-            on_start(p)
+            progress.start(p)
             on_row(p, *harness.run_sim_point(p))
         if real_points:
             if launch.under_torchrun():
-                launch.run_points_torchrun(real_points, on_start, on_row)
+                launch.run_points_torchrun(real_points, progress.start, on_row)
             else:
-                launch.run_points(real_points, on_start, on_row, timeout_s, isolate=isolate)
-    bad = [r for r in rows if r.get("status") in BAD_STATUSES]
-    return 1 if bad else 0
+                launch.run_points(real_points, progress.start, on_row, timeout_s, isolate=isolate)
+    if table is not None:
+        table.flush()
+
+
+def _resume_command(root: Path) -> str:
+    """This command line with --resume ROOT in place of -o/--output/--resume."""
+    keep, skip = [], False
+    for a in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif a in ("-o", "--output", "--resume"):
+            skip = True
+        elif not a.startswith(("--output=", "--resume=")) and not (a.startswith("-o") and len(a) > 2):
+            keep.append(a)
+    return shlex.join(["kosmos-bench", *keep, "--resume", str(root)])
+
+
+def run_and_report(store, title: str, points, backend: str, *, total: int, as_json: bool = False,
+                   timeout_s: float = 600.0, isolate: bool = False, resumable: bool = True) -> int:
+    """Run the points into the store and print them the nccl-tests way (header with the
+    config and devices, one row per point with speedup and eff*, footer with the verdict);
+    returns the exit code of the whole run (report.verdict: 1 when a point is wrong, failed or
+    timed out, or when nothing ran). Ctrl-C: says what is saved and how to resume, exit 130."""
+    from . import report
+
+    fabrics = sorted({p.fabric for p in points})
+    note = ""
+    if backend == "sim":
+        note = " — SIMULATED (no GPU here): times come from a hardware model, not measurements"
+    elif "host" in fabrics or "local" in fabrics:
+        note = " — single-GPU emulated fabric (host: rank-0 view, peers over PCIe; local: emulated ranks)"
+    prior = store.rows()
+    table = None
+    if not as_json:
+        out.print(report.header_text(store.manifest(), f"{title}: {len(points)} points, backend={backend}, "
+                                     f"fabric={','.join(fabrics)}{note}"), markup=False)
+        out.print(report.column_header(), markup=False)
+        table = _Table(prior, store.run_id)
+    try:
+        execute(points, store, as_json=as_json, timeout_s=timeout_s, isolate=isolate, table=table)
+    except KeyboardInterrupt:
+        import multiprocessing as mp
+
+        for child in mp.active_children():  # this sweep's workers
+            child.kill()
+        stored = store.rows()
+        if table is not None:  # every row saved before the interrupt is printed, once
+            keys = {p.key() for p in points}
+            for r in stored.to_dict(orient="records"):
+                if r["key"] in keys and r["key"] not in table.seen:
+                    table.add(r)
+            table.flush()
+        saved = len(stored)
+        how = f"resume with: {_resume_command(store.root)}" if resumable else "run the command again"
+        err.print(f"interrupted: {saved} of {total} points saved in {store.root}; {how}", markup=False)
+        raise typer.Exit(130) from None
+    rows = store.rows()
+    if not as_json:
+        out.print(report.footer_text(rows), markup=False)
+        out.print(f"results: {store.root}", markup=False)
+    return report.verdict(rows)["exit_code"]
+
+
+def open_resume(resume: Path, sw, backend: str):
+    """The RunStore of `--resume DIR`, or a usage error when DIR is not a run or was made by
+    another sweep, op or backend (its rows would be mixed with this sweep's)."""
+    from .store import RunStore
+
+    store = RunStore(resume)
+    if not resume.is_dir() or not store.is_run():
+        raise usage_error(f"--resume: {resume} is not a run directory (no manifest.json or points/)")
+    man, rows = store.manifest(), store.rows()
+    names = set(rows["sweep"].dropna().astype(str)) if len(rows) else set()
+    if man.get("sweep_name") or man.get("sweep"):
+        names.add(str(man.get("sweep_name") or Path(str(man["sweep"])).stem))
+    ops = set(rows["op"].dropna().astype(str)) if len(rows) else set()
+    backends = set(rows["backend"].dropna().astype(str)) if len(rows) else set()
+    if man.get("backend"):
+        backends.add(str(man["backend"]))
+    made_by = f"sweep {'/'.join(sorted(names)) or '?'} (op {'/'.join(sorted(ops)) or '?'})"
+    if (names and names != {sw.name}) or (ops and ops != {sw.op}):
+        raise usage_error(f"--resume: {resume} was made by {made_by}, not by sweep {sw.name} (op {sw.op}): "
+                          f"resume it with the sweep that made it, or start a new run without --resume")
+    if backends and backends != {backend}:
+        raise usage_error(f"--resume: {resume} ran on backend {'/'.join(sorted(backends))}, not {backend}: "
+                          f"pass --backend {'/'.join(sorted(backends))}, or start a new run without --resume")
+    return store
 
 
 @app.command()
@@ -161,7 +360,8 @@ def sweep(
     fabric: Optional[str] = typer.Option(None, help="nvlink | local | host | gloo (default: the sweep's, auto-resolved)."),
     profile: Optional[str] = typer.Option(None, help="Simulator hardware profile (backend sim)."),
     output: Path = typer.Option(Path("results"), "-o", "--output", help="Directory under which the run directory is created."),
-    resume: Optional[Path] = typer.Option(None, help="Existing run directory: skip points already ok, append the rest."),
+    resume: Optional[Path] = typer.Option(None, help="Existing run directory of this sweep and backend: skip points "
+                                          "already ok, run the rest (a run another sweep made is refused)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the expanded points and exit."),
     trace: bool = typer.Option(False, "--trace", help="Record role timelines of kosmos points."),
     reps: Optional[int] = typer.Option(None, help="Timed repetitions per point (default: the sweep's)."),
@@ -175,14 +375,13 @@ def sweep(
                                  "leaves in the process reaches the next; a few seconds more per point)."),
 ):
     """Run a sweep: every point checked against the reference, timed, and stored as Parquet."""
-    from . import report
     from .store import RunStore
 
     sets = parse_settings(settings)
     be = resolve_backend(backend)
-    worlds = [int(w) for w in _split(world) or []] or None
-    if worlds is not None and any(w < 1 for w in worlds):
-        raise usage_error("--world: world sizes must be >= 1")
+    worlds = _worlds(world)
+    check_options(policies=_split(policy), fabric=fabric, reps=reps, warmup=warmup, timeout=timeout)
+    _check_profile(profile, be)
     sw, points = build_points(target, backend=be, fabric=fabric, impls=_split(impl), worlds=worlds, trace=trace,
                               reps=reps, warmup=warmup, profile=profile, policies=_split(policy), concurrent=concurrent,
                               settings=sets)
@@ -194,32 +393,30 @@ def sweep(
         out.print(t)
         out.print(f"{len(points)} points (dry run: nothing executed)")
         raise typer.Exit(0)
+    total = len(points)
     if resume is not None:
-        if not resume.is_dir():
-            raise usage_error(f"--resume: {resume} is not a run directory")
-        store = RunStore(resume)
+        store = open_resume(resume, sw, be)
         done = store.done_keys()
-        todo = [p for p in points if p.key() not in done]
-        err.print(f"resume {resume}: {len(points) - len(todo)} points already ok, {len(todo)} to run")
-        points = todo
+        points = [p for p in points if p.key() not in done]
+        err.print(f"resume {resume}: {total - len(points)} points already ok, {len(points)} to run", markup=False)
     else:
         store = RunStore.create(output)
-    store.write_manifest({"sweep": sw.source, "backend": be, "points": len(points)})
-    fabrics = sorted({p.fabric for p in points})
-    note = ""
-    if be == "sim":
-        note = " — SIMULATED (no GPU here): times come from a hardware model, not measurements"
-    elif "host" in fabrics or "local" in fabrics:
-        note = " — single-GPU emulated fabric (host: rank-0 view, peers over PCIe; local: emulated ranks)"
-    if not as_json:
-        out.print(report.header_text(store.manifest(), f"{sw.name}: {len(points)} points, backend={be}, "
-                                     f"fabric={','.join(fabrics)}{note}"), markup=False)
-        out.print(report.column_header(), markup=False)
-    code = execute(points, store, as_json=as_json, timeout_s=timeout, isolate=isolate)
-    if not as_json:
-        out.print(report.footer_text(store.rows()), markup=False)
-        out.print(f"results: {store.root}", markup=False)
-    raise typer.Exit(code)
+    store.write_manifest({"sweep": sw.source, "sweep_name": sw.name, "op": sw.op, "backend": be, "points": total})
+    raise typer.Exit(run_and_report(store, sw.name, points, be, total=total, as_json=as_json, timeout_s=timeout,
+                                    isolate=isolate))
+
+
+def _check_profile(profile: str | None, backend: str) -> None:
+    if profile is None:
+        return
+    if backend != "sim":
+        raise usage_error(f"--profile {profile}: simulator profiles apply to --backend sim only (backend here: {backend})")
+    from .sim import profiles
+
+    try:
+        profiles.load(profile)
+    except (KeyError, ValueError) as e:
+        raise usage_error(f"--profile: {e.args[0]}") from None
 
 
 @app.command()
@@ -228,12 +425,17 @@ def ablate(
     backend: str = typer.Option("auto", help="auto | gpu | cpu | sim."),
     world: Optional[List[str]] = typer.Option(None, "--world", help="World sizes, comma separated."),
     fabric: Optional[str] = typer.Option(None, help="Override the sweep's fabric."),
-    output: Path = typer.Option(Path("results"), "-o", "--output"),
+    output: Path = typer.Option(Path("results"), "-o", "--output", help="Directory under which the run directory "
+                                "(ablate-NAME-<time>) is created; figures go to its plots/."),
+    resume: Optional[Path] = typer.Option(None, help="Existing ablation run directory: skip points already ok, "
+                                          "run the rest, plot."),
     trace: bool = typer.Option(True, "--trace/--no-trace", help="Record role timelines (for idle-window plots)."),
-    timeout: float = typer.Option(600.0),
+    timeout: float = typer.Option(600.0, help="Seconds one point may take before its workers are killed."),
     settings: Optional[List[str]] = typer.Option(None, "--set", help=SET_HELP),
 ):
-    """Run an ablation sweep and plot it."""
+    """Run an ablation sweep and plot it (RUN/plots)."""
+    import datetime
+
     from . import plot
     from .spec import find_sweep
     from .store import RunStore
@@ -243,15 +445,22 @@ def ablate(
         raise usage_error(f"no ablation named {name!r} (expected sweeps/ablate/{name}.yaml)")
     sets = parse_settings(settings)
     be = resolve_backend(backend)
-    worlds = [int(w) for w in _split(world) or []] or None
+    worlds = _worlds(world)
+    check_options(fabric=fabric, timeout=timeout)
     sw, points = build_points(str(path), backend=be, fabric=fabric, impls=None, worlds=worlds, trace=trace,
                               settings=sets)
-    store = RunStore.create(output, f"ablate-{name}-" + __import__("datetime").datetime.now().strftime("%Y%m%d-%H%M%S"))
-    store.write_manifest({"sweep": sw.source, "backend": be, "points": len(points)})
-    code = execute(points, store, as_json=False, timeout_s=timeout)
+    total = len(points)
+    if resume is not None:
+        store = open_resume(resume, sw, be)
+        done = store.done_keys()
+        points = [p for p in points if p.key() not in done]
+        err.print(f"resume {resume}: {total - len(points)} points already ok, {len(points)} to run", markup=False)
+    else:
+        store = RunStore.create(output, f"ablate-{path.stem}-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    store.write_manifest({"sweep": sw.source, "sweep_name": sw.name, "op": sw.op, "backend": be, "points": total})
+    code = run_and_report(store, f"ablate {path.stem}", points, be, total=total, timeout_s=timeout)
     for f in plot.render(store.root):
-        err.print(f"wrote {f}")
-    out.print(f"results: {store.root}", markup=False)
+        err.print(f"wrote {f}", markup=False)
     raise typer.Exit(code)
 
 
@@ -268,7 +477,7 @@ def trace_cmd(
     profiler: Optional[str] = typer.Option(None, "--profiler", help="torch | rocprofv3: also capture an external profile."),
     settings: Optional[List[str]] = typer.Option(None, "--set", help=SET_HELP),
 ):
-    """Record one point's role timeline; writes Parquet, a Perfetto JSON and the plots."""
+    """Record one point's role timeline; writes Parquet, a Perfetto JSON and the plots (RUN/plots)."""
     import yaml
 
     from . import plot
@@ -278,6 +487,10 @@ def trace_cmd(
 
     sets = parse_settings(settings)
     be = resolve_backend(backend)
+    check_options(policies=[policy], fabric=fabric)
+    for dim, v in (("-M", M), ("-N", N), ("-K", K), ("--world", world)):
+        if v < 1:
+            raise usage_error(f"{dim}: {v}: expected an integer >= 1")
     data = {"op": op, "impls": [impl], "world": [world], "shapes": [{"M": M, "N": N, "K": K}],
             "kosmos": {"policy": [policy]}}
     try:
@@ -290,8 +503,9 @@ def trace_cmd(
 
         points = [p.replace(profile=profiles.default_for(p.fabric, p.world)) for p in points]
     store = RunStore.create(output, "trace-" + __import__("datetime").datetime.now().strftime("%Y%m%d-%H%M%S"))
-    store.write_manifest({"backend": be, "points": len(points), "sweep_yaml": yaml.safe_dump(data)})
-    code = execute(points, store, as_json=False, timeout_s=600)
+    store.write_manifest({"backend": be, "points": len(points), "sweep_yaml": yaml.safe_dump(data), "sweep_name": "trace",
+                          "op": op})
+    code = run_and_report(store, f"trace {op}", points, be, total=len(points), resumable=False)
     if profiler:
         _external_profile(profiler, points[0], store)
     tr = load_traces(store.root)
@@ -382,20 +596,50 @@ def compact(
 
 @app.command("plot")
 def plot_cmd(
-    run: Path = typer.Argument(..., help="Run directory, or a compacted run (.parquet)."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Where figures go (default RUN/plots)."),
+    run: Path = typer.Argument(..., help="Run directory, a parent of several runs (results/), or a compacted run (.parquet)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Where figures and index.md go. Default: "
+                                          "RUN/plots for a run directory or a parent of runs, NAME-plots/ beside a "
+                                          "compacted NAME.parquet (under results/ these are ignored by git)."),
     key: Optional[str] = typer.Option(None, "--key", help="Point key for the role-timeline figure."),
 ):
-    """Figures (PNG + SVG) and an index.md: speedups, overlap efficiency, role timelines, idle CDFs."""
+    """Figures (PNG + SVG) and an index.md: speedups, overlap efficiency, role timelines, idle CDFs.
+    Runs of several backends (gpu, sim, cpu) are never drawn together: each gets its own
+    folder (plots/gpu/, plots/sim/, ...) under one index.md."""
     from . import plot
 
     _check_run(run)
-    for f in plot.render(run, output, key):
+    try:
+        written = plot.render(run, output, key)
+    except FileNotFoundError as e:
+        raise usage_error(str(e)) from None
+    for f in written:
         out.print(str(f), markup=False)
 
 
+def _availability(impl, backend: str) -> tuple[bool, str]:
+    """Whether `sweep --backend BACKEND` runs this implementation (the simulator models some
+    implementations without their libraries or kernels), and why not."""
+    if backend == "sim":
+        from . import sim
+
+        if impl.name in sim.IMPLS:
+            return True, ""
+        return False, f"needs --backend gpu (the simulator models {', '.join(sim.IMPLS)} only)"
+    return impl.available(backend)
+
+
+def _auto_backend() -> tuple[str, str]:
+    """What --backend auto resolves to here, and why."""
+    import torch
+
+    if torch.cuda.is_available():
+        return "gpu", f"{torch.cuda.device_count()} GPU(s) visible"
+    return "sim", "no GPU visible: the simulator runs the points (labelled SIMULATED)"
+
+
 @app.command("list")
-def list_cmd(backend: str = typer.Option("auto", help="Report availability for this backend.")):
+def list_cmd(backend: str = typer.Option("auto", help="Report availability for this backend (auto: what "
+                                         "`sweep` uses here, gpu if one is visible, else the simulator).")):
     """Ops, implementations (with availability), sweeps and models."""
     from .impls import IMPLS
     from .models import LAYER_OPS, MODELS, layer_shape
@@ -403,11 +647,16 @@ def list_cmd(backend: str = typer.Option("auto", help="Report availability for t
     from .spec import list_sweeps
 
     be = resolve_backend(backend)
+    title = "implementations"
+    if backend == "auto":
+        _, why = _auto_backend()
+        title = f"implementations: what `sweep` runs here (backend auto -> {be}: {why})"
     out.print(f"[bold]ops[/bold]: {', '.join(OPS)}")
-    t = Table("implementation", "ops", "fabrics", f"available ({be})", "why not", title="implementations")
+    t = Table("implementation", "ops", "fabrics", f"runs (backend {be})", "why not", title=escape(title))
     for name, impl in IMPLS.items():
-        ok, why = impl.available(be)
-        t.add_row(name, ",".join(impl.ops) or "-", ",".join(impl.fabrics), "yes" if ok else "no", escape(why))
+        ok, why = _availability(impl, be)
+        yes = "yes, simulated" if ok and be == "sim" else "yes"
+        t.add_row(name, ",".join(impl.ops) or "-", ",".join(impl.fabrics), yes if ok else "no", escape(why))
     out.print(t)
     t = Table("sweep", "file", title="sweeps")
     for f in list_sweeps():
@@ -450,10 +699,16 @@ def doctor():
         t.add_row("device 0", f"{p.name}, sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, {p.total_memory / 2**30:.0f} GiB")
     t.add_row("git", f"{m['git_sha']} dirty={m['git_dirty']}")
     t.add_row("source hash", f"{m['source_hash']} (names the code of a run whose .git is stale)")
-    be = "gpu" if torch.cuda.is_available() else "cpu"
+    be, why = _auto_backend()
+    t.add_row("backend auto", f"{be} ({why})")
     for name, impl in IMPLS.items():
-        ok, why = impl.available(be)
-        t.add_row(f"impl {name}", "available" if ok else f"unavailable: {escape(why)}")
+        ok, why = _availability(impl, be)
+        text = f"runs on backend auto ({be}{', simulated' if be == 'sim' else ''})" if ok else \
+            f"not on backend auto ({be}): {escape(why)}"
+        if be == "sim":  # the other backend a machine without a GPU has: real CPU ranks
+            ok_cpu, why_cpu = impl.available("cpu")
+            text += "; --backend cpu: " + ("runs (gloo ranks)" if ok_cpu else f"no ({escape(why_cpu)})")
+        t.add_row(f"impl {name}", text)
     out.print(t)
 
 
@@ -497,8 +752,47 @@ def validate_sim(run: Path = typer.Argument(..., help="A measured run directory,
     out.print(json.dumps(val.summary(df), default=str), markup=False)
 
 
-def main():
-    app()
+def _given_value(param, args: list[str]) -> str | None:
+    """The value given on the command line for option `param` (its last occurrence), if any."""
+    value = None
+    for o in getattr(param, "opts", None) or []:
+        if not o.startswith("-"):
+            continue
+        for i, a in enumerate(args):
+            if a == o and i + 1 < len(args):
+                value = args[i + 1]
+            elif a.startswith(o + "="):
+                value = a[len(o) + 1:]
+    return value
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The `kosmos-bench` entry point: a usage error is one line on stderr and exit 2."""
+    try:  # typer >= 0.2x carries its own copy of click
+        from typer._click import exceptions as click
+    except ImportError:
+        from click import exceptions as click
+
+    try:
+        code = app(args=argv, standalone_mode=False)
+    except getattr(click, "NoArgsIsHelpError", ()) as e:  # `kosmos-bench` alone: the help, exit 2 as click does
+        if e.ctx is not None:
+            print(e.ctx.get_help())
+        sys.exit(2)
+    except click.UsageError as e:
+        cmd = f"{e.ctx.command_path.split()[-1]}: " if e.ctx is not None and e.ctx.parent is not None else ""
+        msg = e.format_message()
+        value = _given_value(getattr(e, "param", None), sys.argv[1:] if argv is None else argv)
+        if value is not None and "': " in msg:  # name the bad value itself
+            msg = msg.replace("': ", f"' ({value!r}): ", 1)
+        err.print(f"[red]error:[/red] {escape(cmd + msg)}")
+        sys.exit(2)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -129,14 +129,26 @@ def _num(v, fmt: str, suffix: str = "") -> str:
     return (format(float(v), fmt) + suffix) if _isnum(v) else "-"
 
 
-def _fit(s: str, width: int, align: str) -> str:
-    """Pad to width; left-aligned text (names) is cut in the middle with '~' (a variant's
-    varied settings, name=value, sit at its end), numbers are never cut."""
-    s = str(s)
-    if len(s) > width and align == "<":
+def _fit(s, width: int, align: str) -> str:
+    """Pad to width; left-aligned text (names) is cut in the middle with '~' (a variant's varied
+    settings, name=value, sit at its end); a number too wide for its column is written shorter
+    (1e+09, 3.2e+17) rather than pushing the columns after it out of line."""
+    text = str(s)
+    if len(text) > width and align == "<":
         head = (width - 1) // 2
-        s = s[:head] + "~" + s[len(s) - (width - 1 - head):]
-    return format(s, f"{align}{width}")
+        text = text[:head] + "~" + text[len(text) - (width - 1 - head):]
+    elif len(text) > width:
+        try:
+            v = float(text.rstrip("x"))
+        except ValueError:
+            v = None
+        if v is not None:
+            for digits in (3, 2, 1, 0):
+                short = format(v, f".{digits}e").replace("e+0", "e+").replace("e-0", "e-") + text[len(text.rstrip("x")):]
+                if len(short) <= width:
+                    text = short
+                    break
+    return format(text, f"{align}{width}")
 
 
 def column_header() -> str:
@@ -249,11 +261,28 @@ def header_text(manifest: dict, points_summary: str) -> str:
 
 
 def verdict(df: pd.DataFrame) -> dict:
+    """Counts per status and the exit code: 1 when any point was wrong, failed or timed out, or
+    when nothing ran (every point skipped: `nothing_ran`, with the commonest reasons in
+    `skip_reasons`), else 0."""
     st = df["status"].astype(str) if "status" in df.columns else pd.Series(dtype=str)
     v = {s: int((st == s).sum()) for s in ("ok", "wrong", "failed", "skipped", "timeout")}
     v["total"] = int(len(df))
-    v["exit_code"] = 1 if any(v[s] for s in BAD_STATUSES) else 0
+    v["nothing_ran"] = v["total"] > 0 and v["skipped"] == v["total"]
+    v["skip_reasons"] = skip_reasons(df) if v["nothing_ran"] else []
+    v["exit_code"] = 1 if any(v[s] for s in BAD_STATUSES) or v["nothing_ran"] else 0
     return v
+
+
+def skip_reasons(df: pd.DataFrame, top: int = 2) -> list[str]:
+    """The commonest reasons of the skipped rows, '<n> x <reason>', most frequent first."""
+    if "status" not in df.columns or "error" not in df.columns:
+        return []
+    err = df.loc[df["status"].astype(str) == "skipped", "error"].dropna().astype(str)
+    counts = err.map(lambda e: (e.strip().splitlines() or [""])[0][:120]).value_counts()
+    out = [f"{n} x {why}" for why, n in counts.head(top).items()]
+    if len(counts) > top:
+        out.append(f"{len(counts) - top} more reason(s)")
+    return out
 
 
 def geomean_speedups(df: pd.DataFrame) -> dict[str, tuple[float, int]]:
@@ -384,7 +413,10 @@ def footer_text(df: pd.DataFrame) -> str:
             n = pd.to_numeric(df[col], errors="coerce").fillna(0)
             if (n > 0).any():
                 lines.append(f"# WARNING: {int(n.sum())} {what} in {int((n > 0).sum())} point(s)")
-    if v["exit_code"]:
+    if v["nothing_ran"]:
+        lines.append(f"# result: FAIL (nothing ran: all {v['total']} points skipped: "
+                     f"{'; '.join(v['skip_reasons']) or 'no reason recorded'}; exit 1)")
+    elif v["exit_code"]:
         bad = [f"{v[s]} {s}" for s in BAD_STATUSES if v[s]]
         lines.append(f"# result: FAIL ({', '.join(bad)}; exit 1)")
     else:
@@ -393,6 +425,11 @@ def footer_text(df: pd.DataFrame) -> str:
 
 
 # ------------------------------------------------------------------------------ output
+def _error(msg: str) -> None:
+    """Errors go to stderr (stdout carries only the report)."""
+    print(f"error: {msg}", file=sys.stderr, flush=True)
+
+
 def _writer(console):
     if console is None:
         return lambda s: print(s, file=sys.stdout)
@@ -436,8 +473,9 @@ def report(run_dirs: list[Path], *, as_json: bool = False, compare: tuple[Path, 
            console=None) -> int:
     """Print the report of one or more run directories; returns the exit code.
 
-    0: every point ok or skipped; 1: some point wrong, failed or timed out; 2: no result rows
-    found (or a run directory that does not exist). With `compare=(A, B)` prints per-point
+    0: every point ok or skipped (and at least one ran); 1: some point wrong, failed or timed
+    out, or every point skipped (nothing ran); 2: no result rows found (or a run directory that
+    does not exist), said on stderr. With `compare=(A, B)` prints per-point
     before/after instead (`run_dirs` is then ignored) and returns B's exit code.
     """
     out = _writer(console)
@@ -447,7 +485,7 @@ def report(run_dirs: list[Path], *, as_json: bool = False, compare: tuple[Path, 
     expanded = []
     for d in map(Path, run_dirs):
         if not d.exists():
-            out(f"# error: run directory {d} does not exist")
+            _error(f"run directory {d} does not exist")
             return 2
         # A parent of several runs (results/) stands for each run under it.
         subs = [] if (d / "points").is_dir() else sorted(p.parent.parent for p in d.glob("*/points/*.parquet"))
@@ -455,13 +493,13 @@ def report(run_dirs: list[Path], *, as_json: bool = False, compare: tuple[Path, 
     for d in expanded:
         df, man = _load(d)
         if df.empty:
-            out(f"# error: no result rows under {d} (expected {d}/points/*.parquet)")
+            _error(f"no result rows under {d} (expected {d}/points/*.parquet)")
             return 2
         df["run_dir"] = str(d)
         frames.append(df)
         manifests[str(d)] = man
     if not frames:
-        out("# error: no run directories given")
+        _error("no run directories given")
         return 2
     all_df = derive(pd.concat(frames, ignore_index=True))
     code = verdict(all_df)["exit_code"]
@@ -521,11 +559,11 @@ def match_runs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
 def _compare(a_dir: Path, b_dir: Path, *, as_json: bool, out) -> int:
     for d in (a_dir, b_dir):
         if not d.exists():
-            out(f"# error: run directory {d} does not exist")
+            _error(f"run directory {d} does not exist")
             return 2
     (a, man_a), (b, man_b) = _load(a_dir), _load(b_dir)
     if a.empty or b.empty:
-        out(f"# error: no result rows under {a_dir if a.empty else b_dir}")
+        _error(f"no result rows under {a_dir if a.empty else b_dir}")
         return 2
     a, b = derive(a), derive(b)
     pairs = match_runs(a, b)

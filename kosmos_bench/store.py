@@ -67,6 +67,40 @@ def write_frame(path: Path, df: pd.DataFrame) -> None:
     _atomic_write(Path(path), lambda tmp: df.to_parquet(tmp, index=False))
 
 
+# Damaged files already warned about (a file is named once per process, however often it is read).
+_WARNED: set[str] = set()
+
+
+ROW_LEFT_OUT = "its row is left out (`sweep --resume` of the run measures that point again)"
+
+
+def warn_damaged(path: Path | str, e: BaseException, what: str = ROW_LEFT_OUT) -> None:
+    """One stderr line naming a file that cannot be read (a torn copy, a full disk): the rest
+    of the run is still used; `sweep --resume` re-runs a point whose row file is damaged."""
+    if str(path) in _WARNED:
+        return
+    _WARNED.add(str(path))
+    msg = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+    print(f"warning: {path}: unreadable ({type(e).__name__}: {msg}); {what}", file=sys.stderr, flush=True)
+
+
+def _read_parquet(path: Path, what: str = ROW_LEFT_OUT) -> pd.DataFrame | None:
+    try:
+        return pd.read_parquet(path)
+    except Exception as e:  # noqa: BLE001 - any damage (truncated, not Parquet, unreadable) is the same to us
+        warn_damaged(path, e, what)
+        return None
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        warn_damaged(path, e, "its manifest is ignored")
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
 class RunStore:
     """One run directory. Rows are dicts; missing RESULT_COLUMNS are filled with None."""
 
@@ -119,25 +153,33 @@ class RunStore:
             m.update(extra)
         path = self.root / "manifest.json"
         if path.exists():  # a resumed run keeps its history of invocations
-            old = json.loads(path.read_text())
+            old = _read_json(path)
             m["previous"] = old.get("previous", []) + [{k: old.get(k) for k in ("command", "time", "git_sha")}]
         write_json(path, m)
 
     def manifest(self) -> dict:
         path = self.root / "manifest.json"
-        return json.loads(path.read_text()) if path.exists() else {}
+        return _read_json(path) if path.exists() else {}
+
+    def is_run(self) -> bool:
+        """A run directory: it has a manifest.json or a points/ folder."""
+        return (self.root / "manifest.json").is_file() or self.points_dir.is_dir()
 
 
 def load_rows(root: Path | str) -> pd.DataFrame:
     """All result rows under a run directory (or a parent holding several runs), or of one
-    Parquet file of rows (a run compacted into one file to keep committed results small)."""
+    Parquet file of rows (a run compacted into one file to keep committed results small).
+    A file that cannot be read is named on stderr and left out (warn_damaged)."""
     root = Path(root)
     files = ([root] if root.is_file() and root.suffix == ".parquet" else
              sorted(root.glob("points/*.parquet")) or sorted(root.glob("*/points/*.parquet")))
     if not files:
         return pd.DataFrame(columns=RESULT_COLUMNS)
-    frames = [pd.read_parquet(f) for f in files]
+    frames = [f for f in (_read_parquet(p, "its rows are left out" if p == root else ROW_LEFT_OUT)
+                          for p in files) if f is not None]
     frames = [f.dropna(axis=1, how="all") for f in frames]
+    if not frames:
+        return pd.DataFrame(columns=RESULT_COLUMNS)
     df = pd.concat(frames, ignore_index=True)
     for c in RESULT_COLUMNS:
         if c not in df.columns:
@@ -173,26 +215,41 @@ def load_manifest(path: Path | str) -> dict:
     if path.is_file() and path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        meta = pq.read_schema(path).metadata or {}
-        return json.loads(meta[MANIFEST_META]) if MANIFEST_META in meta else {}
+        try:
+            meta = pq.read_schema(path).metadata or {}
+            return json.loads(meta[MANIFEST_META]) if MANIFEST_META in meta else {}
+        except Exception as e:  # noqa: BLE001 - damaged file: load_rows names it too
+            warn_damaged(path, e, "its rows are left out")
+            return {}
     mpath = path / "manifest.json"
     if mpath.exists():
-        return json.loads(mpath.read_text())
+        return _read_json(mpath)
     subs = sorted(path.glob("*/manifest.json"))
     if not subs:
         return {}
-    man = json.loads(subs[0].read_text())
+    man = _read_json(subs[0])
     if len(subs) > 1:
         man["runs"] = [p.parent.name for p in subs]
     return man
 
 
-def load_traces(root: Path | str, key: str | None = None) -> pd.DataFrame:
+def trace_files(root: Path | str, key: str | None = None) -> list[Path]:
+    """Role-timeline files of a run directory (traces/<key>.parquet), or of every run under a
+    parent of several runs (<run>/traces/<key>.parquet); none for a compacted run (.parquet),
+    which keeps only the rows."""
     root = Path(root)
-    files = sorted(root.glob(f"traces/{key or '*'}.parquet"))
-    if not files:
+    if not root.is_dir():
+        return []
+    pat = f"{key or '*'}.parquet"
+    return sorted(root.glob(f"traces/{pat}")) or sorted(root.glob(f"*/traces/{pat}"))
+
+
+def load_traces(root: Path | str, key: str | None = None) -> pd.DataFrame:
+    frames = [f for f in (_read_parquet(p, "its role timeline is left out") for p in trace_files(root, key))
+              if f is not None]
+    if not frames:
         return pd.DataFrame(columns=TRACE_COLUMNS)
-    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+    return pd.concat(frames, ignore_index=True)
 
 
 def _cmd(args: list[str]) -> str | None:

@@ -36,7 +36,7 @@ def test_render_all_figures(synth_run, tmp_path):
     assert "SYNTHETIC" in md and "SIMULATED" in md
     assert "geomean speedup over nccl-seq" in md and "kosmos[self]" in md
     assert "busy " in md and "idle windows" in md  # key numbers of the timeline and the CDF
-    assert "## Role-timeline summary of the traced points" in md and "| kosmos[self] 4096×8192×8192 W=8 |" in md
+    assert "## Role-timeline summaries in the rows" in md and "| kosmos[self] 4096×8192×8192 W=8 |" in md
     obj = json.loads((out / "timeline.perfetto.json").read_text())
     assert validate_perfetto(obj) == [] and obj["metadata"]["key"]
 
@@ -67,7 +67,8 @@ def test_render_sparse_run_skips_with_reasons(tmp_path):
     md = (store.root / "plots" / "index.md").read_text()
     assert "no ok point has an nccl-seq baseline" in md
     assert "no ok point has t_gemm_us, t_comm_us" in md
-    assert "the run has no traces" in md and "no traced kosmos point" in md
+    assert md.count("*skipped: no role timeline is stored in this run (`sweep --trace` stores them") == 3
+    assert "summaries" not in md  # no row carries one: neither the skips nor a table mention them
     assert "(ablation.png)" in md and "role policy @ 1024×1024×1024: best self (1.00×)" in md
     assert {p.name for p in paths} == {"ablation.png", "index.md"}
     assert "1 failed" in md

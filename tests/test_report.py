@@ -163,7 +163,8 @@ def test_report_empty_or_missing(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert report([tmp_path / "empty"]) == 2
     assert report([tmp_path / "nope"]) == 2
-    assert "does not exist" in capsys.readouterr().out
+    cap = capsys.readouterr()
+    assert "does not exist" in cap.err and "no result rows" in cap.err and cap.out == ""  # errors on stderr
 
 
 def test_report_json_and_rich_console(tmp_path):

@@ -15,7 +15,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from ..report import SEQ_IMPL  # noqa: E402
-from ..store import load_traces  # noqa: E402
+from ..store import load_traces, trace_files  # noqa: E402
 from ..trace.analysis import idle_windows, summarize  # noqa: E402
 
 ROLE_COLORS = {"MOVE": "#1f77b4", "BUILD": "#2ca02c", "REDUCE": "#ff7f0e", "WAIT": "#d62728", "KERNEL": "#9467bd"}
@@ -202,19 +202,34 @@ def fig_overlap(df: pd.DataFrame, run_dir: Path):
     return fig, lines
 
 
-def _traced_keys(run_dir: Path) -> list[str]:
-    return sorted(p.stem for p in (Path(run_dir) / "traces").glob("*.parquet"))
+def _traced_keys(df: pd.DataFrame, run_dir: Path) -> list[str]:
+    """Names of the stored role timelines (traces/<key>[-profiler].parquet) of the points in df."""
+    keys = set(df["key"].astype(str)) if "key" in df.columns else set()
+    return sorted(s for s in (p.stem for p in trace_files(run_dir)) if s.split("-")[0] in keys)
+
+
+def no_timeline_reason(df: pd.DataFrame, run_dir: Path) -> str:
+    """Why no role-timeline figure can be drawn, consistent with the summary table of index.md
+    (the rows carry per-point summaries even where no timeline is stored)."""
+    n = int(pd.to_numeric(df["busy_frac"], errors="coerce").notna().sum()) if "busy_frac" in df.columns else 0
+    if Path(run_dir).is_file():
+        why = "a compacted run (.parquet) keeps the rows, not the role timelines (plot the run directory for this figure)"
+    else:
+        why = "no role timeline is stored in this run (`sweep --trace` stores them under traces/)"
+    if n:
+        why += f"; the role-timeline summaries of {n} points are in the table at the end"
+    return why
 
 
 def choose_trace_key(df: pd.DataFrame, run_dir: Path, trace_key: str | None) -> str:
-    keys = _traced_keys(run_dir)
+    keys = _traced_keys(df, run_dir)
     if trace_key is not None:
         hits = [k for k in keys if k.startswith(trace_key)]
         if not hits:
-            raise Skip(f"no trace for key {trace_key!r} under {run_dir}/traces (traced keys: {', '.join(keys[:8]) or 'none'})")
+            raise Skip(f"no trace for key {trace_key!r} under {run_dir} (traced keys: {', '.join(keys[:8]) or 'none'})")
         return hits[0]
     if not keys:
-        raise Skip("the run has no traces (run the sweep with --trace)")
+        raise Skip(no_timeline_reason(df, run_dir))
     d = df[df["key"].isin(keys)]
     if d.empty:  # e.g. only external-profiler traces ('<key>-rocprofv3')
         return keys[0]
@@ -311,7 +326,9 @@ def fig_timeline(df: pd.DataFrame, run_dir: Path, trace_key: str | None = None, 
 
 def _policy_group(df: pd.DataFrame, run_dir: Path) -> pd.DataFrame:
     """Traced, non-ablation kosmos rows of the shape with the most traced policies."""
-    keys = set(_traced_keys(run_dir))
+    keys = set(_traced_keys(df, run_dir))
+    if not keys:
+        raise Skip(no_timeline_reason(df, run_dir))
     d = df[df["key"].isin(keys) & (df["impl"] == "kosmos")]
     d = d[is_default_kosmos(d)]
     if d.empty:
@@ -408,14 +425,19 @@ def fig_ablation(df: pd.DataFrame, run_dir: Path):
             panels.append((knob, groups))
     if not panels:
         raise Skip("no shape was run with two or more values of queue_order, policy, local_first or chunk")
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.6), squeeze=False, layout="constrained")
-    lines = []
     multi = _multi(d)
+    labels = list(dict.fromkeys(_group_label(g, knob, multi) for knob, groups in panels for g in groups))
+    cmap = plt.get_cmap("tab10")
+    colors = {lab: cmap(i % 10) for i, lab in enumerate(labels)}  # a shape has one colour in every panel
+    # wide enough for the title and the tick labels; the shapes' legend goes below the panels, never over bars
+    fig, axes = plt.subplots(1, len(panels), figsize=(max(8.0, 4.8 * len(panels)), 5.4), squeeze=False,
+                             layout="constrained")
+    lines = []
     for ax, (knob, groups) in zip(axes[0], panels):
         use_speedup = all(g["speedup_vs_seq"].notna().all() for g in groups)
         values = list(dict.fromkeys(v for g in groups for v in _sort_knob(knob, g[f"_{knob}"].unique())))
-        cmap = plt.get_cmap("tab10")
         w = 0.8 / len(groups)
+        top = 1.0
         for gi, g in enumerate(groups):
             t = pd.to_numeric(g["t_median_us"], errors="coerce")
             if use_speedup:
@@ -424,22 +446,38 @@ def fig_ablation(df: pd.DataFrame, run_dir: Path):
                 ref = t[g[f"_{knob}"] == _knob_str(None, knob)]
                 y = (ref.median() if len(ref) else t.min()) / t
             ser = pd.Series(y.to_numpy(), index=g[f"_{knob}"].to_numpy()).groupby(level=0).median().reindex(values)
-            lab = shape_label(g.iloc[0].to_dict(), multi).replace("\n", " ")
-            bars = ax.bar(np.arange(len(values)) - 0.4 + w * (gi + 0.5), ser.to_numpy(), w, label=lab, color=cmap(gi % 10))
+            lab = _group_label(g, knob, multi)
+            bars = ax.bar(np.arange(len(values)) - 0.4 + w * (gi + 0.5), ser.to_numpy(), w, label=lab,
+                          color=colors[lab])
             if len(values) * len(groups) <= 24:
-                ax.bar_label(bars, labels=[f"{v:.2f}" if np.isfinite(v) else "" for v in ser.to_numpy()], fontsize=7)
+                ax.bar_label(bars, labels=[f"{v:.2f}" if np.isfinite(v) else "" for v in ser.to_numpy()], fontsize=7,
+                             padding=1)
+            if np.isfinite(ser.to_numpy(dtype=float)).any():
+                top = max(top, float(np.nanmax(ser.to_numpy(dtype=float))))
             bestv = ser.idxmax()
             lines.append(f"{KNOB_TITLES[knob]} @ {lab}: best {bestv} ({ser.max():.2f}×), "
                          + ", ".join(f"{k} {v:.2f}×" for k, v in ser.items() if np.isfinite(v)))
         ax.axhline(1.0, color="black", ls="--", lw=1)
+        ax.set_ylim(0, top * 1.12)  # room for the value labels above the tallest bar
         ticks = [{"True": "on", "False": "off"}.get(v, v) if knob == "local_first" else v for v in values]
         ax.set_xticks(range(len(values)), ticks, rotation=20 if len(values) > 4 else 0)
         ax.set_xlabel(KNOB_TITLES[knob])
         ax.set_ylabel("speedup over nccl-seq (×)" if use_speedup else f"speedup over {knob}={KNOBS[knob]} (×)")
         ax.set_title(f"Ablation: {KNOB_TITLES[knob]}", fontsize=10)
-        ax.legend(fontsize=7, loc="lower right", title="shape", title_fontsize=7)
-    fig.suptitle("KOSMOS ablations (other knobs at their values in the run; higher is better)", fontsize=10)
+    handles = {}
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=min(3, len(handles)),
+               fontsize=8, title="shape", title_fontsize=8)
+    fig.suptitle("KOSMOS ablations: higher is better (other knobs at their values in the run)", fontsize=10)
     return fig, lines
+
+
+def _group_label(g: pd.DataFrame, knob: str, multi: dict) -> str:
+    """A bar group's legend label: its shape, plus the other knobs where they are not at their defaults."""
+    extra = [f"{k}={g[f'_{k}'].iloc[0]}" for k in KNOBS if k != knob and g[f"_{k}"].iloc[0] != _knob_str(None, k)]
+    return shape_label(g.iloc[0].to_dict(), multi).replace("\n", " ") + (f" ({', '.join(extra)})" if extra else "")
 
 
 def _sort_knob(knob, vals):

@@ -20,7 +20,9 @@ from .model import Unsupported
 IMPLS = ("kosmos", "nccl-seq", "nccl-overlap", "torch")
 OPS = ("ag-gemm", "gemm-rs", "gemm")
 
-__all__ = ["run_point", "simulate_point", "profile_for", "Unsupported", "profiles", "IMPLS"]
+__all__ = ["run_point", "simulate_point", "profile_for", "check_memory", "memory_bytes", "Unsupported", "profiles",
+           "IMPLS"]
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
 def profile_for(point: Point) -> dict:
@@ -39,6 +41,39 @@ def _check_fabric(point: Point, prof: dict) -> None:
         raise Unsupported(f"profile {prof['name']} describes the host fabric, not {point.fabric}")
 
 
+def memory_bytes(point: Point) -> int:
+    """Bytes one GPU holds for the point's inputs and outputs alone (a lower bound: no
+    workspace). ag-gemm: gathered A (M x K), B_r (K x N/W), C_r (M x N/W); gemm-rs: A_r
+    (M x K/W), B_r (K/W x N), the partial product (M x N) and band r (M/W x N); gemm: A, B, C.
+    fabric local holds all W ranks on one GPU."""
+    M, N, K, W = point.M, point.N, point.K, max(1, point.world)
+    if point.op == "ag-gemm":
+        elems = M * K + K * -(-N // W) + M * -(-N // W)
+    elif point.op == "gemm-rs":
+        elems = M * -(-K // W) + -(-K // W) * N + M * N + -(-M // W) * N
+    else:
+        elems = M * K + K * N + M * N
+    return elems * DTYPE_BYTES.get(point.dtype, 4) * (W if point.fabric == "local" else 1)
+
+
+def _gb(nbytes: float) -> str:
+    gb = nbytes / 1e9
+    return f"{gb:,.0f}" if gb >= 100 else f"{gb:.3g}"
+
+
+def check_memory(point: Point, prof: dict) -> None:
+    """Refuse (Unsupported: a skipped row with the reason) a point whose inputs and outputs
+    alone exceed the profile's memory per GPU: the simulator would time what no GPU can hold."""
+    cap = prof.get("memory_GB")
+    if not cap:
+        return
+    need = memory_bytes(point)
+    if need > cap * 1e9:
+        where = f", {point.world} emulated ranks on one GPU" if point.fabric == "local" else ""
+        raise Unsupported(f"needs {_gb(need)} GB per GPU for its {point.dtype} inputs and outputs alone{where}; "
+                          f"profile {prof['name']} has {cap:g} GB")
+
+
 def simulate_point(point: Point, prof: dict | None = None, num_movers: int | None = None, full: bool | None = None):
     """(fields, SimResult or None) of one point. `num_movers` overrides the policy's k."""
     from . import engine, model
@@ -51,6 +86,7 @@ def simulate_point(point: Point, prof: dict | None = None, num_movers: int | Non
         raise Unsupported(f"the simulator does not model {point.op}")
     if point.dtype not in prof["gemm_tflops"]:
         raise Unsupported(f"profile {prof['name']} has no {point.dtype} GEMM rate")
+    check_memory(point, prof)
     if point.op == "gemm":
         return _gemm_point(point, prof)
     if point.impl == "torch":

@@ -16,6 +16,8 @@ A profile describes one GPU and how it reaches its peers (fields documented in e
     hbm_GBps, wg_hbm_GBps          local memory (reductions)
     nccl                           baseline collectives: busbw, p2p rate, latency, SMs taken
     copy_engine_GBps               {h2d, d2h} on the host fabric (the baselines' "collective")
+    memory_GB                      device memory per GPU (10^9 bytes); a point whose inputs and
+                                   outputs do not fit is refused (sim.check_memory); None: no check
 
 `load(name)` accepts a shipped name or a path to a JSON file (e.g. one `calibrate` wrote).
 """
@@ -28,7 +30,7 @@ _DIR = Path(__file__).resolve().parent
 REQUIRED = ("name", "topology", "num_sms", "tile_m", "tile_n", "gemm_tflops", "link", "flag_latency_ns",
             "launch_overhead_us", "nccl")
 _DEFAULTS = {"builder_efficiency": 1.0, "tile_overhead_ns": 0.0, "claim_ns": 0.0, "hbm_GBps": 3000.0,
-             "wg_hbm_GBps": 100.0, "copy_engine_GBps": None, "world": 8, "measured": False, "notes": []}
+             "wg_hbm_GBps": 100.0, "copy_engine_GBps": None, "memory_GB": None, "world": 8, "measured": False, "notes": []}
 
 
 def names() -> list[str]:
