@@ -684,6 +684,7 @@ def doctor():
     import torch
 
     from .impls import IMPLS
+    from .kernels import libs
     from .store import manifest
 
     m = manifest()
@@ -693,7 +694,8 @@ def doctor():
     t.add_row("driver", str(m["driver"]))
     t.add_row("NCCL", str(m["nccl"]))
     t.add_row("nvcc", _version(["nvcc", "--version"]))
-    t.add_row("hipcc", _version(["hipcc", "--version"]))
+    hip = libs.hip_toolchain()
+    t.add_row("hipcc", f"{hip[0]} ({hip[1]}; build --check --arch gfx90a)" if hip else "absent (no HIP compile-check here)")
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         t.add_row("device 0", f"{p.name}, sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, {p.total_memory / 2**30:.0f} GiB")
@@ -713,13 +715,18 @@ def doctor():
 
 
 @app.command()
-def build(check: bool = typer.Option(False, "--check", help="Compile-check every kernel with nvcc (no GPU needed)."),
-          arch: Optional[str] = typer.Option(None, help="GPU arch, e.g. sm_90a (default: the visible GPU's).")):
-    """Build (or compile-check) the CUDA kernels; results are cached by source hash + arch."""
+def build(check: bool = typer.Option(False, "--check", help="Compile-check every kernel (nvcc; hipcc for gfx*), no GPU needed."),
+          arch: Optional[str] = typer.Option(None, help="GPU arch, e.g. sm_90a, or gfx90a for the HIP check (default: the visible GPU's).")):
+    """Build (or compile-check) the kernels; results are cached by source hash + arch. AMD arches (gfx*): --check only."""
     from . import kernels
+    from .kernels import libs
 
+    if arch and libs.is_hip(arch) and not check:
+        raise usage_error(f"--arch {arch}: AMD GPUs are compile-checked only (add --check)")
     try:
         res = kernels.build(check_only=check, arch=arch)
+    except libs.ToolchainMissing as e:  # the compiler this arch needs is not here: say so, exit 2
+        raise usage_error(str(e))
     except kernels.BuildError as e:
         err.print(f"[red]build failed:[/red] {escape(str(e))}")
         raise typer.Exit(1)

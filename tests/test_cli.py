@@ -114,3 +114,19 @@ def test_list_and_doctor():
     d = kb("doctor")
     assert d.returncode == 0, d.stderr
     assert "torch" in d.stdout and "nvcc" in d.stdout
+
+
+def test_build_check_for_amd_says_where_hipcc_is_missing(monkeypatch):
+    from typer.testing import CliRunner
+
+    from kosmos_bench.cli import app
+    from kosmos_bench.kernels import libs
+
+    def missing():
+        raise libs.ToolchainMissing("hipcc (the HIP compiler) was not found on PATH or in /opt/rocm/bin: ...")
+
+    monkeypatch.setattr(libs, "hipcc", missing)
+    r = CliRunner().invoke(app, ["build", "--check", "--arch", "gfx90a"])
+    assert r.exit_code == 2 and "hipcc (the HIP compiler) was not found" in r.output
+    r = CliRunner().invoke(app, ["build", "--arch", "gfx90a"])  # AMD: compile-check only
+    assert r.exit_code == 2 and "add --check" in r.output

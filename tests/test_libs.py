@@ -138,3 +138,56 @@ def test_missing_cutlass_is_named(tree, monkeypatch):
 def test_load_without_a_library_or_a_build(tree):
     with pytest.raises(libs.BuildError, match="not found in"):
         _lib().load("sm_90a", build_if_missing=False)
+
+
+# ---- the HIP toolchain (AMD GPUs: compile-check only) ------------------------------------
+FAKE_HIPCC = """#!/bin/sh
+# stand-in hipcc: log HIP_PLATFORM and the arguments, touch the -o file
+echo "HIP_PLATFORM=$HIP_PLATFORM $@" >> "$(dirname "$0")/hipcc_calls.txt"
+[ "$1" = "--version" ] && { echo "HIP version: 5.2.21153-0"; echo "clang version 15"; exit 0; }
+out=""
+prev=""
+for a in "$@"; do [ "$prev" = "-o" ] && out="$a"; prev="$a"; done
+[ -n "$out" ] && echo built > "$out"
+echo "remark: VGPRs: 172" >&2
+"""
+
+
+@pytest.fixture
+def hip_tree(tree):
+    hipcc = tree / "bin" / "hipcc"
+    hipcc.write_text(FAKE_HIPCC)
+    hipcc.chmod(stat.S_IRWXU)
+    return tree
+
+
+def test_hip_check_runs_hipcc_for_amd(hip_tree):
+    assert libs.is_hip("gfx90a") and not libs.is_hip("sm_90a")
+    log = _lib(flags=("--expt-relaxed-constexpr",)).check("gfx90a")
+    calls = (hip_tree / "bin" / "hipcc_calls.txt").read_text().splitlines()
+    assert len(calls) == 2 and "VGPRs" in log
+    for c in calls:  # HIP_PLATFORM=amd (else hipcc hands the file to nvcc), the arch, no nvcc flags
+        assert c.startswith("HIP_PLATFORM=amd ") and "--offload-arch=gfx90a" in c and " -c " in c
+        assert "-fPIC" in c and "-cudart" not in c and "expt-relaxed" not in c and "gencode" not in c
+    assert not (hip_tree / "bin" / "calls.txt").exists()  # nvcc not used
+    assert _lib().source_hash("gfx90a") != _lib().source_hash("sm_90a")
+    with pytest.raises(libs.BuildError, match="compile-checked only"):
+        _lib().build("gfx90a")
+    assert libs.hip_toolchain() == (str(hip_tree / "bin" / "hipcc"), "HIP version: 5.2.21153-0")
+
+
+def test_hip_check_all_skips_the_hopper_libraries(monkeypatch):
+    seen = []
+    monkeypatch.setattr(libs, "check", lambda lib, arch: seen.append((lib.name, arch)) or "")
+    res = kernels.build(check_only=True, arch="gfx90a")
+    assert seen == [("kosmos", "gfx90a")]
+    assert str(res) == "kosmos kernels compile-checked for gfx90a (ag_gemm.cu, gemm_rs.cu, runtime.cu)"
+
+
+def test_missing_hipcc_is_named(tree, monkeypatch):
+    monkeypatch.setattr(libs.shutil, "which", lambda *a, **k: None)
+    with pytest.raises(libs.ToolchainMissing, match="hipcc.*apt-get install hipcc libamdhip64-dev"):
+        _lib().check("gfx90a")
+    assert libs.hip_toolchain() is None
+    with pytest.raises(libs.ToolchainMissing, match="nvcc"):
+        _lib().check("sm_90a")

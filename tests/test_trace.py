@@ -162,6 +162,9 @@ def test_validate_perfetto_catches_overlap():
 
 
 def test_ingest_rocprofv3_sample():
+    # Layout (22 columns, "Agent N" ids, Stream_Id) of rocprofv3 --kernel-trace --output-format csv as
+    # documented in rocprofiler-sdk's using-rocprofv3 guide of the ROCm 7 series ("Kernel name
+    # mangling" example: same columns, the same first timestamps).
     df = ingest_rocprofv3(DATA / "rocprofv3_kernel_trace.csv")
     assert list(df.columns[:7]) == ["rank", "wg", "sm", "role", "item", "t0_ns", "t1_ns"]
     assert len(df) == 5 and (df["role"] == "KERNEL").all() and (df["sm"] == -1).all()
@@ -177,6 +180,22 @@ def test_ingest_rocprofv3_sample():
     assert sorted(df.loc[df["rank"] == 0, "wg"].unique()) == [0, 1]
     assert validate_perfetto(perfetto_events(df)) == []
     assert summarize(df)["trace_records"] == 5
+
+
+def test_ingest_rocprofv3_rocm6_layout():
+    # Layout (18 columns, numeric Agent_Id, no Stream_Id, Private/Group_Segment_Size) of the
+    # kernel_trace.csv that rocprofv3 of ROCm 6.2-6.4 writes: ROCm/rocprofiler-sdk
+    # source/docs/data/kernel_trace.csv at commit 8ab1ed7 (2024-10-10, after tag rocm-6.2.2),
+    # the same header as rocprofv3 output reported for ROCm 6.3.1 / 6.4.x in a rocprofiler-sdk issue.
+    df = ingest_rocprofv3(DATA / "rocprofv3_rocm6_kernel_trace.csv")
+    assert len(df) == 4 and (df["role"] == "KERNEL").all()
+    assert dict(zip(df["agent_id"], df["rank"])) == {"2": 0, "3": 1}  # agent ids kept as text
+    kosmos = df[df["kernel_name"].str.contains("kosmos_persistent_kernel")]
+    assert list(kosmos["rank"]) == [0, 1] and kosmos["item"].nunique() == 1
+    assert list(kosmos["t1_ns"] - kosmos["t0_ns"]) == [90000, 91000]
+    assert kosmos.iloc[0]["grid_size"] == "26624x1x1" and kosmos.iloc[0]["workgroup_size"] == "256x1x1"
+    assert sorted(df.loc[df["rank"] == 0, "wg"].unique()) == [0, 1]  # agent 2: queues 1, 2
+    assert validate_perfetto(perfetto_events(df)) == []
 
 
 def test_ingest_rocprofv3_newer_columns_and_bad_file(tmp_path):

@@ -5,7 +5,7 @@
 // the launch checks of every entry point.
 #pragma once
 
-#include <cuda_runtime.h>
+#include "platform.cuh"  // the CUDA runtime (HIP: its names mapped to HIP)
 
 #include <cstdarg>
 #include <cstdio>

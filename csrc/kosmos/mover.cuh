@@ -125,8 +125,7 @@ namespace kosmos {
 // non-multiple-of-16 tail, which the caller copies with copy_contig. Returns false on a
 // watchdog timeout (the call then aborts and the WG exits). Barrier phases restart per
 // call: the barriers are (re)initialised on entry and every store is waited for on return.
-constexpr int kBulkStages = 4;
-constexpr uint32_t kBulkBytes = 16384;
+// kBulkStages / kBulkBytes: platform.cuh (the staging fits the platform's shared memory).
 
 template <class Timeout>
 __device__ __forceinline__ bool bulk_copy_contig(char* dst, const char* src, size_t bytes, char* smem, uint64_t* bars,

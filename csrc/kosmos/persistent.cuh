@@ -16,7 +16,7 @@
 //          write its buffers). The last WG of the grid resets the claim counters and
 //          publishes state[0] = e for the next call.
 #pragma once
-#include "builder_mma.cuh"
+#include "builder.cuh"
 #include "mover.cuh"
 #include "params.h"
 #include "platform.cuh"
@@ -26,7 +26,6 @@
 
 namespace kosmos {
 
-using BuilderCfg = MmaBuilderConfig;
 constexpr int kThreads = BuilderCfg::kThreads;
 constexpr int kSmemBytes = BuilderCfg::kSmemBytes;
 static_assert(kSmemBytes + 64 <= 227 * 1024, "dynamic + static shared memory must fit one SM");

@@ -13,7 +13,11 @@ holds the one implementation of what all of them need:
   a temp dir: nvcc only, no GPU), :func:`load` (ctypes, once per process; rebuilds when a
   found library does not load here).
 * errors: :class:`BuildError` names what is missing (nvcc, the CUTLASS headers) or the failing
-  nvcc command. ``$KOSMOS_CUTLASS_INCLUDE`` is read in :func:`cutlass_include` only.
+  nvcc command; a missing compiler is a :class:`ToolchainMissing`. ``$KOSMOS_CUTLASS_INCLUDE`` is
+  read in :func:`cutlass_include` only.
+* two toolchains, picked by the arch: ``sm_*`` -> nvcc; ``gfx*`` (AMD GPUs) -> hipcc with
+  ``HIP_PLATFORM=amd`` (:func:`is_hip`). For AMD the libraries are compile-checked only
+  (:func:`check`); :func:`build` refuses a ``gfx`` arch: nothing has run on an AMD GPU.
 
 The libraries are torch-free with a C ABI and the CUDA runtime linked statically, so one
 built on a CPU box with nvcc loads on a GPU machine with another Python (see
@@ -40,11 +44,19 @@ DEFAULT_ARCH = "sm_90a"
 # Every library: C++17, optimized, position-independent, CUDA runtime static, ptxas report.
 NVCC_FLAGS = ("-std=c++17", "-O3", "-DNDEBUG", "-Xcompiler", "-fPIC", "-cudart", "static", "-Xptxas", "-v")
 KOSMOS_HEADERS = ("kosmos/*.h", "kosmos/*.cuh")  # every kosmos header: a library never loads stale
+# hipcc (AMD GPUs): C++17, optimized, position-independent, the register / LDS / spill report
+# (what -Xptxas -v is for nvcc). A library's own `flags` are nvcc flags: not passed to hipcc.
+HIP_FLAGS = ("-std=c++17", "-O3", "-DNDEBUG", "-fPIC", "-Rpass-analysis=kernel-resource-usage")
+HIP_INSTALL = "apt-get install hipcc libamdhip64-dev (Debian/Ubuntu), or ROCm from AMD"
 
 
 class BuildError(RuntimeError):
     """A library could not be built or loaded (missing nvcc or CUTLASS headers, compile error:
     the message says which)."""
+
+
+class ToolchainMissing(BuildError):
+    """The compiler an arch needs (nvcc, hipcc) is not on this machine (one-line message)."""
 
 
 @dataclass(frozen=True)
@@ -124,12 +136,45 @@ def search_dirs() -> list[Path]:
 
 
 def nvcc() -> str:
-    """Path of nvcc (PATH, else /usr/local/cuda/bin), else BuildError."""
+    """Path of nvcc (PATH, else /usr/local/cuda/bin), else ToolchainMissing."""
     path = shutil.which("nvcc") or shutil.which("nvcc", path="/usr/local/cuda/bin")
     if not path:
-        raise BuildError("nvcc (the CUDA compiler) was not found on PATH or in /usr/local/cuda/bin; install the CUDA "
+        raise ToolchainMissing("nvcc (the CUDA compiler) was not found on PATH or in /usr/local/cuda/bin; install the CUDA "
                          "toolkit or set KOSMOS_BENCH_CACHE to a directory holding a prebuilt lib*.so")
     return path
+
+
+def is_hip(arch: str) -> bool:
+    """An AMD GPU arch (gfx90a, gfx942, ...): built with hipcc."""
+    return arch.startswith("gfx")
+
+
+def hipcc() -> str:
+    """Path of hipcc (PATH, else /opt/rocm/bin), else ToolchainMissing."""
+    path = shutil.which("hipcc") or shutil.which("hipcc", path="/opt/rocm/bin")
+    if not path:
+        raise ToolchainMissing(f"hipcc (the HIP compiler) was not found on PATH or in /opt/rocm/bin: {HIP_INSTALL}")
+    return path
+
+
+def hip_toolchain() -> tuple[str, str] | None:
+    """(hipcc path, its 'HIP version: ...' line) or None when hipcc is absent."""
+    try:
+        path = hipcc()
+    except ToolchainMissing:
+        return None
+    try:
+        p = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60, env=_hip_env())
+        lines = (p.stdout + p.stderr).splitlines()
+    except (OSError, subprocess.SubprocessError) as e:
+        return path, f"error: {e}"
+    version = next((ln.strip() for ln in lines if ln.startswith("HIP version")), lines[0].strip() if lines else "?")
+    return path, version
+
+
+def _hip_env() -> dict[str, str]:
+    # Without HIP_PLATFORM=amd, hipcc on a machine that also has nvcc hands the files to nvcc.
+    return {**os.environ, "HIP_PLATFORM": "amd"}
 
 
 def cutlass_include() -> Path:
@@ -176,6 +221,8 @@ def gencode(arch: str) -> list[str]:
 
 
 def flags(lib: Library, arch: str) -> list[str]:
+    if is_hip(arch):
+        return [*HIP_FLAGS, f"--offload-arch={arch}"]
     return [*NVCC_FLAGS, *lib.flags, *gencode(arch)]
 
 
@@ -214,23 +261,24 @@ def find_lib(lib: Library, arch: str | None = None) -> Path | None:
 # ------------------------------------------------------------------------------ compile
 def _command(lib: Library, arch: str, extra: list[str]) -> list[str]:
     inc = [f"-I{CSRC}"] + ([f"-I{cutlass_include()}"] if lib.cutlass else [])
-    return [nvcc(), *flags(lib, arch), *inc, *extra]
+    return [hipcc() if is_hip(arch) else nvcc(), *flags(lib, arch), *inc, *extra]
 
 
-def _run(cmd: list[str]) -> str:
-    p = subprocess.run(cmd, capture_output=True, text=True)
+def _run(cmd: list[str], hip: bool = False) -> str:
+    p = subprocess.run(cmd, capture_output=True, text=True, env=_hip_env() if hip else None)
     if p.returncode != 0:
-        raise BuildError(f"nvcc failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-6000:]}")
+        raise BuildError(f"{'hipcc' if hip else 'nvcc'} failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr[-6000:]}")
     return p.stdout + p.stderr
 
 
 def check(lib: Library, arch: str | None = None) -> str:
-    """Compile every source of `lib` to an object in a temp dir (nvcc only, no GPU); the log."""
+    """Compile every source of `lib` to an object in a temp dir (the compiler only, no GPU); the log."""
     arch = _arch(lib, arch)
     logs = []
     with tempfile.TemporaryDirectory() as tmp:
         for src in lib.sources:
-            logs.append(_run(_command(lib, arch, ["-c", str(CSRC / src), "-o", str(Path(tmp) / (src + ".o"))])))
+            cmd = _command(lib, arch, ["-c", str(CSRC / src), "-o", str(Path(tmp) / (src + ".o"))])
+            logs.append(_run(cmd, hip=is_hip(arch)))
     return "\n".join(logs)
 
 
@@ -248,6 +296,8 @@ def build(lib: Library, arch: str | None = None, force: bool = False, out_dir: P
     """Build `lib` into out_dir (default cache_dir()) unless a build of these sources is there;
     nvcc writes a temp file that is renamed into place, next to it ``<stem>.ptxas.txt``."""
     arch = _arch(lib, arch)
+    if is_hip(arch):
+        raise BuildError(f"lib{lib.name} for {arch}: AMD GPUs are compile-checked only (build --check --arch {arch})")
     out = Path(out_dir or cache_dir()) / lib_name(lib, arch)
     if out.exists() and not force:
         return BuildResult((lib,), out, arch, False, "cached")
