@@ -410,9 +410,9 @@ def test_memory_check_counts_what_a_gpu_holds():
 # -- the README's exit-code paragraph says what the tests above check
 def test_readme_exit_code_paragraph():
     text = " ".join((ROOT / "README.md").read_text().split())
-    m = re.search(r"Exit code 0 .*?(?=\. A point that cannot run)", text)
+    m = re.search(r"Exit codes: .*?(?=A point that cannot run)", text)
     assert m, "README: the exit-code paragraph moved"
     para = m.group(0)
-    for needle in ("0 when every point is ok", "1 when any point was wrong, failed or timed out", "nothing ran",
-                   "2 on usage errors", "one line on stderr", "130"):
+    for needle in ("**0** every point ok", "**1** a point wrong, failed or timed out", "nothing ran",
+                   "**2** usage errors", "one line on stderr", "**130** interrupted", "--resume"):
         assert needle in para, (needle, para)
