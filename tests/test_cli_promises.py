@@ -192,7 +192,8 @@ def test_plot_of_a_parent_splits_backends(tmp_path):
     assert "[backend `gpu`](gpu/index.md)" in top and "[backend `sim`](sim/index.md)" in top
     gpu, sim = (plots / "gpu" / "index.md").read_text(), (plots / "sim" / "index.md").read_text()
     assert "NVIDIA H200" in gpu and "SIMULATED" not in gpu and "backend gpu" in gpu and "backend sim" not in gpu
-    assert "SIMULATED" in sim and "NVIDIA H200" not in sim and "backend sim" in sim and "backend gpu" not in sim
+    # (a sim run's manifest names the machine it ran on, which may hold a GPU: no device-name check here)
+    assert "SIMULATED" in sim and "backend sim" in sim and "backend gpu" not in sim
     assert (plots / "gpu" / "speedup.png").exists() and (plots / "sim" / "speedup.png").exists()
     assert not list(plots.glob("*.png"))  # no figure of both
 
