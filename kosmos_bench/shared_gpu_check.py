@@ -185,7 +185,7 @@ def _absent(ctx, p_fault, p_next) -> dict:
 
 
 def run_session(world: int, scenarios: tuple[str, ...] = ("matrix", "late", "absent"),
-                timeout_s: float = 240.0) -> list[dict]:
+                timeout_s: float = 150.0) -> list[dict]:
     """Spawn `world` rank processes on cuda:0; their result dicts, by rank."""
     import torch.multiprocessing as mp
 
