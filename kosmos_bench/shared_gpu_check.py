@@ -57,7 +57,7 @@ def _case(point, ctx, seed: int, calls: int = 3, late_sleep_s: float = 0.0, **kw
             if c == 0 and late_sleep_s:
                 time.sleep(late_sleep_s)
             runner.run()
-            torch.cuda.synchronize(ctx.device)
+            ctx.sync()
             if hasattr(runner, "check"):
                 runner.check()
             res.append(runner.outputs[ctx.rank].clone())

@@ -8,9 +8,11 @@ One implementation object, ``kosmos``, for ops ag-gemm and gemm-rs on three fabr
   band 0 (gemm-rs, computed with torch in prepare) live in pinned host memory and cross
   PCIe; rank 0 pushes its partials for peers into pinned host memory (gemm-rs). Peers do
   not execute.
-* ``nvlink`` — one process per GPU; peer pointers from torch symmetric memory (flags and
-  the buffers peers touch live in one symmetric allocation). Untested until a multi-GPU
-  machine is available.
+* ``nvlink`` — one process per rank; peer pointers from torch symmetric memory, or CUDA IPC
+  handles where its rendezvous is refused (flags and the buffers peers touch live in one
+  peer-visible allocation; ``_symmetric``). One GPU per rank on a multi-GPU node (never run
+  there yet), or shared-GPU mode (kosmos_bench/sharing.py: W processes time-share one GPU,
+  gloo group, longer default watchdog; tests/test_nvlink_shared_gpu.py).
 
 The tunables are the point's configuration (``kosmos.config.KosmosConfig.from_point``: the
 Point fields policy, queue_order, local_first, chunk, builder, mover and the point's
@@ -22,7 +24,8 @@ ag-gemm, the Hopper wgmma+TMA builder in 384-thread CTAs, one per SM, 128x256 ti
 csrc/ag_gemm_sm90.cu; unset, picked by device (``kosmos.builder.builder_choice``).
 
 Extra ``prepare`` keywords: ``config`` (a KosmosConfig instead of the point's), ``num_wgs``
-(default: all co-resident), ``timeout_s`` (watchdog, default ``$KOSMOS_TIMEOUT_S`` or 5 s),
+(default: all co-resident), ``timeout_s`` (watchdog, default ``$KOSMOS_TIMEOUT_S`` or 5 s;
+``sharing.SHARED_GPU_TIMEOUT_S`` when ``ctx.shared_gpu``),
 ``debug_skip_rank`` (local fabric: that emulated rank never signals; the watchdog test),
 ``trace_cap`` (records/WG); ``max_inflight``, ``mover_bulk``, ``mover``, ``builder``,
 ``ce_slices`` override those configuration fields (tests).
@@ -574,21 +577,29 @@ class KosmosRunner:
 
         buf = torch.zeros(nbytes, dtype=torch.uint8, device=self.dev)
         torch.cuda.synchronize(self.dev)
+        me = self.ctx.rank
+        # one share per consumer (torch counts the consumers of a share to know when to free)
+        mine = [None if q == me else reduce_tensor(buf) for q in range(W)]
         shared = [None] * W
-        dist.all_gather_object(shared, reduce_tensor(buf), group=group)
-        ptrs = []
-        for p, (rebuild, args) in enumerate(shared):
-            if p == self.ctx.rank:
+        dist.all_gather_object(shared, mine, group=group)
+        ptrs, err = [], None
+        for p in range(W):
+            if p == me:
                 ptrs.append(int(buf.data_ptr()))
                 continue
+            rebuild, args = shared[p][me]
             try:
                 t = rebuild(*args)
-            except Exception as e:  # noqa: BLE001
-                raise RuntimeError(f"CUDA IPC: rank {self.ctx.rank} could not open rank {p}'s buffer "
-                                   f"({type(e).__name__}: {e}); before that, {why}") from e
+            except Exception as e:  # noqa: BLE001 - agreed on below, so that no rank waits forever
+                err = err or f"rank {me} could not open rank {p}'s buffer: {type(e).__name__}: {e}"
+                continue
             self._keep.append(t)
             ptrs.append(int(t.data_ptr()))
         torch.cuda.synchronize(self.dev)
+        errs = [None] * W
+        dist.all_gather_object(errs, err, group=group)
+        if any(errs):
+            raise RuntimeError(f"CUDA IPC failed ({' | '.join(e for e in errs if e)}); before that, {why}")
         self._barrier()
         self.symm, self.symm_buf = None, buf
         self._keep.append(buf)
