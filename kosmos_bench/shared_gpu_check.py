@@ -3,8 +3,8 @@
 ``run_session(world)`` spawns `world` processes, all on cuda:0, with a gloo group (as
 launch.py does in shared-GPU mode), and each runs, in order:
 
-1. matrix: ag-gemm and gemm-rs on uneven shapes, kosmos under every policy (self, fixed:1,
-   predicted) and symm-mem; NaN-poisoned outputs, 3 calls, wrong elements against the fp32
+1. matrix: ag-gemm (mma and sm90 builders) and gemm-rs on uneven shapes, kosmos under every
+   policy (self, fixed:1, predicted), and symm-mem; NaN-poisoned outputs, 3 calls, wrong elements against the fp32
    reference and bitwise equality across the calls;
 2. late: the last rank sleeps half the watchdog timeout before its first launch; every rank
    must still succeed (the peers' kernels wait for it, time-sliced, without tripping);
@@ -27,6 +27,12 @@ SHAPES = {  # uneven: M/W, N/W, K are no multiples of the tiles
     "ag-gemm": lambda W: (300 * W, 77 * W, 200),
     "gemm-rs": lambda W: (300 * W, 77 * W, 200),
 }
+# kosmos cases of the matrix: (op, builder, shape); the Hopper builder needs K, N/W multiples of 8
+KOSMOS_CASES = (
+    ("ag-gemm", "mma", SHAPES["ag-gemm"]),
+    ("ag-gemm", "sm90", lambda W: (200 * W, 136 * W, 264)),
+    ("gemm-rs", "mma", SHAPES["gemm-rs"]),
+)
 POLICIES = ("self", "fixed:1", "predicted")
 LATE_TIMEOUT_S = 2.0
 ABSENT_TIMEOUT_S = 1.0
@@ -40,7 +46,8 @@ def _case(point, ctx, seed: int, calls: int = 3, late_sleep_s: float = 0.0, **kw
     from .ops import get_op
     from .ops.base import check_output
 
-    out = {"op": point.op, "impl": point.impl, "policy": point.policy, "world": point.world}
+    out = {"op": point.op, "impl": point.impl, "policy": point.policy, "world": point.world,
+           "shape": (point.M, point.N, point.K), "builder": kw.get("builder")}
     impl = get_impl(point.impl)
     why = impl.unsupported(point)
     if why:
@@ -66,7 +73,7 @@ def _case(point, ctx, seed: int, calls: int = 3, late_sleep_s: float = 0.0, **kw
         info = getattr(runner, "info", {}) or {}
         return {**out, "status": "ok" if wrong == 0 and same else "wrong", "wrong": wrong, "max_rel_err": err,
                 "deterministic": same, "peer_memory": info.get("peer_memory"),
-                "peer_memory_why": info.get("peer_memory_why"), "builder": info.get("builder")}
+                "peer_memory_why": info.get("peer_memory_why"), "builder_used": info.get("builder")}
     except Exception as e:  # noqa: BLE001 - reported
         from .impls.base import SkipPoint
 
@@ -99,18 +106,19 @@ def _rank_main(rank: int, world: int, port: int, q, scenarios: tuple[str, ...]) 
         ctx = RankCtx(rank=rank, world=world, procs=world, device=dev, fabric="nvlink", backend="gpu",
                       group=dist.group.WORLD, shared_gpu=True)
 
-        def point(op, impl, policy=None, seed=0):
-            M, N, K = SHAPES[op](world)
+        def point(op, impl, policy=None, seed=0, shape=None):
+            M, N, K = (shape or SHAPES[op])(world)
             return Point(op=op, impl=impl, M=M, N=N, K=K, world=world, fabric="nvlink", backend="gpu",
                          policy=policy, seed=seed)
 
         seed = 100
         if "matrix" in scenarios:
-            for op in SHAPES:
+            for op, builder, shape in KOSMOS_CASES:
                 for pol in POLICIES:
                     seed += 1
-                    result["cases"].append(_case(point(op, "kosmos", pol), ctx, seed))
+                    result["cases"].append(_case(point(op, "kosmos", pol, shape=shape), ctx, seed, builder=builder))
                     dist.barrier()
+            for op in SHAPES:
                 seed += 1
                 result["cases"].append(_case(point(op, "symm-mem"), ctx, seed))
                 dist.barrier()
@@ -227,8 +235,9 @@ def summary(world: int, results: list[dict]) -> list[str]:
     for c in r0["cases"]:
         extra = c.get("error") or (f"wrong={c.get('wrong')} err={c.get('max_rel_err', 0):.2g} "
                                    f"det={c.get('deterministic')} peer={c.get('peer_memory')} "
-                                   f"builder={c.get('builder')}")
-        lines.append(f"W={world} {c['op']:8s} {c['impl']:9s} {str(c['policy']):10s} {c['status']:7s} {extra}")
+                                   f"builder={c.get('builder_used')}")
+        lines.append(f"W={world} {c['op']:8s} {c['impl']:9s} {str(c['policy']):10s} {c['status']:7s} "
+                     f"{'x'.join(map(str, c['shape']))} {extra}")
     whys = {c.get("peer_memory_why") for res in results for c in res["cases"] if c.get("peer_memory_why")}
     for w in whys:
         lines.append(f"W={world} symmetric memory not used: {w}")

@@ -40,10 +40,12 @@ def test_kosmos_every_policy_correct_and_bitwise_stable(W):
     res = session(W)
     for r in res:
         cases = [c for c in r["cases"] if c["impl"] == "kosmos"]
-        assert {(c["op"], c["policy"]) for c in cases} == {(op, p) for op in chk.SHAPES for p in chk.POLICIES}
+        want = {(op, b, p) for op, b, _ in chk.KOSMOS_CASES for p in chk.POLICIES}
+        assert {(c["op"], c.get("builder"), c["policy"]) for c in cases} == want, cases
         for c in cases:
             assert c["status"] == "ok", f"rank {r['rank']}: {c}"
             assert c["wrong"] == 0 and c["deterministic"], c
+            assert c["builder_used"] == c["builder"], c
             assert c["peer_memory"] in ("symm", "cuda-ipc"), c
             if c["peer_memory"] == "cuda-ipc":
                 assert c["peer_memory_why"], "the IPC fallback must say why symmetric memory was not used"
