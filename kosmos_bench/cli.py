@@ -291,6 +291,11 @@ def run_and_report(store, title: str, points, backend: str, *, total: int, as_js
         note = " — SIMULATED (no GPU here): times come from a hardware model, not measurements"
     elif "host" in fabrics or "local" in fabrics:
         note = " — single-GPU emulated fabric (host: rank-0 view, peers over PCIe; local: emulated ranks)"
+    if backend != "sim" and "nvlink" in fabrics:
+        from . import sharing
+
+        if any(p.backend == "gpu" and sharing.is_shared(p) for p in points):
+            note += " — EMULATED: " + sharing.EMULATED_NOTE
     prior = store.rows()
     table = None
     if not as_json:

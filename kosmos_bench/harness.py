@@ -14,10 +14,10 @@ import traceback
 import numpy as np
 import torch
 
-from . import timing
+from . import sharing, timing
 from .impls import get_impl
 from .impls import nccl as nccl_impls
-from .impls.base import RankCtx
+from .impls.base import RankCtx, SkipPoint
 from .ops import get_op
 from .ops.base import check_output
 from .point import Point
@@ -34,7 +34,8 @@ def seed_for(p: Point, call: int = 0) -> int:
 
 def device_for(p: Point, rank: int) -> torch.device:
     if p.backend == "gpu":
-        return torch.device("cuda", rank % max(1, torch.cuda.device_count()))
+        devs = sharing.layout_of(p).devices
+        return torch.device("cuda", devs[rank] if rank < len(devs) else rank % max(1, torch.cuda.device_count()))
     return torch.device("cpu")
 
 
@@ -61,8 +62,9 @@ def skip_reason(p: Point) -> str | None:
 
 def base_row(p: Point) -> dict:
     op = get_op(p.op)
+    shared = p.backend == "gpu" and sharing.is_shared(p)
     return {**p.as_row(), "flops": op.flops(p), "comm_bytes": op.comm_bytes(p),
-            "emulated": p.fabric in ("local", "host"),
+            "emulated": p.fabric in ("local", "host") or shared, "shared_gpu": shared,
             "timestamp": _dt.datetime.now().isoformat(timespec="seconds")}
 
 
@@ -90,7 +92,8 @@ def _allreduce(vals: list[float], ctx: RankCtx, op: str) -> list[float]:
         return vals
     import torch.distributed as dist
 
-    dev = ctx.device if ctx.device.type == "cuda" else torch.device("cpu")
+    on_gpu = ctx.device.type == "cuda" and dist.get_backend(ctx.group) == "nccl"  # gloo: host tensors
+    dev = ctx.device if on_gpu else torch.device("cpu")
     t = torch.tensor(vals, dtype=torch.float64, device=dev)
     dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op],
                     group=ctx.group)
@@ -162,7 +165,8 @@ def run_point(p: Point, *, rank: int, procs: int) -> tuple[dict, object]:
         import torch.distributed as dist
 
         group = dist.group.WORLD if dist.is_initialized() else None
-    ctx = RankCtx(rank=rank, world=p.world, procs=procs, device=device, fabric=p.fabric, backend=p.backend, group=group)
+    ctx = RankCtx(rank=rank, world=p.world, procs=procs, device=device, fabric=p.fabric, backend=p.backend, group=group,
+                  shared_gpu=bool(row["shared_gpu"]))
     impl, op = get_impl(p.impl), get_op(p.op)
     runner, trace = None, None
     try:
@@ -200,6 +204,8 @@ def run_point(p: Point, *, rank: int, procs: int) -> tuple[dict, object]:
         if wrong:
             row["error"] = f"{wrong} elements outside tolerance (max_rel_err {err:.3g})"
         derive(row, p)
+    except SkipPoint as e:
+        row.update(status="skipped", error=str(e))
     except torch.cuda.OutOfMemoryError as e:
         row.update(status="failed", error=f"out of memory: {str(e).splitlines()[0]}")
     except Exception as e:  # noqa: BLE001 - the point fails, the sweep goes on

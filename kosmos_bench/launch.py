@@ -3,6 +3,8 @@
 * Single node: the parent spawns `procs` workers (torch.multiprocessing, spawn) per group of
   points that need the same number of processes, with a torch.distributed group over
   localhost (NCCL on GPUs, gloo on CPU). The parent is the only writer of the results store.
+  nvlink points with more ranks than visible GPUs (or `shared_gpu=True`) run in shared-GPU
+  mode (sharing.py): ranks round-robin over the GPUs, a gloo group, rows marked emulated.
   A point that outlives its timeout, or a worker that dies, costs that point only: the
   workers are killed, a `timeout`/`failed` row is written and fresh workers take the rest.
 * torchrun: when its environment (RANK, WORLD_SIZE, ...) is present, this process *is* one
@@ -21,7 +23,7 @@ from typing import Callable, Iterable
 import torch
 import torch.multiprocessing as mp
 
-from . import harness
+from . import harness, sharing
 from .point import Point
 
 
@@ -52,13 +54,15 @@ class Event:
     trace: object = None  # pandas DataFrame of the role timeline, when traced
 
 
-def init_group(rank: int, world: int, backend: str, addr: str, port: int) -> None:
+def init_group(rank: int, world: int, backend: str, addr: str, port: int, shared_gpu: bool = False) -> None:
     import datetime
 
     import torch.distributed as dist
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never NVLink multicast on shared hosts
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    if shared_gpu:  # torch symmetric memory refuses two ranks on one device unless told
+        os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
     kw = {}
     if backend == "nccl":
         torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -67,17 +71,27 @@ def init_group(rank: int, world: int, backend: str, addr: str, port: int) -> Non
                             timeout=datetime.timedelta(seconds=120), **kw)
 
 
-def _worker(rank: int, procs: int, points: list[Point], port: int, q, backend: str, with_group: bool) -> None:
+def group_layout(p: Point, n_gpus: int | None = None) -> sharing.Layout:
+    """Placement and process-group backend of a point's processes (sharing.layout)."""
+    return sharing.layout_of(p, n_gpus)
+
+
+def _worker(rank: int, procs: int, points: list[Point], port: int, q, backend: str, with_group: bool,
+            shared_gpu: bool | None = None) -> None:
     import warnings
 
     warnings.filterwarnings("ignore", message=".*all_gather_into_tensor.*deprecated")
+    sharing.set_forced(shared_gpu)
     if backend != "gpu":  # one CPU share per rank, not every rank on every core
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // procs))
     try:
+        lay = group_layout(points[0]) if points else None
         if backend == "gpu":
-            torch.cuda.set_device(rank % max(1, torch.cuda.device_count()))
+            dev = lay.devices[rank] if lay is not None and len(lay.devices) > rank else rank % max(1, torch.cuda.device_count())
+            torch.cuda.set_device(dev)
         if with_group:
-            init_group(rank, procs, "nccl" if backend == "gpu" else "gloo", "127.0.0.1", port)
+            gb = lay.group_backend if lay is not None and lay.group_backend else ("nccl" if backend == "gpu" else "gloo")
+            init_group(rank, procs, gb, "127.0.0.1", port, shared_gpu=bool(lay and lay.shared_gpu))
         for i, p in enumerate(points):
             if rank == 0:
                 q.put(Event("start", i))
@@ -98,15 +112,18 @@ def _worker(rank: int, procs: int, points: list[Point], port: int, q, backend: s
 
 
 def run_points(points: list[Point], on_start: Callable[[Point], None], on_row: Callable[[Point, dict, object], None],
-               timeout_s: float, isolate: bool = False) -> None:
+               timeout_s: float, isolate: bool = False, shared_gpu: bool | None = None) -> None:
     """Run `points` (already filtered for resume) in worker processes; rows go to on_row.
     Consecutive points needing the same processes share one spawn, unless `isolate`: then every
     point gets fresh workers (a process's history can move timings: every second kosmos runner
-    of a process once ran 5% slow, results/issue4-h200-20261203/)."""
+    of a process once ran 5% slow, results/issue4-h200-20261203/).
+    `shared_gpu`: True puts every rank of nvlink points on cuda:0 (gloo group), False never
+    shares, None (default) shares when a point has more ranks than visible GPUs."""
+    sharing.set_forced(shared_gpu)
     groups: list[list[Point]] = []
+    sig = lambda p: (procs_for(p), p.backend, needs_group(p), group_layout(p))  # noqa: E731
     for p in points:
-        if groups and not isolate and (procs_for(groups[-1][0]), groups[-1][0].backend, needs_group(groups[-1][0])) == (
-                procs_for(p), p.backend, needs_group(p)):
+        if groups and not isolate and sig(groups[-1][0]) == sig(p):
             groups[-1].append(p)
         else:
             groups.append([p])
@@ -121,7 +138,8 @@ def _run_group(points: list[Point], on_start, on_row, timeout_s: float) -> None:
         procs, backend = procs_for(remaining[0]), remaining[0].backend
         q = ctx.Queue()
         port = _free_port()
-        workers = [ctx.Process(target=_worker, args=(r, procs, remaining, port, q, backend, needs_group(remaining[0])),
+        workers = [ctx.Process(target=_worker, args=(r, procs, remaining, port, q, backend, needs_group(remaining[0]),
+                                                            sharing.forced()),
                                daemon=True) for r in range(procs)]
         for w in workers:
             w.start()
@@ -182,7 +200,12 @@ def run_points_torchrun(points: Iterable[Point], on_start, on_row) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     points = list(points)
     backend = points[0].backend if points else "cpu"
-    init_group(rank, world, "nccl" if backend == "gpu" else "gloo", os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    lay = group_layout(points[0].replace(world=world)) if points else None
+    gb = lay.group_backend if lay is not None and lay.group_backend else ("nccl" if backend == "gpu" else "gloo")
+    if backend == "gpu" and lay is not None and lay.shared_gpu:
+        torch.cuda.set_device(lay.devices[rank % len(lay.devices)])
+    init_group(rank, world, gb, os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+               shared_gpu=bool(lay and lay.shared_gpu))
     for p in points:
         if procs_for(p) != world:
             if rank == 0:

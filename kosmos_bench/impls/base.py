@@ -24,6 +24,12 @@ import torch
 from ..point import Point
 
 
+class SkipPoint(Exception):
+    """Raised by prepare() when the point cannot run here for a reason only found while
+    preparing (e.g. symm-mem in shared-GPU mode when torch refuses the rendezvous): the harness
+    writes a 'skipped' row with the message. Every rank must raise it (a collective failed)."""
+
+
 @dataclass
 class RankCtx:
     """Where this process stands in a point.
@@ -41,6 +47,9 @@ class RankCtx:
     fabric: str
     backend: str
     group: Any = None  # torch.distributed ProcessGroup when procs > 1, else None
+    # nvlink fabric with several rank processes time-sharing a GPU (sharing.py): gloo group,
+    # peers through symmetric memory / CUDA IPC on the same device, timings emulated
+    shared_gpu: bool = False
 
     @property
     def ranks_here(self) -> list[int]:

@@ -8,9 +8,11 @@ One implementation object, ``kosmos``, for ops ag-gemm and gemm-rs on three fabr
   band 0 (gemm-rs, computed with torch in prepare) live in pinned host memory and cross
   PCIe; rank 0 pushes its partials for peers into pinned host memory (gemm-rs). Peers do
   not execute.
-* ``nvlink`` — one process per GPU; peer pointers from torch symmetric memory (flags and
-  the buffers peers touch live in one symmetric allocation). Untested until a multi-GPU
-  machine is available.
+* ``nvlink`` — one process per rank; peer pointers from torch symmetric memory, or CUDA IPC
+  handles where its rendezvous is refused (flags and the buffers peers touch live in one
+  peer-visible allocation; ``_symmetric``). One GPU per rank on a multi-GPU node (never run
+  there yet), or shared-GPU mode (kosmos_bench/sharing.py: W processes time-share one GPU,
+  gloo group, longer default watchdog; tests/test_nvlink_shared_gpu.py).
 
 The tunables are the point's configuration (``kosmos.config.KosmosConfig.from_point``: the
 Point fields policy, queue_order, local_first, chunk, builder, mover and the point's
@@ -22,7 +24,8 @@ ag-gemm, the Hopper wgmma+TMA builder in 384-thread CTAs, one per SM, 128x256 ti
 csrc/ag_gemm_sm90.cu; unset, picked by device (``kosmos.builder.builder_choice``).
 
 Extra ``prepare`` keywords: ``config`` (a KosmosConfig instead of the point's), ``num_wgs``
-(default: all co-resident), ``timeout_s`` (watchdog, default ``$KOSMOS_TIMEOUT_S`` or 5 s),
+(default: all co-resident), ``timeout_s`` (watchdog, default ``$KOSMOS_TIMEOUT_S`` or 5 s;
+``sharing.SHARED_GPU_TIMEOUT_S`` when ``ctx.shared_gpu``),
 ``debug_skip_rank`` (local fabric: that emulated rank never signals; the watchdog test),
 ``trace_cap`` (records/WG); ``max_inflight``, ``mover_bulk``, ``mover``, ``builder``,
 ``ce_slices`` override those configuration fields (tests).
@@ -42,6 +45,7 @@ import shutil
 import numpy as np
 
 from .. import schedule as S
+from .. import sharing
 from ..kosmos import builder as kb
 from ..kosmos.config import KosmosConfig
 from ..kosmos.plan import info as plan_info
@@ -50,6 +54,9 @@ from ..point import Point, parse_policy
 from .base import common_unsupported
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("KOSMOS_TIMEOUT_S", "5"))
+# Why torch symmetric memory was not usable in this process (set once; later nvlink runners go
+# straight to CUDA IPC handles): KosmosRunner._symmetric.
+_SYMM_REFUSED: str | None = None
 DEFAULT_TRACE_CAP = 4096
 
 # The CE plans' two streams (copies, flag releases), made once per device and process
@@ -462,7 +469,9 @@ class KosmosRunner:
                 d = per_rank[r]
                 self._sm90_set_rank(i, d["A"], d["work"], d["B"], d["C"])
 
-        self.timeout_ns = int((timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S) * 1e9)
+        if timeout_s is None:  # shared-GPU mode: peers are time-sliced processes (sharing.py)
+            timeout_s = sharing.SHARED_GPU_TIMEOUT_S if getattr(ctx, "shared_gpu", False) else DEFAULT_TIMEOUT_S
+        self.timeout_ns = int(timeout_s * 1e9)
         self.params = self._params(trace=False)
         k = self.scheds[0].num_movers
         self.info = {"num_movers": k, "num_wgs": int(G), "wgs_per_rank": int(sizes.min()), "mover": self.mover,
@@ -470,6 +479,9 @@ class KosmosRunner:
                      "ce_releases": len(getattr(self, "ce_entries", ())), **plan_info(self.plan, self.scheds[0]),
                      "max_inflight_movers": int(ra_arr[0].max_inflight_movers), "ahead_blocks": self.ahead_blocks,
                      "kosmos_policy": cfg.policy, "trace_dropped": 0}
+        if fabric == "nvlink":
+            self.info.update(peer_memory=self.peer_memory, peer_memory_why=self.peer_memory_why or None,
+                             watchdog_s=timeout_s)
         torch.cuda.synchronize(self.dev)
 
     # ---- helpers ----
@@ -507,23 +519,92 @@ class KosmosRunner:
             dist.barrier(group=self.ctx.group)
 
     def _symmetric(self, op, W, M, N, K, nf):
+        """This rank's peer-visible allocation (flags, then data) and every rank's address of it.
+
+        Two ways, tried in this order; the first that works in EVERY rank is used and
+        ``info['peer_memory']`` says which ('symm' | 'cuda-ipc'), ``info['peer_memory_why']`` why
+        the first was not usable (exception text of each rank that failed):
+
+        1. torch symmetric memory: ``symm.empty`` + ``symm.rendezvous`` over ctx.group (NCCL or,
+           in shared-GPU mode, gloo with TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1);
+        2. CUDA IPC: a plain caching-allocator tensor, its handle (torch.multiprocessing's
+           ``reduce_tensor``: cudaIpcGetMemHandle + offset) all-gathered over ctx.group as an
+           object, opened by each peer (``rebuild_cuda_tensor``: cudaIpcOpenMemHandle).
+
+        The outcome of 1 is agreed on (all_gather_object of each rank's error) before anyone uses
+        it; a failure is remembered for the process (_SYMM_REFUSED) so later points go to 2 at once.
+        """
+        global _SYMM_REFUSED
         import torch
-        import torch.distributed._symmetric_memory as symm
+        import torch.distributed as dist
 
         if self.ctx.group is None:
             raise RuntimeError("nvlink fabric needs a process group (ctx.group)")
         m_loc = M // W
         off_data = (nf * 4 + 255) // 256 * 256
         data = m_loc * K * 2 if op == "ag-gemm" else W * m_loc * N * 2
-        buf = symm.empty(off_data + data, dtype=torch.uint8, device=self.dev)
-        buf.zero_()
+        nbytes = off_data + data
         group = self.ctx.group
-        hdl = symm.rendezvous(buf, getattr(group, "group_name", group))
+        why = _SYMM_REFUSED
+        if why is None:
+            hdl = buf = None
+            err = None
+            try:
+                import torch.distributed._symmetric_memory as symm
+
+                buf = symm.empty(nbytes, dtype=torch.uint8, device=self.dev)
+                buf.zero_()
+                hdl = symm.rendezvous(buf, getattr(group, "group_name", group))
+                ptrs = [int(p) for p in hdl.buffer_ptrs]
+                if len(ptrs) != W or any(p == 0 for p in ptrs):
+                    raise RuntimeError(f"rendezvous gave {len(ptrs)} buffer pointers {ptrs} for world {W}")
+                torch.cuda.synchronize(self.dev)
+            except Exception as e:  # noqa: BLE001 - recorded, agreed on, then the IPC path
+                err = f"rank {self.ctx.rank}: {type(e).__name__}: {' '.join(str(e).split())[:400]}"
+            errs = [None] * W
+            dist.all_gather_object(errs, err, group=group)
+            bad = [e for e in errs if e]
+            if not bad:
+                self._barrier()
+                self.symm, self.symm_buf = hdl, buf
+                self._keep.append(buf)
+                self.peer_memory, self.peer_memory_why = "symm", ""
+                return ptrs, off_data
+            del hdl, buf
+            why = _SYMM_REFUSED = "torch symmetric memory unusable: " + " | ".join(bad)
+        # ---- CUDA IPC handles over the group ----
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        buf = torch.zeros(nbytes, dtype=torch.uint8, device=self.dev)
         torch.cuda.synchronize(self.dev)
+        me = self.ctx.rank
+        # one share per consumer (torch counts the consumers of a share to know when to free)
+        mine = [None if q == me else reduce_tensor(buf) for q in range(W)]
+        shared = [None] * W
+        dist.all_gather_object(shared, mine, group=group)
+        ptrs, err = [], None
+        for p in range(W):
+            if p == me:
+                ptrs.append(int(buf.data_ptr()))
+                continue
+            rebuild, args = shared[p][me]
+            try:
+                t = rebuild(*args)
+            except Exception as e:  # noqa: BLE001 - agreed on below, so that no rank waits forever
+                err = err or f"rank {me} could not open rank {p}'s buffer: {type(e).__name__}: {e}"
+                continue
+            self._keep.append(t)
+            ptrs.append(int(t.data_ptr()))
+        torch.cuda.synchronize(self.dev)
+        errs = [None] * W
+        dist.all_gather_object(errs, err, group=group)
+        if any(errs):
+            raise RuntimeError(f"CUDA IPC failed ({' | '.join(e for e in errs if e)}); before that, {why}")
         self._barrier()
-        self.symm, self.symm_buf = hdl, buf
+        self.symm, self.symm_buf = None, buf
         self._keep.append(buf)
-        return [int(p) for p in hdl.buffer_ptrs], off_data
+        self.peer_memory, self.peer_memory_why = "cuda-ipc", why
+        return ptrs, off_data
 
     def _params(self, trace: bool):
         abi = self.abi

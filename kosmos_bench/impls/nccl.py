@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .. import sharing
 from ..ops import get_op
 from ..point import Point
 from .base import FnRunner, RankCtx, common_unsupported
@@ -299,7 +300,7 @@ def concurrent_alone(gemm, comm, device):
 
 def comm_alone(p: Point, ctx: RankCtx, inputs):
     """The collective alone, on the same fabric the baselines use (None when world == 1)."""
-    if p.world == 1:
+    if p.world == 1 or ctx.shared_gpu:  # shared-GPU mode: a gloo group, no NCCL collective to time
         return None
     r, W, m = ctx.rank, p.world, p.M // p.world
     dt = inputs.A[r].dtype
@@ -349,6 +350,8 @@ class NcclBaseline:
             return why
         if p.fabric == "host" and p.backend != "gpu":
             return "the host fabric needs a GPU (peers' data crosses PCIe)"
+        if p.backend == "gpu" and sharing.is_shared(p):
+            return sharing.needs_nccl_reason(self.name)
         return get_op(p.op).validate(p)
 
     def prepare(self, p: Point, ctx: RankCtx, inputs):

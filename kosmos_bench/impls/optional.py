@@ -114,6 +114,11 @@ def multi_gpu_unsupported(impl, point: Point) -> str | None:
                 f"single-GPU emulation)")
     if point.world < 2:
         return f"{impl.name} needs >=2 GPUs with peer access (world={point.world})"
+    if not getattr(impl, "runs_shared_gpu", False) and point.backend == "gpu":
+        from .. import sharing
+
+        if sharing.is_shared(point):
+            return sharing.needs_nccl_reason(impl.name)
     return common_unsupported(impl, point)
 
 

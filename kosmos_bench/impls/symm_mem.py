@@ -36,7 +36,7 @@ import torch
 from ..ops import get_op
 from ..ops.base import ELEM_BYTES, torch_dtype
 from ..point import Point
-from .base import FnRunner, RankCtx
+from .base import FnRunner, RankCtx, SkipPoint
 from .optional import (
     MULTI_GPU_FABRICS,
     gpu_nccl_ready,
@@ -144,6 +144,9 @@ class SymmMemImpl:
     ops = ("ag-gemm", "gemm-rs")
     fabrics = MULTI_GPU_FABRICS
     module = "torch.distributed._symmetric_memory"
+    # shared-GPU mode (sharing.py): the workspace rendezvous runs over the gloo group with
+    # TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1; the ops sync through signal pads, not NCCL
+    runs_shared_gpu = True
 
     def available(self, backend: str) -> tuple[bool, str]:
         try:
@@ -187,7 +190,15 @@ class SymmMemImpl:
         op = get_op(point.op)
         out = torch.empty(op.out_shape(point), dtype=torch_dtype(point.dtype), device=ctx.device)
         # Allocate + rendezvous the workspace now (collective), not inside the first timed call.
-        symm.get_symm_mem_workspace(group_name, min_size=workspace_bytes(point))
+        if ctx.shared_gpu:  # a torch refusal here is a limit of torch on one GPU, not a failure
+            try:
+                symm.get_symm_mem_workspace(group_name, min_size=workspace_bytes(point))
+            except Exception as e:  # noqa: BLE001
+                raise SkipPoint(f"{self.name}: torch symmetric memory refused the shared-GPU rendezvous "
+                                f"(several ranks on one GPU, gloo group): {type(e).__name__}: "
+                                f"{' '.join(str(e).split())[:300]}") from e
+        else:
+            symm.get_symm_mem_workspace(group_name, min_size=workspace_bytes(point))
 
         fn = fused_call(point.op, A, B, group_name, out)
         info = {
