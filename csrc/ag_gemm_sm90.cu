@@ -150,6 +150,44 @@ __device__ __forceinline__ void named_bar_sync(int id, int nthreads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(nthreads) : "memory");
 }
 
+// The math warpgroups of both kernels: pop builder item ids from the ring until -1; build each
+// tile into tile_of(item row) (row stride ldc, the row's rows x cols), then thread 128 releases
+// its flag (every store of the tile before the release) and records the BUILD interval.
+template <class TileOf>
+__device__ __forceinline__ void math_loop(AgBuilder& builder, AgRing& ring, const KosmosParams& p,
+                                          const KosmosRankArgs& ra, int block, int kind, int64_t ldc,
+                                          TileOf tile_of) {
+  const int tid = int(threadIdx.x);
+  for (;;) {
+    const int id = ring.pop();  // builder item id
+    if (id < 0) break;
+    const uint64_t t0 = (tid == 128 && p.trace) ? globaltimer_ns() : 0;
+    const int32_t* row = ra.items[kQBuild] + static_cast<size_t>(id) * KOSMOS_ITEM_STRIDE;
+    bf16* tile = tile_of(row);
+    Item done{};  // what finish_item reads, loaded with the tile's row (no load after the MMAs)
+    done.kind = kind;
+    done.rel_rank = row[8];
+    done.rel_flag = row[9];
+    builder.consume_to(reinterpret_cast<AgBuilder::dtype_t*>(tile), ldc, row[3], row[5]);  // rows, cols
+    named_bar_sync(kBarMath, AgBuilder::kNumMathThreads);  // every store of the tile before its release
+    if (tid == 128) {
+      // (re)built here so that none of the scheduling state stays live across the MMAs
+      Wg wm = make_wg(p, ra, block);
+      wm.tr.shared = true;
+      finish_item(wm, done, id, false, t0);
+    }
+  }
+}
+
+// The loader's end (warp 0): no more tiles for the math warps, wait until they released every stage.
+__device__ __forceinline__ void loader_tail(AgBuilder& builder, AgRing& ring, int warp_idx, int lane) {
+  if (warp_idx == 0) {
+    if (lane == 0) ring.push(-1);
+    __syncwarp();
+    builder.produce_tail();
+  }
+}
+
 __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __grid_constant__ AgSm90Params P) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   AgShared& smem = *reinterpret_cast<AgShared*>(smem_raw);
@@ -252,33 +290,13 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
         if (tid == kSched) decide_next(ahead, ahead_landed);
       }
     }
-    if (warp_idx == 0) {
-      if (lane == 0) ring.push(-1);
-      __syncwarp();
-      builder.produce_tail();
-    }
+    loader_tail(builder, ring, warp_idx, lane);
   } else {
     cutlass::arch::warpgroup_reg_alloc<kMathRegs>();
     bf16* C = static_cast<bf16*>(ra.C);
-    for (;;) {
-      const int id = ring.pop();  // builder item id
-      if (id < 0) break;
-      const uint64_t t0 = (tid == 128 && p.trace) ? globaltimer_ns() : 0;
-      const int32_t* row = ra.items[kQBuild] + static_cast<size_t>(id) * KOSMOS_ITEM_STRIDE;
-      bf16* tile = C + (row[1] * int64_t(m_loc) + row[2]) * n_loc + row[4];  // peer, m0, n0
-      Item done{};  // what finish_item reads, loaded with the tile's row (no load after the MMAs)
-      done.kind = kAgBuild;
-      done.rel_rank = row[8];
-      done.rel_flag = row[9];
-      builder.consume_to(reinterpret_cast<AgBuilder::dtype_t*>(tile), n_loc, row[3], row[5]);  // rows, cols
-      named_bar_sync(kBarMath, AgBuilder::kNumMathThreads);  // every store of the tile before its release
-      if (tid == 128) {
-        // (re)built here so that none of the scheduling state stays live across the MMAs
-        Wg wm = make_wg(p, ra, block);
-        wm.tr.shared = true;
-        finish_item(wm, done, id, false, t0);
-      }
-    }
+    math_loop(builder, ring, p, ra, block, kAgBuild, n_loc, [=](const int32_t* row) {
+      return C + (row[1] * int64_t(m_loc) + row[2]) * n_loc + row[4];  // peer, m0, n0
+    });
   }
   __syncthreads();
   if (tid == 0) exit_protocol(w);
@@ -394,33 +412,14 @@ __global__ void __launch_bounds__(kAgThreads, 1) gemm_rs_sm90_kernel(const __gri
         if (tid == kSched) decide_next();
       }
     }
-    if (warp_idx == 0) {
-      if (lane == 0) ring.push(-1);
-      __syncwarp();
-      builder.produce_tail();
-    }
+    loader_tail(builder, ring, warp_idx, lane);
   } else {
     cutlass::arch::warpgroup_reg_alloc<kRsMathRegs>();
-    for (;;) {
-      const int id = ring.pop();  // RS_BUILD item id
-      if (id < 0) break;
-      const uint64_t t0 = (tid == 128 && p.trace) ? globaltimer_ns() : 0;
-      const int32_t* row = ra.items[kQBuild] + static_cast<size_t>(id) * KOSMOS_ITEM_STRIDE;
-      const int d = row[1], m0 = row[2], n0 = row[4];
-      bf16* tile = (d == ra.rank) ? static_cast<bf16*>(ra.slot[d]) + int64_t(m0) * N + n0
-                                  : static_cast<bf16*>(ra.work) + (d * int64_t(m_loc) + m0) * N + n0;
-      Item done{};
-      done.kind = kRsBuild;
-      done.rel_rank = row[8];
-      done.rel_flag = row[9];
-      builder.consume_to(reinterpret_cast<AgBuilder::dtype_t*>(tile), N, row[3], row[5]);  // rows, cols
-      named_bar_sync(kBarMath, AgBuilder::kNumMathThreads);  // every store of the tile before its release
-      if (tid == 128) {
-        Wg wm = make_wg(p, ra, block);
-        wm.tr.shared = true;
-        finish_item(wm, done, id, false, t0);
-      }
-    }
+    math_loop(builder, ring, p, ra, block, kRsBuild, N, [&](const int32_t* row) {
+      const int d = row[1], m0 = row[2], n0 = row[4];  // destination band, row in it, column
+      return (d == ra.rank) ? static_cast<bf16*>(ra.slot[d]) + int64_t(m0) * N + n0
+                            : static_cast<bf16*>(ra.work) + (d * int64_t(m_loc) + m0) * N + n0;
+    });
   }
   __syncthreads();
   if (tid == 0) exit_protocol(w);
