@@ -1,5 +1,7 @@
-// ag_gemm_sm90.cu — AG+GEMM (pull) on the Hopper builder: the opt-in sm_90a variant of
-// ag_gemm.cu (Python: prepare(..., builder="sm90") or KOSMOS_BUILDER=sm90).
+// ag_gemm_sm90.cu — the Hopper-builder kernels: AG+GEMM (pull), the sm_90a variant of
+// ag_gemm.cu (builder "sm90"; the default for ag-gemm on sm_90), and GEMM+RS (push, owner
+// reduces), the variant of gemm_rs.cu (gemm_rs_sm90_kernel below; opt-in builder "sm90").
+// Both share the block layout, shared memory, builder, tile ring and math loop.
 //
 // Same op, buffers, schedule arrays, epoch flags, watchdog, claims (decide() of
 // persistent.cuh), trace and entry/exit protocol as the default kernel; what differs is the
