@@ -134,3 +134,17 @@ def test_unsupported_rs_sm90_names_tma_rule():
     assert impl.unsupported(ok) is None
     bad = ok.replace(K=1000)  # K/W = 125
     assert "K/world" in impl.unsupported(bad)
+
+
+def test_validate_rs_agrees_with_the_library():
+    """The C validate_rs (kosmos_sm90_rs_validate) and kosmos.builder.validate(op='gemm-rs') say
+    the same, when a built library is at hand (no GPU needed to call it)."""
+    import ctypes
+
+    path = ag_sm90.find_lib()
+    if path is None:
+        pytest.skip("no built libkosmos_ag_sm90 in the cache")
+    lib = ag_sm90._declare(ctypes.CDLL(str(path)))
+    for shape in [(8192, 8192, 8192, 8), (8000, 1064, 1000, 8), (1000, 1001, 800, 1), (1000, 1000, 1000, 9),
+                  (1001, 1000, 1000, 2), (3000, 776, 600, 3), (0, 8, 8, 1)]:
+        assert lib.kosmos_sm90_rs_validate(*shape).decode() == (builder.validate(*shape, op="gemm-rs") or ""), shape
