@@ -1,5 +1,7 @@
-// ag_gemm_sm90.cu — AG+GEMM (pull) on the Hopper builder: the opt-in sm_90a variant of
-// ag_gemm.cu (Python: prepare(..., builder="sm90") or KOSMOS_BUILDER=sm90).
+// ag_gemm_sm90.cu — the Hopper-builder kernels: AG+GEMM (pull), the sm_90a variant of
+// ag_gemm.cu (builder "sm90"; the default for ag-gemm on sm_90), and GEMM+RS (push, owner
+// reduces), the variant of gemm_rs.cu (gemm_rs_sm90_kernel below; opt-in builder "sm90").
+// Both share the block layout, shared memory, builder, tile ring and math loop.
 //
 // Same op, buffers, schedule arrays, epoch flags, watchdog, claims (decide() of
 // persistent.cuh), trace and entry/exit protocol as the default kernel; what differs is the
@@ -150,6 +152,44 @@ __device__ __forceinline__ void named_bar_sync(int id, int nthreads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(nthreads) : "memory");
 }
 
+// The math warpgroups of both kernels: pop builder item ids from the ring until -1; build each
+// tile into tile_of(item row) (row stride ldc, the row's rows x cols), then thread 128 releases
+// its flag (every store of the tile before the release) and records the BUILD interval.
+template <class TileOf>
+__device__ __forceinline__ void math_loop(AgBuilder& builder, AgRing& ring, const KosmosParams& p,
+                                          const KosmosRankArgs& ra, int block, int kind, int64_t ldc,
+                                          TileOf tile_of) {
+  const int tid = int(threadIdx.x);
+  for (;;) {
+    const int id = ring.pop();  // builder item id
+    if (id < 0) break;
+    const uint64_t t0 = (tid == 128 && p.trace) ? globaltimer_ns() : 0;
+    const int32_t* row = ra.items[kQBuild] + static_cast<size_t>(id) * KOSMOS_ITEM_STRIDE;
+    bf16* tile = tile_of(row);
+    Item done{};  // what finish_item reads, loaded with the tile's row (no load after the MMAs)
+    done.kind = kind;
+    done.rel_rank = row[8];
+    done.rel_flag = row[9];
+    builder.consume_to(reinterpret_cast<AgBuilder::dtype_t*>(tile), ldc, row[3], row[5]);  // rows, cols
+    named_bar_sync(kBarMath, AgBuilder::kNumMathThreads);  // every store of the tile before its release
+    if (tid == 128) {
+      // (re)built here so that none of the scheduling state stays live across the MMAs
+      Wg wm = make_wg(p, ra, block);
+      wm.tr.shared = true;
+      finish_item(wm, done, id, false, t0);
+    }
+  }
+}
+
+// The loader's end (warp 0): no more tiles for the math warps, wait until they released every stage.
+__device__ __forceinline__ void loader_tail(AgBuilder& builder, AgRing& ring, int warp_idx, int lane) {
+  if (warp_idx == 0) {
+    if (lane == 0) ring.push(-1);
+    __syncwarp();
+    builder.produce_tail();
+  }
+}
+
 __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __grid_constant__ AgSm90Params P) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   AgShared& smem = *reinterpret_cast<AgShared*>(smem_raw);
@@ -252,33 +292,136 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
         if (tid == kSched) decide_next(ahead, ahead_landed);
       }
     }
-    if (warp_idx == 0) {
-      if (lane == 0) ring.push(-1);
-      __syncwarp();
-      builder.produce_tail();
-    }
+    loader_tail(builder, ring, warp_idx, lane);
   } else {
     cutlass::arch::warpgroup_reg_alloc<kMathRegs>();
     bf16* C = static_cast<bf16*>(ra.C);
-    for (;;) {
-      const int id = ring.pop();  // builder item id
-      if (id < 0) break;
-      const uint64_t t0 = (tid == 128 && p.trace) ? globaltimer_ns() : 0;
-      const int32_t* row = ra.items[kQBuild] + static_cast<size_t>(id) * KOSMOS_ITEM_STRIDE;
-      bf16* tile = C + (row[1] * int64_t(m_loc) + row[2]) * n_loc + row[4];  // peer, m0, n0
-      Item done{};  // what finish_item reads, loaded with the tile's row (no load after the MMAs)
-      done.kind = kAgBuild;
-      done.rel_rank = row[8];
-      done.rel_flag = row[9];
-      builder.consume_to(reinterpret_cast<AgBuilder::dtype_t*>(tile), n_loc, row[3], row[5]);  // rows, cols
-      named_bar_sync(kBarMath, AgBuilder::kNumMathThreads);  // every store of the tile before its release
-      if (tid == 128) {
-        // (re)built here so that none of the scheduling state stays live across the MMAs
-        Wg wm = make_wg(p, ra, block);
-        wm.tr.shared = true;
-        finish_item(wm, done, id, false, t0);
+    math_loop(builder, ring, p, ra, block, kAgBuild, n_loc, [=](const int32_t* row) {
+      return C + (row[1] * int64_t(m_loc) + row[2]) * n_loc + row[4];  // peer, m0, n0
+    });
+  }
+  __syncthreads();
+  if (tid == 0) exit_protocol(w);
+}
+
+
+// ------------------------------------------------------------------ GEMM+RS on the Hopper builder
+// The sm90 variant of gemm_rs.cu (same op, buffers, items, flags, claims -- decide<GEMM_RS> --,
+// watchdog, trace and entry/exit protocol); the block is the AG kernel's (384 threads, AgShared):
+//   scheduler (thread 32) : decide() -> smem.cmd; for a builder tile it decides the next item
+//                           while warp 0 issues the tile's loads (builders have no deps).
+//   warp 0 (loader WG)    : RS_BUILD: pushes the item into the tile ring and issues its TMA loads:
+//                           A_r viewed as (m_loc, K/W, W), batch = destination band d (a partial
+//                           tile reads zeros, never band d+1's rows), B_r columns n0...
+//   warps 0-3 (loader WG) : RS_PUSH / RS_PROXY: copy_tile by the 128 threads (as the portable
+//                           movers, ld.global.cg). RS_REDUCE: reduce_tile by the 128 threads:
+//                           the portable kernel's arithmetic (fp32 sum of slots 0..W-1 in rank
+//                           order, one bf16 rounding), so the result depends only on the partials,
+//                           never on arrival order. The loader warpgroup, not the math warps:
+//                           a reduce is memory-bound like a mover, the scheduling thread is
+//                           there, and the math warps keep computing the tiles already in the
+//                           ring meanwhile (a reduce in the ring would stall the MMAs behind it).
+//   warpgroups 1, 2       : pop RS_BUILD ids, wgmma over K/W, staged epilogue (bf16) into the
+//                           rank's own slot (d = rank) or the staging buffer (row d*m_loc + m0),
+//                           thread 128 releases the builder flag.
+// Tiles 128 x 256 (schedule built with BN = 256); K/W and N multiples of 8 (TMA), 16-byte
+// aligned A_r, B_r, staging and slots.
+struct RsSm90Params {
+  KosmosParams base;
+  AgBuilder::Params bp;                                 // K/W, N, k-blocks
+  AgBuilder::Mainloop::Params maps[KOSMOS_MAX_WORLD];  // per executed rank: A_r (m_loc, K/W, W) with B_r
+  int32_t m_loc;
+  int32_t n;
+};
+static_assert(sizeof(RsSm90Params) <= 32000, "kernel parameters must fit the 32 KB parameter space");
+// setmaxnreg of the GEMM+RS kernel: its loader warpgroup also runs the reduce items (W 16-byte
+// loads in flight per thread, W slot pointers, fp32 sums: it spilled at the AG kernel's 88); the
+// math warpgroups need no more than the 168 they compile at. 128 * 104 + 256 * 200 = 64,512.
+constexpr int kRsLoaderRegs = 104;
+constexpr int kRsMathRegs = 200;
+static_assert(128 * kRsLoaderRegs + 256 * kRsMathRegs <= 384 * 168, "setmaxnreg beyond the CTA's registers");
+
+__global__ void __launch_bounds__(kAgThreads, 1) gemm_rs_sm90_kernel(const __grid_constant__ RsSm90Params P) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  AgShared& smem = *reinterpret_cast<AgShared*>(smem_raw);
+  const KosmosParams& p = P.base;
+  const int tid = int(threadIdx.x);
+  const int block = int(blockIdx.x);
+  const int ri = rank_index_of(p, block);
+  const KosmosRankArgs& ra = p.ranks[ri];
+  Wg w = make_wg(p, ra, block);
+  w.tr.shared = true;  // loader thread 32 and math thread 128 both record
+
+  const int warp_idx = cutlass::canonical_warp_idx_sync();
+  const int lane = tid % 32;
+  const auto role = AgBuilder::role_of(tid);
+  AgRing ring(smem.ring, warp_idx == 0, role == AgBuilder::Role::kMath, AgBuilder::kNumMathThreads);
+  AgBuilder builder(smem.builder, P.bp, role);
+  const AgBuilder::Mainloop::Params& map = P.maps[ri];
+  if (tid == 0) AgBuilder::Mainloop::prefetch_tma_descriptors(map);
+  __syncthreads();
+
+  const int64_t N = P.n;
+  const int m_loc = P.m_loc;
+  const int W = p.world;
+
+  if (role == AgBuilder::Role::kLoader) {
+    cutlass::arch::warpgroup_reg_dealloc<kRsLoaderRegs>();
+    if (!ra.skip) {
+      if (tid == 0) entry_signal(w);
+      bool counted = false;    // scheduler: the current mover holds an in-flight slot
+      int pend[2] = {-1, -1};  // scheduler: claimed, not yet ready (policy self)
+      auto decide_next = [&]() {
+        int q = -1, id = -1;
+        counted = false;
+        if (!decide<KOSMOS_OP_GEMM_RS>(w, &q, &id, &counted, pend)) q = -1;
+        smem.cmd[0] = q;
+        smem.cmd[1] = id;
+      };
+      if (tid == kSched) decide_next();
+      for (;;) {
+        named_bar_sync(kBarLoader, kLoaderThreads);  // cmd written
+        const int q = smem.cmd[0], id = smem.cmd[1];
+        named_bar_sync(kBarLoader, kLoaderThreads);  // cmd read: the scheduler may write the next
+        if (q < 0) break;
+        const Item it = load_item(ra.items[q], id);
+        if (it.kind == kRsBuild) {
+          if (warp_idx == 0) {
+            if (lane == 0) ring.push(id);
+            __syncwarp();
+            builder.produce_at(map, m_loc, W, it.m0 / AgBuilder::kBM, it.n0 / AgBuilder::kBN, it.peer);
+          }
+          // no barrier: the scheduler decides the next item while warp 0 issues the loads
+        } else {
+          const uint64_t t0 = (tid == kSched) ? w.tr.now() : 0;
+          if (it.kind == kRsReduce) {
+            bf16* srcs[KOSMOS_MAX_WORLD];
+#pragma unroll
+            for (int s = 0; s < KOSMOS_MAX_WORLD; ++s)
+              srcs[s] = (s < W) ? static_cast<bf16*>(ra.slot[s]) + it.m0 * N + it.n0 : nullptr;
+            reduce_tile(static_cast<bf16*>(ra.C) + it.m0 * N + it.n0, N, srcs, N, W, it.rows, it.cols, tid,
+                        kLoaderThreads);
+          } else {
+            const bool push = it.kind == kRsPush;
+            const bf16* src = push ? static_cast<const bf16*>(ra.work) + (it.peer * int64_t(m_loc) + it.m0) * N + it.n0
+                                   : static_cast<const bf16*>(ra.proxy_src[it.peer]) + it.m0 * N + it.n0;
+            bf16* dst = static_cast<bf16*>(push ? ra.push_dst[it.peer] : ra.slot[it.peer]) + it.m0 * N + it.n0;
+            copy_tile(dst, N, src, N, it.rows, it.cols, tid, kLoaderThreads);
+          }
+          named_bar_sync(kBarLoader, kLoaderThreads);  // every copy / store of the item before its release
+          if (tid == kSched) finish_item(w, it, id, counted, t0);
+        }
+        if (tid == kSched) decide_next();
       }
     }
+    loader_tail(builder, ring, warp_idx, lane);
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<kRsMathRegs>();
+    math_loop(builder, ring, p, ra, block, kRsBuild, N, [&](const int32_t* row) {
+      const int d = row[1], m0 = row[2], n0 = row[4];  // destination band, row in it, column
+      return (d == ra.rank) ? static_cast<bf16*>(ra.slot[d]) + int64_t(m0) * N + n0
+                            : static_cast<bf16*>(ra.work) + (d * int64_t(m_loc) + m0) * N + n0;
+    });
   }
   __syncthreads();
   if (tid == 0) exit_protocol(w);
@@ -291,8 +434,58 @@ using kosmos::fail;
 
 bool aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-int prepare_kernel() {
-  KOSMOS_CUDA(cudaFuncSetAttribute(ag_gemm_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kAgSmemBytes));
+// The two kernels of this library (same block, same shared memory): 0 = AG+GEMM, 1 = GEMM+RS.
+const void* kernel_of(int which) {
+  return which == 0 ? reinterpret_cast<const void*>(&ag_gemm_sm90_kernel)
+                    : reinterpret_cast<const void*>(&gemm_rs_sm90_kernel);
+}
+
+int prepare_kernel(int which) {
+  KOSMOS_CUDA(cudaFuncSetAttribute(kernel_of(which), cudaFuncAttributeMaxDynamicSharedMemorySize, kAgSmemBytes));
+  return KOSMOS_OK;
+}
+
+int max_wgs(int which, int device, int* out) {
+  if (!out) return fail(KOSMOS_ERR_INVALID, "null out");
+  int prev = 0, major = 0, per_sm = 0, sms = 0, coop = 0;
+  KOSMOS_CUDA(cudaGetDevice(&prev));
+  KOSMOS_CUDA(cudaSetDevice(device));
+  KOSMOS_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (major != 9) return fail(KOSMOS_ERR_INVALID, "the sm90 builder needs an sm_90 GPU (device %d is sm_%dx)", device, major);
+  if (int rc = prepare_kernel(which)) return rc;
+  KOSMOS_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_of(which), kAgThreads, kAgSmemBytes));
+  KOSMOS_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  KOSMOS_CUDA(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device));
+  KOSMOS_CUDA(cudaSetDevice(prev));
+  if (!coop) return fail(KOSMOS_ERR_INVALID, "device %d does not support cooperative launches", device);
+  *out = per_sm * sms;
+  return KOSMOS_OK;
+}
+
+// Cooperative launch of kernel `which` with its parameter block P (a host object).
+int launch(int which, void* P, const KosmosParams& p, void* stream) {
+  // Co-resident CTAs per device, looked up once: the launch sits between the first copy-engine
+  // copy and the rest of the plan (kosmos.py), so it stays short.
+  static int co_resident[2][64], per_sm_of[2][64];
+  int dev = 0;
+  KOSMOS_CUDA(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) return fail(KOSMOS_ERR_INVALID, "device %d", dev);
+  if (!co_resident[which][dev]) {
+    int per_sm = 0, sms = 0;
+    if (int rc = prepare_kernel(which)) return rc;
+    KOSMOS_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_of(which), kAgThreads, kAgSmemBytes));
+    KOSMOS_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    per_sm_of[which][dev] = per_sm;
+    co_resident[which][dev] = per_sm * sms;
+  }
+  const int per_sm = per_sm_of[which][dev], sms = per_sm ? co_resident[which][dev] / per_sm : 0;
+  if (p.grid > co_resident[which][dev])
+    return fail(KOSMOS_ERR_TOO_MANY_WGS, "grid %d > %d co-resident CTAs (%d per SM x %d SMs)", p.grid, per_sm * sms,
+                per_sm, sms);
+  void* args[] = {P};
+  KOSMOS_CUDA(cudaLaunchCooperativeKernel(kernel_of(which), dim3(p.grid), dim3(kAgThreads), args, kAgSmemBytes,
+                                           static_cast<cudaStream_t>(stream)));
+  KOSMOS_CUDA(cudaGetLastError());
   return KOSMOS_OK;
 }
 
@@ -307,6 +500,16 @@ const char* validate(int M, int N, int K, int W) {
   return nullptr;
 }
 
+// GEMM+RS: A_r (M x K/W), B_r (K/W x N), C_r (M/W x N). Mirrors kosmos/builder.py validate_rs.
+const char* validate_rs(int M, int N, int K, int W) {
+  if (W < 1 || W > KOSMOS_MAX_WORLD) return "sm90 gemm-rs: world outside 1..8";
+  if (M <= 0 || N <= 0 || K <= 0) return "sm90 gemm-rs: M, N, K must be positive";
+  if (M % W || K % W) return "sm90 gemm-rs: M and K must be divisible by world";
+  if ((K / W) % 8) return "sm90 gemm-rs: K/world must be a multiple of 8 (TMA: 16-byte row strides of A_r)";
+  if (N % 8) return "sm90 gemm-rs: N must be a multiple of 8 (TMA: 16-byte row strides of B_r, partials and C_r)";
+  return nullptr;
+}
+
 }  // namespace sm90
 }  // namespace kosmos
 
@@ -314,6 +517,7 @@ const char* validate(int M, int N, int K, int W) {
 extern "C" {
 
 using kosmos::sm90::AgSm90Params;
+using kosmos::sm90::RsSm90Params;
 
 const char* kosmos_sm90_last_error(void) { return kosmos::g_err; }
 
@@ -359,59 +563,66 @@ int kosmos_sm90_ag_set_rank(void* h, int i, const void* A, const void* work, con
   return KOSMOS_OK;
 }
 
-int kosmos_sm90_ag_max_wgs(int device, int* out) {
-  using namespace kosmos::sm90;
-  if (!out) return fail(KOSMOS_ERR_INVALID, "null out");
-  int prev = 0, major = 0, per_sm = 0, sms = 0, coop = 0;
-  KOSMOS_CUDA(cudaGetDevice(&prev));
-  KOSMOS_CUDA(cudaSetDevice(device));
-  KOSMOS_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  if (major != 9) return fail(KOSMOS_ERR_INVALID, "sm90 ag-gemm needs an sm_90 GPU (device %d is sm_%dx)", device, major);
-  if (int rc = prepare_kernel()) return rc;
-  KOSMOS_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ag_gemm_sm90_kernel, kAgThreads, kAgSmemBytes));
-  KOSMOS_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  KOSMOS_CUDA(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device));
-  KOSMOS_CUDA(cudaSetDevice(prev));
-  if (!coop) return fail(KOSMOS_ERR_INVALID, "device %d does not support cooperative launches", device);
-  *out = per_sm * sms;
-  return KOSMOS_OK;
-}
+int kosmos_sm90_ag_max_wgs(int device, int* out) { return kosmos::sm90::max_wgs(0, device, out); }
 
 int kosmos_sm90_ag_launch(void* h, const KosmosParams* params, void* stream) {
   using namespace kosmos::sm90;
   if (!h || !params) return fail(KOSMOS_ERR_INVALID, "null handle or params");
   const KosmosParams& p = *params;
-  if (p.op != KOSMOS_OP_AG_GEMM) return fail(KOSMOS_ERR_INVALID, "sm90 variant is ag-gemm only (op %d)", p.op);
+  if (p.op != KOSMOS_OP_AG_GEMM) return fail(KOSMOS_ERR_INVALID, "kosmos_sm90_ag_launch is ag-gemm only (op %d)", p.op);
   if (int rc = kosmos::check_common_params(p)) return rc;
   if (p.mover_bulk) return fail(KOSMOS_ERR_INVALID, "sm90 ag-gemm: mover_bulk is not supported (no smem beside the builder)");
   if (const char* why = validate(p.M, p.N, p.K, p.world)) return fail(KOSMOS_ERR_INVALID, "%s", why);
   AgSm90Params& P = *static_cast<AgSm90Params*>(h);
   if (P.m_loc != p.M / p.world || P.n_loc != p.N / p.world)
     return fail(KOSMOS_ERR_INVALID, "sm90 ag-gemm: set_rank was not called for this shape");
-  // Co-resident CTAs per device, looked up once: the launch sits between the first copy-engine
-  // copy and the rest of the plan (kosmos.py), so it stays short.
-  static int co_resident[64], per_sm_of[64];
-  int dev = 0;
-  KOSMOS_CUDA(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 64) return fail(KOSMOS_ERR_INVALID, "device %d", dev);
-  if (!co_resident[dev]) {
-    int per_sm = 0, sms = 0;
-    if (int rc = prepare_kernel()) return rc;
-    KOSMOS_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, ag_gemm_sm90_kernel, kAgThreads, kAgSmemBytes));
-    KOSMOS_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    per_sm_of[dev] = per_sm;
-    co_resident[dev] = per_sm * sms;
-  }
-  const int per_sm = per_sm_of[dev], sms = per_sm ? co_resident[dev] / per_sm : 0;
-  if (p.grid > co_resident[dev])
-    return fail(KOSMOS_ERR_TOO_MANY_WGS, "grid %d > %d co-resident CTAs (%d per SM x %d SMs)", p.grid, per_sm * sms,
-                per_sm, sms);
   P.base = p;
-  void* args[] = {&P};
-  KOSMOS_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(&ag_gemm_sm90_kernel), dim3(p.grid),
-                                           dim3(kAgThreads), args, kAgSmemBytes, static_cast<cudaStream_t>(stream)));
-  KOSMOS_CUDA(cudaGetLastError());
+  return launch(0, &P, p, stream);
+}
+
+// ---- GEMM+RS (gemm_rs_sm90_kernel) ----
+const char* kosmos_sm90_rs_validate(int M, int N, int K, int W) {
+  const char* why = kosmos::sm90::validate_rs(M, N, K, W);
+  return why ? why : "";
+}
+
+void* kosmos_sm90_rs_create(void) { return new (std::nothrow) RsSm90Params(); }
+void kosmos_sm90_rs_destroy(void* h) { delete static_cast<RsSm90Params*>(h); }
+
+// Executed rank i: A_r (M x K/W), B_r (K/W x N). The partials' destinations (own slot, staging)
+// are the rank args' (Params.ranks[i].slot / work: 16-byte aligned, the runner's buffers).
+int kosmos_sm90_rs_set_rank(void* h, int i, const void* A, const void* B, int M, int N, int K, int W) {
+  using namespace kosmos::sm90;
+  if (!h) return fail(KOSMOS_ERR_INVALID, "sm90 gemm-rs: null handle");
+  if (i < 0 || i >= KOSMOS_MAX_WORLD) return fail(KOSMOS_ERR_INVALID, "sm90 gemm-rs: rank index %d", i);
+  if (const char* why = validate_rs(M, N, K, W)) return fail(KOSMOS_ERR_INVALID, "%s", why);
+  if (!A || !B) return fail(KOSMOS_ERR_INVALID, "sm90 gemm-rs: null buffer");
+  if (!aligned(A) || !aligned(B)) return fail(KOSMOS_ERR_INVALID, "sm90 gemm-rs: A_r and B_r must be 16-byte aligned");
+  RsSm90Params& P = *static_cast<RsSm90Params*>(h);
+  const int m_loc = M / W, k_loc = K / W;
+  // A_r viewed as (m_loc, K/W, W): batch d = the rows of destination band d
+  P.maps[i] = AgBuilder::make_mainloop_params(A, m_loc, W, int64_t(m_loc) * k_loc, B, N, k_loc);
+  if (i == 0) P.bp = AgBuilder::make_params(A, B, nullptr, m_loc, N, k_loc);
+  P.m_loc = m_loc;
+  P.n = N;
   return KOSMOS_OK;
+}
+
+int kosmos_sm90_rs_max_wgs(int device, int* out) { return kosmos::sm90::max_wgs(1, device, out); }
+
+int kosmos_sm90_rs_launch(void* h, const KosmosParams* params, void* stream) {
+  using namespace kosmos::sm90;
+  if (!h || !params) return fail(KOSMOS_ERR_INVALID, "null handle or params");
+  const KosmosParams& p = *params;
+  if (p.op != KOSMOS_OP_GEMM_RS) return fail(KOSMOS_ERR_INVALID, "kosmos_sm90_rs_launch is gemm-rs only (op %d)", p.op);
+  if (int rc = kosmos::check_common_params(p)) return rc;
+  if (p.mover_bulk || p.k_stream) return fail(KOSMOS_ERR_INVALID, "sm90 gemm-rs: no mover_bulk / k_stream");
+  if (const char* why = validate_rs(p.M, p.N, p.K, p.world)) return fail(KOSMOS_ERR_INVALID, "%s", why);
+  RsSm90Params& P = *static_cast<RsSm90Params*>(h);
+  if (P.m_loc != p.M / p.world || P.n != p.N || P.bp.K != p.K / p.world)
+    return fail(KOSMOS_ERR_INVALID, "sm90 gemm-rs: set_rank was not called for this shape");
+  P.base = p;
+  return launch(1, &P, p, stream);
 }
 
 }  // extern "C"

@@ -116,11 +116,19 @@ def test_builder_auto_is_the_runners_pick():
 
     h200, mi = profiles.load("h200-nvlink-x8"), profiles.load("mi355x-xgmi-x8")
     assert model.resolve_builder(pt(), h200) == "sm90"
-    assert model.resolve_builder(pt(op="gemm-rs"), h200) == "mma"  # no sm90 gemm-rs kernel
+    assert model.resolve_builder(pt(op="gemm-rs"), h200) == "mma"  # sm90 gemm-rs: opt-in (builder.AUTO_OPS)
+    assert model.resolve_builder(pt(op="gemm-rs", builder="sm90"), h200) == "sm90"
     assert model.resolve_builder(pt(K=1001), h200) == "mma"  # K % 8: no TMA row stride
     assert model.resolve_builder(pt(), mi) == "mma"  # no sm90 builder figures
     assert model.resolve_builder(pt(builder="mma"), h200) == "mma"
     assert model.resolve_builder(pt(knobs=(("mover_bulk", True),)), h200) == "mma"
+
+
+def test_sm90_gemm_rs_point_runs():
+    """builder sm90 for gemm-rs (opt-in): priced with the sm90 tile, correct item counts."""
+    p = pt(op="gemm-rs", M=8192, N=8192, K=8192, fabric="host", builder="sm90")
+    fields, trace = run_point(p)
+    assert fields["builder"] == "sm90" and fields["t_median_us"] > 0
 
 
 @pytest.mark.parametrize("builder", ["mma", None])

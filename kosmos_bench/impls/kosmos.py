@@ -20,8 +20,9 @@ Point fields policy, queue_order, local_first, chunk, builder, mover and the poi
 ``kosmos.plan.plan``, as in the simulator. bf16 only. ``mover`` 'ce': host-fabric ag-gemm
 bands move by the copy engine, flags released by stream memory operations, every WG builds.
 ``builder`` 'mma': the portable mma.sync builder, 256-thread WGs, 128x128 tiles; 'sm90':
-ag-gemm, the Hopper wgmma+TMA builder in 384-thread CTAs, one per SM, 128x256 tiles,
-csrc/ag_gemm_sm90.cu; unset, picked by device (``kosmos.builder.builder_choice``).
+the Hopper wgmma+TMA builder in 384-thread CTAs, one per SM, 128x256 tiles,
+csrc/ag_gemm_sm90.cu (ag-gemm and gemm-rs); unset, picked by device
+(``kosmos.builder.builder_choice``: sm90 for the ops of ``AUTO_OPS``).
 
 Extra ``prepare`` keywords: ``config`` (a KosmosConfig instead of the point's), ``num_wgs``
 (default: all co-resident), ``timeout_s`` (watchdog, default ``$KOSMOS_TIMEOUT_S`` or 5 s;
@@ -146,11 +147,11 @@ class KosmosImpl:
                 return sm90_gemm.validate_shape(point.M, point.N, point.K)
             return kb.validate(point.M, point.N, point.K, 1)
         if cfg.builder == "sm90":
-            if point.op != "ag-gemm":
-                return f"builder sm90: the Hopper-builder variant is ag-gemm only (op={point.op})"
-            why = kb.validate(point.M, point.N, point.K, point.world)
+            why = kb.validate(point.M, point.N, point.K, point.world, op=point.op)
             if why:
                 return why
+            if cfg.mover_bulk:
+                return "builder sm90: no mover_bulk path (no shared memory beside the builder)"
         why = S.validate(point.op, point.M, point.N, point.K, point.world, chunk=cfg.chunk)
         if why:
             return why
@@ -228,6 +229,7 @@ class KosmosRunner:
         self._keep: list = []  # tensors whose pointers the kernel holds
         self._mapped: list[int] = []  # kosmos_alloc_mapped host pointers
         self.sm90_handle = None
+        self.sm90_rs = False  # the sm90 handle is a GEMM+RS one (kosmos_sm90_rs_*)
         self.ahead_blocks = None  # sm90 builder: the lookahead claim (configuration ahead_blocks)
         self.ce_plan = None  # C handle (kosmos_ce_plan_create) when the copy engine moves
         try:
@@ -259,10 +261,9 @@ class KosmosRunner:
         self.builder = kb.builder_choice(cfg.builder, point.op, (point.M, point.N, point.K, point.world),
                                          torch.cuda.get_device_capability(self.dev), cfg.mover_bulk)
         self.sm90 = None
+        self.sm90_rs = point.op == "gemm-rs"  # sm90: the GEMM+RS kernel (kosmos_sm90_rs_*), else AG+GEMM
         if self.builder == "sm90":
-            if point.op != "ag-gemm":
-                raise ValueError(f"builder='sm90' is implemented for ag-gemm only (op={point.op})")
-            why = kb.validate(point.M, point.N, point.K, point.world)
+            why = kb.validate(point.M, point.N, point.K, point.world, op=point.op)
             if why:
                 raise ValueError(why)
             if cfg.mover_bulk:
@@ -290,7 +291,8 @@ class KosmosRunner:
         with torch.cuda.device(dev_index):
             mx = ctypes.c_int(0)
             if self.sm90 is not None:
-                self._call(self.sm90.kosmos_sm90_ag_max_wgs(dev_index, ctypes.byref(mx)), "kosmos_sm90_ag_max_wgs")
+                fn = "kosmos_sm90_rs_max_wgs" if self.sm90_rs else "kosmos_sm90_ag_max_wgs"
+                self._call(getattr(self.sm90, fn)(dev_index, ctypes.byref(mx)), fn)
             else:
                 self._call(self.lib.kosmos_max_wgs(self.op_code, dev_index, ctypes.byref(mx)), "kosmos_max_wgs")
         G = min(int(num_wgs or mx.value), mx.value)
@@ -458,7 +460,17 @@ class KosmosRunner:
         self._ra_arr = ra_arr
         raw = np.frombuffer(bytes(ra_arr), dtype=np.uint8)
         self.rank_args = torch.from_numpy(raw.copy()).to(self.dev)
-        if self.sm90 is not None:  # TMA descriptors over A_r, the gathered buffer and B_r of every executed rank
+        if self.sm90 is not None and self.sm90_rs:  # TMA descriptors over A_r and B_r of every executed rank
+            self.sm90_handle = self.sm90.kosmos_sm90_rs_create()
+            if not self.sm90_handle:
+                raise MemoryError("kosmos_sm90_rs_create failed")
+            for i, r in enumerate(ranks):
+                d = per_rank[r]
+                ptrs = [d["work"], d["C"]] + [x for x in d["slot"] + d["push_dst"] + d["proxy_src"] if x]
+                if any(int(x) % 16 for x in ptrs):
+                    raise ValueError("builder sm90 gemm-rs: staging, slots, pushes and C_r must be 16-byte aligned")
+                self._sm90_set_rank(i, d["A"], d["work"], d["B"], d["C"])
+        elif self.sm90 is not None:  # TMA descriptors over A_r, the gathered buffer and B_r of every executed rank
             self.sm90_handle = self.sm90.kosmos_sm90_ag_create()
             if not self.sm90_handle:
                 raise MemoryError("kosmos_sm90_ag_create failed")
@@ -498,6 +510,10 @@ class KosmosRunner:
     def _sm90_set_rank(self, i: int, A: int, work: int, B: int, C: int) -> None:
         p = self.point
         P = ctypes.c_void_p
+        if self.sm90_rs:
+            self._call(self.sm90.kosmos_sm90_rs_set_rank(P(self.sm90_handle), i, P(A), P(B), p.M, p.N, p.K, p.world),
+                       "kosmos_sm90_rs_set_rank")
+            return
         self._call(self.sm90.kosmos_sm90_ag_set_rank(P(self.sm90_handle), i, P(A), P(work), P(B), P(C), p.M, p.N,
                                                      p.K, p.world), "kosmos_sm90_ag_set_rank")
 
@@ -697,8 +713,8 @@ class KosmosRunner:
             if self.ce_plan:
                 self._call(self.lib.kosmos_ce_plan_begin(self.ce_plan, main, epoch), "kosmos_ce_plan_begin")
             if self.sm90 is not None:
-                self._call(self.sm90.kosmos_sm90_ag_launch(self.sm90_handle, ctypes.byref(params), main),
-                           "kosmos_sm90_ag_launch")
+                fn = "kosmos_sm90_rs_launch" if self.sm90_rs else "kosmos_sm90_ag_launch"
+                self._call(getattr(self.sm90, fn)(self.sm90_handle, ctypes.byref(params), main), fn)
             else:
                 self._call(self.lib.kosmos_launch(ctypes.byref(params), main), "kosmos_launch")
             if self.ce_plan:
@@ -836,7 +852,8 @@ class KosmosRunner:
             self.lib.kosmos_free_mapped(ctypes.c_void_p(h))
         self._mapped.clear()
         if self.sm90_handle:
-            self.sm90.kosmos_sm90_ag_destroy(ctypes.c_void_p(self.sm90_handle))
+            fn = "kosmos_sm90_rs_destroy" if self.sm90_rs else "kosmos_sm90_ag_destroy"
+            getattr(self.sm90, fn)(ctypes.c_void_p(self.sm90_handle))
             self.sm90_handle = None
         if self.ce_plan:
             self.lib.kosmos_ce_plan_destroy(self.ce_plan)

@@ -1,4 +1,4 @@
-"""The opt-in Hopper-builder AG+GEMM kernel (``csrc/ag_gemm_sm90.cu``): build, ctypes load.
+"""The Hopper-builder kernels (``csrc/ag_gemm_sm90.cu``: AG+GEMM and GEMM+RS): build, ctypes load.
 
 Selected by the configuration's ``builder`` (``kosmos_bench/kosmos/builder.py`` picks it by
 device when unset). Its own shared library
@@ -8,7 +8,8 @@ Built, cached and loaded by :mod:`kosmos_bench.kernels.libs` (``libs.AG_SM90``: 
 the source, every kosmos header and the flags); builds on any machine with nvcc, no GPU needed.
 
 C ABI (see the file): ``kosmos_sm90_ag_{validate,smem_bytes,threads,create,destroy,set_ahead,set_rank,
-max_wgs,launch}``, ``kosmos_sm90_last_error``.
+max_wgs,launch}``, ``kosmos_sm90_rs_{validate,create,destroy,set_rank,max_wgs,launch}`` (GEMM+RS),
+``kosmos_sm90_last_error``.
 """
 from __future__ import annotations
 
@@ -60,6 +61,18 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.kosmos_sm90_ag_max_wgs.restype = I
     lib.kosmos_sm90_ag_launch.argtypes = [P, ctypes.POINTER(abi.Params), P]
     lib.kosmos_sm90_ag_launch.restype = I
+    # GEMM+RS on the same builder (gemm_rs_sm90_kernel)
+    lib.kosmos_sm90_rs_validate.argtypes = [I, I, I, I]
+    lib.kosmos_sm90_rs_validate.restype = ctypes.c_char_p
+    lib.kosmos_sm90_rs_create.restype = P
+    lib.kosmos_sm90_rs_destroy.argtypes = [P]
+    lib.kosmos_sm90_rs_destroy.restype = None
+    lib.kosmos_sm90_rs_set_rank.argtypes = [P, I, P, P, I, I, I, I]
+    lib.kosmos_sm90_rs_set_rank.restype = I
+    lib.kosmos_sm90_rs_max_wgs.argtypes = [I, ctypes.POINTER(I)]
+    lib.kosmos_sm90_rs_max_wgs.restype = I
+    lib.kosmos_sm90_rs_launch.argtypes = [P, ctypes.POINTER(abi.Params), P]
+    lib.kosmos_sm90_rs_launch.restype = I
     return lib
 
 

@@ -10,6 +10,10 @@ BM, BN, BK = 128, 256, 64  # sm90 builder tile (the schedule is built with BN = 
 MOVER_THREADS = 128  # a mover item is copied by the loader warpgroup (csrc/ag_gemm_sm90.cu)
 CTA_TFLOPS = 5.3  # one builder CTA's nominal rate for the schedule's model: ~700 TFLOP/s world-1 over 132 SMs
 BUILDERS = ("mma", "sm90")
+# Ops whose builder is picked by device when unset (sm90 on an sm_90 GPU when the shape suits
+# TMA). gemm-rs has the sm90 kernel too (csrc/ag_gemm_sm90.cu, gemm_rs_sm90_kernel) but stays
+# opt-in (builder=sm90) until verified on the H200: add "gemm-rs" here to make it the default.
+AUTO_OPS = ("ag-gemm",)
 
 
 def schedule_model(fabric: str) -> dict:
@@ -19,11 +23,16 @@ def schedule_model(fabric: str) -> dict:
     from .. import schedule as S
 
     base = S.MODEL_DEFAULTS.get(fabric, S.MODEL_DEFAULTS["host"])
-    return {"wg_copy_gbs": base["wg_copy_gbs"] * MOVER_THREADS / 256, "wg_tflops": CTA_TFLOPS}
+    return {"wg_copy_gbs": base["wg_copy_gbs"] * MOVER_THREADS / 256,
+            "wg_tile_copy_gbs": base.get("wg_tile_copy_gbs", base["wg_copy_gbs"]) * MOVER_THREADS / 256,
+            "wg_tflops": CTA_TFLOPS}
 
 
-def validate(M: int, N: int, K: int, world: int) -> str | None:
-    """None when the sm90 AG+GEMM takes the shape, else why not (mirrors the C validate)."""
+def validate(M: int, N: int, K: int, world: int, op: str = "ag-gemm") -> str | None:
+    """None when the sm90 kernel of ``op`` takes the shape, else why not (mirrors the C
+    validate / validate_rs of csrc/ag_gemm_sm90.cu)."""
+    if op == "gemm-rs":
+        return validate_rs(M, N, K, world)
     if world < 1 or world > 8:
         return "sm90 ag-gemm: world outside 1..8"
     if min(M, N, K) <= 0:
@@ -34,6 +43,21 @@ def validate(M: int, N: int, K: int, world: int) -> str | None:
         return "sm90 ag-gemm: K must be a multiple of 8 (TMA: 16-byte row strides)"
     if (N // world) % 8:
         return "sm90 ag-gemm: N/world must be a multiple of 8 (TMA: 16-byte row strides of B_r and C_r)"
+    return None
+
+
+def validate_rs(M: int, N: int, K: int, world: int) -> str | None:
+    """None when the sm90 GEMM+RS takes the shape (A_r: M x K/W, B_r: K/W x N), else why not."""
+    if world < 1 or world > 8:
+        return "sm90 gemm-rs: world outside 1..8"
+    if min(M, N, K) <= 0:
+        return "sm90 gemm-rs: M, N, K must be positive"
+    if M % world or K % world:
+        return "sm90 gemm-rs: M and K must be divisible by world"
+    if (K // world) % 8:
+        return "sm90 gemm-rs: K/world must be a multiple of 8 (TMA: 16-byte row strides of A_r)"
+    if N % 8:
+        return "sm90 gemm-rs: N must be a multiple of 8 (TMA: 16-byte row strides of B_r, partials and C_r)"
     return None
 
 
@@ -48,16 +72,16 @@ def builder_choice(builder: str | None, op: str = "ag-gemm", shape: tuple[int, i
                    capability: tuple[int, int] | None = None, mover_bulk: bool = False,
                    library_ok=None) -> str:
     """The builder to use: the argument (the configuration's ``builder``), else picked by
-    device: 'sm90' (wgmma + TMA) for ag-gemm on an sm_90 GPU when the shape (M, N, K, world)
-    suits it, the library can be had (``library_ok()``, default: cached or buildable here) and
-    no bulk movers are asked for; the portable 'mma' otherwise."""
+    device: 'sm90' (wgmma + TMA) for the ops of AUTO_OPS on an sm_90 GPU when the shape (M, N,
+    K, world) suits it, the library can be had (``library_ok()``, default: cached or buildable
+    here) and no bulk movers are asked for; the portable 'mma' otherwise."""
     if builder:
         if builder not in BUILDERS:
             raise ValueError(f"builder={builder!r}: expected one of {', '.join(BUILDERS)}")
         return builder
-    if op != "ag-gemm" or mover_bulk or capability != (9, 0):
+    if op not in AUTO_OPS or mover_bulk or capability != (9, 0):
         return "mma"
-    if shape is not None and validate(*shape) is not None:
+    if shape is not None and validate(*shape, op=op) is not None:
         return "mma"
     return "sm90" if (library_ok or _sm90_library_ok)() else "mma"
 

@@ -138,7 +138,7 @@ FIELDS: dict[str, Knob] = {k.name: k for k in (
     Knob("chunk", lambda v: _to_int(v, lo=1), "integer >= 1", "-", "Rows per mover band, in builder tiles (BM)."),
     Knob("builder", _none_or(_choice("mma", "sm90")), "mma | sm90 | auto",
          "auto: sm90 for ag-gemm on sm_90 when TMA takes the shape (kosmos.builder.builder_choice)",
-         "Builder kernel: portable mma.sync, or the Hopper wgmma+TMA builder (ag-gemm)."),
+         "Builder kernel: portable mma.sync, or the Hopper wgmma+TMA builder (ag-gemm; gemm-rs opt-in)."),
     Knob("mover", _none_or(_choice("sm", "ce")), "sm | ce", "-",
          "Who moves: WGs (sm), or the copy engine (ce: host-fabric ag-gemm, every CTA builds)."),
     Knob("mover_bulk", _to_bool, "on | off", "-",

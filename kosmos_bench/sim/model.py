@@ -90,7 +90,7 @@ def model_params(prof: dict, fabric: str) -> dict:
 
 def resolve_builder(p: Point, prof: dict, cfg: KosmosConfig | None = None) -> str:
     """The builder the GPU runner would use on the profile's device (kosmos.builder.builder_choice):
-    the configuration's, else 'sm90' for ag-gemm where the profile has the sm90 builder's
+    the configuration's, else 'sm90' for the ops of ``kosmos.builder.AUTO_OPS`` where the profile has the sm90 builder's
     figures (an sm_90 device) and the shape suits TMA and no bulk movers are asked for; the
     portable 'mma' otherwise."""
     cfg = cfg or KosmosConfig.from_point(p)
@@ -211,8 +211,8 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     sm90 = builder == "sm90"
     if sm90:
         b = prof.get("builder_sm90")
-        if not b or p.op != "ag-gemm":
-            raise Unsupported(f"builder sm90: ag-gemm with a profile that has builder_sm90 figures ({prof['name']})")
+        if not b:
+            raise Unsupported(f"builder sm90: a profile with builder_sm90 figures ({prof['name']} has none)")
         prof = {**prof, "tile_m": b["tile_m"], "tile_n": b["tile_n"], "builder_efficiency": b["efficiency"]}
     BM, BN = int(prof["tile_m"]), int(prof["tile_n"])
     chunk = cfg.chunk
