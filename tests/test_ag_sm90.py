@@ -55,7 +55,7 @@ def test_builder_choice_picks_by_device_and_shape(monkeypatch):
     assert builder.builder_choice(None, "ag-gemm", shape, (9, 0)) == "sm90"
     assert builder.builder_choice(None, "ag-gemm", shape, (8, 0)) == "mma"  # not Hopper
     assert builder.builder_choice(None, "ag-gemm", shape, None) == "mma"  # no GPU
-    assert builder.builder_choice(None, "gemm-rs", shape, (9, 0)) == "mma"  # sm90 gemm-rs: opt-in (AUTO_OPS)
+    assert builder.builder_choice(None, "gemm-rs", shape, (9, 0)) == "sm90"  # sm90 gemm-rs: the default (AUTO_OPS)
     assert builder.builder_choice("sm90", "gemm-rs", shape, (9, 0)) == "sm90"
     assert builder.builder_choice(None, "ag-gemm", (8192, 8192, 999, 8), (9, 0)) == "mma"  # K % 8
     assert builder.builder_choice(None, "ag-gemm", shape, (9, 0), mover_bulk=True) == "mma"
@@ -79,9 +79,9 @@ def test_validate_rs_mirrors_tma_rules():
     assert builder.validate(1024 * 3, 776, 240 * 3, 3, op="gemm-rs") is None
 
 
-def test_auto_ops_keep_gemm_rs_opt_in():
-    """The lead flips the default by adding 'gemm-rs' to AUTO_OPS once the kernel is verified."""
-    assert builder.AUTO_OPS == ("ag-gemm",)
+def test_auto_ops_pick_sm90_for_both_ops():
+    """Both fused ops get the Hopper builder by default (verified on the H200)."""
+    assert builder.AUTO_OPS == ("ag-gemm", "gemm-rs")
 
 
 def test_sm90_schedule_model_scales_tile_movers():

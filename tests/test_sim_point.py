@@ -116,7 +116,7 @@ def test_builder_auto_is_the_runners_pick():
 
     h200, mi = profiles.load("h200-nvlink-x8"), profiles.load("mi355x-xgmi-x8")
     assert model.resolve_builder(pt(), h200) == "sm90"
-    assert model.resolve_builder(pt(op="gemm-rs"), h200) == "mma"  # sm90 gemm-rs: opt-in (builder.AUTO_OPS)
+    assert model.resolve_builder(pt(op="gemm-rs"), h200) == "sm90"  # sm90 gemm-rs: the default (builder.AUTO_OPS)
     assert model.resolve_builder(pt(op="gemm-rs", builder="sm90"), h200) == "sm90"
     assert model.resolve_builder(pt(K=1001), h200) == "mma"  # K % 8: no TMA row stride
     assert model.resolve_builder(pt(), mi) == "mma"  # no sm90 builder figures
