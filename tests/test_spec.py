@@ -136,7 +136,7 @@ def test_mover_knob_expands_and_keeps_old_keys():
     data = dict(GOOD, impls=["kosmos"], kosmos={"policy": ["self"], "builder": ["sm90"], "mover": ["sm", "ce"]})
     data.pop("models")
     pts = expand(parse_sweep(data, "m.yaml"), backend="gpu", fabric="host")
-    assert {p.variant for p in pts} == {"kosmos[self,sm90]", "kosmos[self,sm90,ce-mover]"}
+    assert {p.variant for p in pts} == {"kosmos[self,sm90,sm-mover]", "kosmos[self,sm90,ce-mover]"}
     assert len({p.key() for p in pts}) == len(pts)
     old = Point("ag-gemm", "kosmos", 96, 64, 40, 2, policy="self")
     assert "mover" not in old.config() and old.key() == old.replace(mover=None).key()
