@@ -48,7 +48,9 @@ class Point:
     local_first: bool | None = None
     chunk: int | None = None  # rows per mover band, in builder tiles (BM); None = default
     builder: str | None = None  # mma | sm90 (Hopper wgmma+TMA); None = the kernel's default
-    mover: str | None = None  # sm (WGs move) | ce (host-fabric ag-gemm: the copy engine moves); None = sm
+    # sm (WGs move) | ce (host-fabric ag-gemm: the copy engine moves); None = auto, resolved by
+    # kosmos.builder.mover_choice (the row's `mover` column records what ran)
+    mover: str | None = None
     profile: str | None = None  # simulator hardware profile (backend=sim)
     # The other KOSMOS configuration fields that differ from their default: sorted (name, value)
     # pairs (kosmos/config.py KOSMOS_FIELDS; docs/knobs.md). A string "name=value;..." is parsed.
@@ -97,7 +99,7 @@ class Point:
             extra.append(f"chunk={self.chunk}")
         if self.builder not in (None, "mma"):
             extra.append(self.builder)
-        if self.mover not in (None, "sm"):
+        if self.mover is not None:  # set explicitly (auto: the row's mover column says which ran)
             extra.append(f"{self.mover}-mover")
         extra += [f"{n}={_fmt(v)}" for n, v in self.knobs]
         return f"{self.impl}[{','.join(extra)}]"

@@ -72,7 +72,7 @@ that is not ready yet keeps it *pending* (at most one) and does other work first
 blocks on it only once nothing else can be claimed. Movers take one of ``max_inflight``
 *slots* (hard cap per rank, :func:`max_inflight_movers`; 0 = unlimited); with a cap the
 rule is *link-first*: a WG takes a mover whenever a slot is free (keeping the link
-saturated, the other WGs build), without a cap (device-memory fabrics) builder-first.
+saturated, the other WGs build), without a cap (the local fabric) builder-first.
 
 * ag-gemm: pending ready > [cap: mover if a slot is free] > builder head ready ? claim the
   next builder (ready: run, else pending) : mover if a slot is free >
@@ -337,15 +337,22 @@ def max_inflight_movers(op: str, fabric: str, num_wgs: int, model: dict | None =
     """Hard cap on concurrent mover items ("slots") of policy 'self' (0 = none).
 
     A link property, not a role split: the WGs that saturate the link
-    (``ceil(link_bw / wg_copy_bw)``, at most num_wgs - 1 so that builders always progress).
-    The host PCIe link needs it (measured on one H200: ag-gemm with 48 mover WGs ran 1.5x
-    slower than with 8; gemm-rs tile pushes took 3-5x longer each with ~80 concurrent
-    movers); device-memory and NVLink fabrics run uncapped. ``override`` (the configuration's
-    ``max_inflight``) replaces the rule on every fabric (0: no cap).
+    (``ceil(link_bw / wg_copy_bw)``, at most num_wgs - 1 so that builders always progress),
+    on every fabric with a link: host and nvlink. The host PCIe link needs it (measured on
+    one H200: ag-gemm with 48 mover WGs ran 1.5x slower than with 8; gemm-rs tile pushes
+    took 3-5x longer each with ~80 concurrent movers). On NVLink the simulator showed the
+    same (h200-nvlink-x8, sm90 ag-gemm: uncapped, idle WGs all became movers on the
+    saturated link, kosmos[self] 21% behind 'predicted' at 16384x18432x16384; capped, level
+    with it or ahead on every shape of sweeps/ag-gemm.yaml and gemm-rs.yaml,
+    tests/test_sim_point.py). Only ``local`` (copies within one GPU's HBM) runs uncapped.
+    The kernels (RankArgs.max_inflight_movers, via kosmos.plan), ``kosmos.decide`` (its
+    ``v.cap``) and the simulator all read this value from the RankSchedule.
+    ``override`` (the configuration's ``max_inflight``) replaces the rule on every fabric
+    (0: no cap).
     """
     if override is not None:
         return min(int(override), num_wgs - 1)
-    if fabric != "host":
+    if fabric == "local":
         return 0
     p = _model(fabric, model)
     link, wg_bw = _link_and_wg_rate(op, p)

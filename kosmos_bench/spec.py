@@ -11,7 +11,7 @@ given explicitly and/or from the model catalog::
     shapes: [{M: 8192, N: 8192, K: 8192}]
     models: {names: [llama3-70b], tokens: [8192, 16384], layers: [qkv, fc1]}
     kosmos: {policy: [self, fixed:8, predicted], queue_order: [demand], local_first: [true], chunk: [1],
-             builder: [mma, sm90], mover: [sm, ce], ce_slices: [2, 3]}   # any KosmosConfig field
+             builder: [mma, sm90], mover: [auto, sm, ce], ce_slices: [2, 3]}   # any KosmosConfig field
 
 The ``kosmos:`` section takes every field of ``kosmos_bench.kosmos.config.KosmosConfig`` as a
 value or a list (a grid; docs/knobs.md lists them).
@@ -249,8 +249,24 @@ def expand(sweep: Sweep, *, backend: str, fabric: str, impls: list[str] | None =
             else:
                 points.append(base)
     seen, unique = set(), []
-    for p in points:  # a shape listed twice (explicit + model) is measured once
-        if p.key() not in seen:
-            seen.add(p.key())
+    for p in points:  # a shape listed twice (explicit + model), or mover auto and the mover it is, is measured once
+        k = _same_as(p).key()
+        if k not in seen:
+            seen.add(k)
             unique.append(p)
     return unique
+
+
+def _same_as(p: Point) -> Point:
+    """The point as it runs wherever that is known before the device is: mover auto becomes 'sm'
+    where ``mover_choice`` gives sm for every builder the device could pick (off the host
+    fabric, gemm-rs, policies fixed / predicted, the mma builder), so ``mover: [auto, sm]``
+    yields one point there and two (auto = ce with the sm90 builder, and sm) for host ag-gemm
+    under policy self. The first listed is kept (auto keeps the default's key)."""
+    if p.impl not in KNOB_IMPLS or p.mover is not None or p.op == "gemm":
+        return p
+    from .kosmos.builder import mover_choice
+
+    if mover_choice(None, p.op, p.fabric, p.builder or "sm90", p.policy or "self") == "sm":
+        return p.replace(mover="sm")
+    return p

@@ -231,6 +231,9 @@ def test_resume_of_another_sweeps_run_is_refused(tmp_path):
 
 # -- row 9: Ctrl-C during a sweep -> "interrupted: N of M points saved in DIR; resume with ..."
 def test_ctrl_c_says_what_is_saved_and_how_to_resume(tmp_path):
+    from kosmos_bench.spec import expand, load_sweep
+
+    n = len(expand(load_sweep("ag-gemm"), backend="sim", fabric="nvlink"))  # the main job's points
     out = tmp_path / "res"
     p = subprocess.Popen([sys.executable, "-m", "kosmos_bench.cli", "sweep", "ag-gemm", "--backend", "sim", "-o", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path)
@@ -239,16 +242,16 @@ def test_ctrl_c_says_what_is_saved_and_how_to_resume(tmp_path):
     while time.monotonic() < deadline:
         line = p.stderr.readline()
         seen.append(line)
-        if line.startswith("progress: 2/60") or not line:
+        if line.startswith(f"progress: 2/{n}") or not line:
             break
-    assert seen[-1].startswith("progress: 2/60"), "".join(seen)
+    assert seen[-1].startswith(f"progress: 2/{n}"), "".join(seen)
     p.send_signal(signal.SIGINT)
     stdout, stderr = p.communicate(timeout=120)
     assert p.returncode == 130, stdout + stderr
     run = run_dir(out)
     saved = len(list((run / "points").glob("*.parquet")))
-    assert 2 <= saved < 60
-    m = re.search(r"^interrupted: (\d+) of 60 points saved in (\S+); resume with: (.+)$", stderr, re.M)
+    assert 2 <= saved < n
+    m = re.search(rf"^interrupted: (\d+) of {n} points saved in (\S+); resume with: (.+)$", stderr, re.M)
     assert m, stderr
     assert int(m.group(1)) == saved and m.group(2) == str(run) and "Traceback" not in stderr
     assert m.group(3) == f"kosmos-bench sweep ag-gemm --backend sim --resume {run}"
@@ -256,7 +259,7 @@ def test_ctrl_c_says_what_is_saved_and_how_to_resume(tmp_path):
     # the command it names finishes the run
     res = kb(*m.group(3).split()[1:], cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    assert f"{saved} points already ok, {60 - saved} to run" in res.stderr and len(load_rows(run)) == 60
+    assert f"{saved} points already ok, {n - saved} to run" in res.stderr and len(load_rows(run)) == n
 
 
 # -- row 10: stderr not a TTY (CI, 2>log) -> plain progress lines

@@ -145,15 +145,28 @@ def test_knobs_page_is_current():
 
 
 # Simulated t_median_us of default points on main before the refactor (2026-12-04): the plan
-# (kosmos/plan.py) and the shared decide() change no simulated time.
+# (kosmos/plan.py) and the shared decide() change no simulated time. Since issue 30 the
+# defaults of three of them changed (SIM_NOW); what they ran before is pinned here explicitly:
+# mover sm (auto is ce on the host fabric with the sm90 builder) and max_inflight 0 (nvlink
+# is capped now).
 SIM_BEFORE = [
     (OLD_KEYS[0][0], 2193.584974038518),
     (dict(M=8192, N=10240, K=8192, world=8, fabric="host", mover="ce", builder="sm90", profile="h200-host-pcie"),
      2188.7092396197977),
-    (OLD_KEYS[1][0], 655.0906922266082),
-    (OLD_KEYS[2][0], 128.0047265123226),
-    (OLD_KEYS[3][0], 345.3161675835276),
+    (dict(OLD_KEYS[1][0], mover="sm"), 655.0906922266082),
+    (dict(OLD_KEYS[2][0], knobs=(("max_inflight", 0),)), 128.0047265123226),
+    (dict(OLD_KEYS[3][0], knobs=(("max_inflight", 0),)), 345.3161675835276),
     (OLD_KEYS[4][0], 658.9906922266083),
+]
+# The same default points since issue 30: host ag-gemm runs copy-engine movers (mover auto),
+# nvlink is capped at the WGs that saturate the link (24 sm90 loader warpgroups; 36 gemm-rs
+# tile movers on the duplex link). The small nvlink ag-gemm point is link-bound with few
+# items: the cap's last round of movers leaves the link part-idle (12% slower than uncapped);
+# the main job's shapes gain (tests/test_sim_point.py::test_self_keeps_up_with_predicted).
+SIM_NOW = [
+    (OLD_KEYS[1][0], 571.2216107189897, "ce", 0),
+    (OLD_KEYS[2][0], 143.12440651232262, "sm", 24),
+    (OLD_KEYS[3][0], 261.2984718570317, "sm", 36),
 ]
 
 
@@ -165,6 +178,16 @@ def test_simulated_defaults_unchanged(kw, t_us):
     assert row["status"] == "ok", row.get("error")
     tol = 1e-9 * t_us
     assert abs(row["t_median_us"] - t_us) <= tol
+
+
+@pytest.mark.parametrize("kw,t_us,mover,cap", SIM_NOW)
+def test_simulated_defaults_now(kw, t_us, mover, cap):
+    from kosmos_bench import harness
+
+    row, _ = harness.run_sim_point(_pt(**kw))
+    assert row["status"] == "ok", row.get("error")
+    assert (row["mover"], row["max_inflight_movers"]) == (mover, cap)
+    assert abs(row["t_median_us"] - t_us) <= 1e-9 * t_us
 
 
 def test_sim_rows_record_the_resolved_configuration():
@@ -264,7 +287,11 @@ def test_runner_plans_of_default_points_unchanged():
     for fabric, W, M, N, K, builder, mover, policy, sizes in _plan_cases():
         p = Point(op="ag-gemm", impl="kosmos", M=M, N=N, K=K, world=W, fabric=fabric, policy=policy, builder=builder,
                   mover=mover)
-        pl = plan(p, KosmosConfig.from_point(p), sizes, builder=builder)
+        cfg = KosmosConfig.from_point(p)
+        if fabric == "nvlink":  # capped since issue 30 (schedule.max_inflight_movers): the rest is as before
+            assert plan(p, cfg, sizes, builder=builder).scheds[3].max_inflight == (24 if builder == "sm90" else 12)
+            cfg = cfg.replace(max_inflight=0)
+        pl = plan(p, cfg, sizes, builder=builder)
         arr = [{k: v.tolist() for k, v in s.arrays().items()} | {"max_inflight": s.max_inflight,
                                                                  "groups": s.meta["remote_groups"]}
                for s in pl.scheds.values()]

@@ -356,7 +356,8 @@ def test_sm90_host_fabric_ag_balanced_demand_groups(shape, mover, group):
 def test_sm90_host_fabric_ag(shape):
     W = 8
     M, N, K = shape
-    p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90")
+    p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric="host", policy="self", builder="sm90",
+                                        mover="sm")  # SM movers (auto is ce here)
     try:
         expect_correct(p, runner, A, B, calls=3)
         df = runner.run_traced()
@@ -393,6 +394,42 @@ def test_sm90_host_fabric_ag_copy_engine_movers(shape):
     finally:
         runner.close()
 
+
+
+@sm90
+@pytest.mark.parametrize("fabric,policy,want", [("host", "self", "ce"), ("host", "fixed:16", "sm"),
+                                                ("local", "self", "sm")])
+def test_mover_auto_resolves_and_runs(fabric, policy, want):
+    """mover auto (the default, None) with the builder auto: on the H200 the sm90 builder, and
+    copy-engine movers for host ag-gemm under policy self (kosmos.builder.mover_choice), SM
+    movers otherwise; correct and bitwise stable, and the runner's info (the row's mover column)
+    records the resolved mover."""
+    W = 8 if fabric == "host" else 4
+    M, N, K = (3000 * W, 776 * W, 1000)
+    p, ctx, inputs, A, B, runner = make("ag-gemm", W, M, N, K, fabric=fabric, policy=policy, builder=None, seed=23)
+    try:
+        assert p.mover is None and runner.builder == "sm90"
+        assert (runner.mover, runner.info["mover"]) == (want, want)
+        assert (runner.info["ce_copies"] > 0) == (want == "ce")
+        if want == "sm" and policy == "self":
+            assert runner.info["max_inflight_movers"] == (0 if fabric == "local" else runner.scheds[0].max_inflight)
+        expect_correct(p, runner, A, B, calls=4)
+    finally:
+        runner.close()
+
+
+@sm90
+def test_harness_row_records_the_resolved_mover():
+    """The default point of the main job on one GPU (host fabric, mover and builder auto):
+    the row's mover column says ce, its variant carries no mover, and it is correct."""
+    from kosmos_bench import harness
+
+    p = Point(op="ag-gemm", impl="kosmos", M=8 * 1024, N=8 * 2048, K=2048, world=8, fabric="host", policy="self",
+              queue_order="demand", local_first=True, chunk=1, seed=4, warmup=1, reps=3, concurrent=False)
+    row, _ = harness.run_point(p, rank=0, procs=1)
+    assert row["status"] == "ok", row.get("error")
+    assert (row["mover"], row["builder"], row["variant"]) == ("ce", "sm90", "kosmos[self]")
+    assert row["wrong"] == 0 and row["deterministic"]
 
 
 @sm90

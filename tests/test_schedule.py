@@ -278,6 +278,12 @@ def test_no_deadlock_with_inflight_cap(op, cap):
 def test_inflight_cap_defaults():
     assert S.max_inflight_movers("ag-gemm", "local", 16) == 0
     assert 4 <= S.max_inflight_movers("ag-gemm", "host", 132) <= 32
+    # every fabric with a link is capped: nvlink, the WGs that saturate it (360 / 30 GB/s; the
+    # sm90 loader warpgroup moves half: 24)
+    assert S.max_inflight_movers("ag-gemm", "nvlink", 132) == 12
+    assert S.max_inflight_movers("ag-gemm", "nvlink", 132, {"wg_copy_gbs": 15.0}) == 24
+    assert S.max_inflight_movers("gemm-rs", "nvlink", 132) == 36  # duplex 720 / 20 GB/s per tile mover
+    assert S.max_inflight_movers("ag-gemm", "nvlink", 8) == 7  # never every WG
     assert S.max_inflight_movers("gemm-rs", "host", 132) >= S.max_inflight_movers("ag-gemm", "host", 132)
     # predicted on the host link: a handful of movers, not most of the GPU
     assert S.predicted_movers("ag-gemm", 8192, 8192, 8192, 8, 132, fabric="host") <= 16

@@ -163,6 +163,8 @@ def test_perfect_overlap_bound(fabric, op, policy):
     t_build /= prof["num_sms"]
     link = prof["link"]
     bw = min(link.get("h2d_GBps") or link["bw_GBps"], link.get("bw_GBps") or link["h2d_GBps"])
+    if fields["mover"] == "ce":  # mover auto on host ag-gemm (sm90, self): the copy engine moves
+        bw = prof["copy_engine_GBps"]["h2d"]
     t_comm = sched.movers.bytes.sum() / (bw * 1e3) / (2 if op == "gemm-rs" else 1)  # 2 directions
     assert fields["t_median_us"] >= max(t_build, t_comm) * 0.999
 
@@ -181,7 +183,10 @@ def test_more_bandwidth_never_slower(fabric, policy):
 def test_more_wgs_never_slower_for_self(op):
     p = pt(op=op, M=8192, N=8192, K=4096)
     times = [simulate_point(p, prof_with(sms=g))[0]["t_median_us"] for g in (33, 66, 132, 264)]
-    assert all(b <= a * (1 + 1e-9) for a, b in zip(times, times[1:])), times
+    # gemm-rs: the mover cap (36 tile movers on NVLink, schedule.max_inflight_movers) makes the
+    # pushes link-bound from 132 WGs on; more builders only reorder them (132 -> 264: +1.2%)
+    tol = 0.02 if op == "gemm-rs" else 1e-9
+    assert all(b <= a * (1 + tol) for a, b in zip(times, times[1:])), times
 
 
 # -------------------------------------------------------------------------- policy ordering
@@ -463,3 +468,61 @@ def test_copy_engine_start_delays_the_plan_and_its_slices():
     streamed = f0 > 0
     assert streamed.any() and np.allclose(f1[streamed], f0[streamed] + 20000.0)
     assert simulate_point(p, prof1)[0]["t_median_us"] >= simulate_point(p, prof0)[0]["t_median_us"]
+
+
+# ------------------------------------------------------------------ issue 30: mover cap, mover auto
+@pytest.mark.parametrize("sweep", ["ag-gemm", "gemm-rs"])
+def test_self_keeps_up_with_predicted(sweep):
+    """The simulated main job (`kosmos-bench sweep <op>` without a GPU: backend sim, the fabric
+    auto-resolved): kosmos[self] within 2% of kosmos[predicted] or ahead of it on every shape.
+    Uncapped on NVLink, self fell 21% behind on 16384x18432x16384 (idle WGs all became movers on
+    the saturated link); schedule.max_inflight_movers caps every fabric but local."""
+    from kosmos_bench import harness
+    from kosmos_bench.cli import resolve_fabric
+    from kosmos_bench.spec import expand, load_sweep
+
+    sw = load_sweep(sweep)
+    fabric = resolve_fabric(sw.fabric, "sim", sw.world[0])
+    pts = expand(sw, backend="sim", fabric=fabric, impls=["kosmos"], policies=["self", "predicted"])
+    t: dict = {}
+    for p in pts:
+        if p.mover is not None:  # mover auto is the main job's (sm here: one point, deduplicated)
+            continue
+        row, _ = harness.run_sim_point(p)
+        assert row["status"] == "ok", row.get("error")
+        if p.policy == "self":
+            assert row["max_inflight_movers"] > 0 and row["mover"] == "sm"
+        t.setdefault((p.M, p.N, p.K), {})[p.policy] = row["t_median_us"]
+    assert len(t) == 12 and all(len(v) == 2 for v in t.values())
+    behind = {s: round(v["self"] / v["predicted"], 3) for s, v in t.items() if v["self"] > 1.02 * v["predicted"]}
+    assert not behind, f"kosmos[self] more than 2% behind kosmos[predicted] (self / predicted): {behind}"
+
+
+def test_mover_auto_resolves_per_fabric_op_and_builder():
+    """mover auto (None): copy-engine movers for host ag-gemm with the sm90 builder under policy
+    self, SM movers everywhere else; the row records the resolved mover, the variant only an
+    explicit one."""
+    host = pt(M=2048, N=8192, K=2048, fabric="host")
+    row, _ = run_point(host)
+    assert (row["mover"], row["builder"]) == ("ce", "sm90") and host.variant == "kosmos[self]"
+    for p, builder in ((host.replace(builder="mma"), "mma"), (host.replace(policy="fixed:16"), "sm90"),
+                       (host.replace(op="gemm-rs", local_first=False), "mma"), (host.replace(fabric="nvlink"), "sm90")):
+        row, _ = run_point(p)
+        assert (row["mover"], row["builder"]) == ("sm", builder), p
+    sm = host.replace(mover="sm")
+    row, _ = run_point(sm)
+    assert row["mover"] == "sm" and sm.variant == "kosmos[self,sm-mover]" and sm.key() != host.key()
+
+
+def test_sm90_mover_moves_half_a_wg():
+    """The simulator prices an sm90 SM mover (the 128-thread loader warpgroup) at
+    builder.mover_share of the profile's per-WG rate, as the schedule model (the mover cap)
+    does: one fixed mover takes about twice as long with the sm90 builder as with mma."""
+    from kosmos_bench.kosmos import builder as kb
+
+    assert kb.mover_share("sm90") == 0.5 and kb.mover_share("mma") == 1.0
+    times = {}
+    for b in ("sm90", "mma"):
+        f, tl = simulate_point(pt(M=8192, N=8192, K=4096, policy="fixed:1", builder=b))
+        times[b] = f["t_median_us"]
+    assert 1.7 < times["sm90"] / times["mma"] < 2.1

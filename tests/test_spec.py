@@ -136,7 +136,7 @@ def test_mover_knob_expands_and_keeps_old_keys():
     data = dict(GOOD, impls=["kosmos"], kosmos={"policy": ["self"], "builder": ["sm90"], "mover": ["sm", "ce"]})
     data.pop("models")
     pts = expand(parse_sweep(data, "m.yaml"), backend="gpu", fabric="host")
-    assert {p.variant for p in pts} == {"kosmos[self,sm90]", "kosmos[self,sm90,ce-mover]"}
+    assert {p.variant for p in pts} == {"kosmos[self,sm90,sm-mover]", "kosmos[self,sm90,ce-mover]"}
     assert len({p.key() for p in pts}) == len(pts)
     old = Point("ag-gemm", "kosmos", 96, 64, 40, 2, policy="self")
     assert "mover" not in old.config() and old.key() == old.replace(mover=None).key()
@@ -153,3 +153,45 @@ def test_mover_ce_is_skipped_with_a_reason_where_it_does_not_apply():
     assert "host-fabric ag-gemm only" in impl.unsupported(base.replace(fabric="local"))
     assert "host-fabric ag-gemm only" in impl.unsupported(base.replace(op="gemm-rs"))
     assert "role policies do not apply" in impl.unsupported(base.replace(policy="fixed:8"))
+
+
+def test_default_sweeps_run_mover_auto_beside_sm_movers():
+    """sweeps/ag-gemm.yaml and gemm-rs.yaml list mover [auto, sm]: on the host fabric ag-gemm
+    gets kosmos[self] (auto: copy-engine movers with the sm90 builder) and kosmos[self,sm-mover];
+    where auto can only be sm (gemm-rs, nvlink, policies fixed / predicted) one point, with the
+    key the default point always had (mover None); symm-mem and nccl-overlap are in the grid."""
+    from kosmos_bench.spec import load_sweep
+
+    for name in ("ag-gemm", "gemm-rs"):
+        sw = load_sweep(name)
+        assert {"nccl-overlap", "symm-mem"} <= set(sw.impls) and sw.kosmos["mover"] == [None, "sm"]
+        for fabric in ("host", "nvlink"):
+            pts = [p for p in expand(sw, backend="gpu", fabric=fabric) if p.impl == "kosmos"]
+            per_shape = {}
+            for p in pts:
+                per_shape.setdefault((p.M, p.N, p.K), []).append(p.variant)
+            two = name == "ag-gemm" and fabric == "host"
+            want = ["kosmos[self]"] + (["kosmos[self,sm-mover]"] if two else []) + ["kosmos[fixed:16]", "kosmos[predicted]"]
+            assert all(v == want for v in per_shape.values()), (name, fabric, per_shape)
+            for p in pts:
+                if p.mover is None:  # the default point keeps its old key (no mover entry)
+                    assert "mover" not in p.config()
+
+
+def test_mover_auto_parses_and_resolves():
+    from kosmos_bench.kosmos.builder import mover_choice
+    from kosmos_bench.kosmos.config import KosmosConfig, coerce
+
+    assert coerce("mover", "auto") is None and KosmosConfig().mover is None
+    data = dict(GOOD, impls=["kosmos"], kosmos={"mover": ["auto", "sm", "ce"]})
+    assert parse_sweep(data, "m.yaml").kosmos["mover"] == [None, "sm", "ce"]
+    assert mover_choice(None, "ag-gemm", "host", "sm90") == "ce"
+    assert mover_choice(None, "ag-gemm", "host", "sm90", "fixed:16") == "sm"
+    assert mover_choice(None, "ag-gemm", "host", "mma") == "sm"
+    assert mover_choice(None, "gemm-rs", "host", "sm90") == "sm"
+    for fabric in ("nvlink", "local"):
+        assert mover_choice(None, "ag-gemm", fabric, "sm90") == "sm"
+    assert mover_choice("sm", "ag-gemm", "host", "sm90") == "sm"
+    assert mover_choice("ce", "gemm-rs", "nvlink", "mma") == "ce"  # explicit: the runner refuses it, with the reason
+    with pytest.raises(ValueError):
+        mover_choice("dma", "ag-gemm", "host", "sm90")

@@ -18,7 +18,9 @@ The tunables are the point's configuration (``kosmos.config.KosmosConfig.from_po
 Point fields policy, queue_order, local_first, chunk, builder, mover and the point's
 ``knobs``; docs/knobs.md lists them); the schedules and the copy-engine plan come from
 ``kosmos.plan.plan``, as in the simulator. bf16 only. ``mover`` 'ce': host-fabric ag-gemm
-bands move by the copy engine, flags released by stream memory operations, every WG builds.
+bands move by the copy engine, flags released by stream memory operations, every WG builds;
+unset (auto), ``kosmos.builder.mover_choice`` picks it (ce for host ag-gemm with the sm90
+builder and policy self, else sm).
 ``builder`` 'mma': the portable mma.sync builder, 256-thread WGs, 128x128 tiles; 'sm90':
 the Hopper wgmma+TMA builder in 384-thread CTAs, one per SM, 128x256 tiles,
 csrc/ag_gemm_sm90.cu (ag-gemm and gemm-rs); unset, picked by device
@@ -281,7 +283,9 @@ class KosmosRunner:
         # group arrives in K-slices that the builders stream (Params.k_stream; ce_plan.py); the
         # mma builder has no slice wait: it always gets whole bands. kosmos.plan (below, once the
         # CTA count is known) resolves slices, merging and groups as the simulator does.
-        self.mover = cfg.mover or "sm"
+        # mover auto (None): the faster mover for this fabric, op and builder (kb.mover_choice)
+        self.mover = kb.mover_choice(cfg.mover, op, fabric, self.builder, cfg.policy)
+        cfg = self.config = cfg.replace(mover=self.mover)
         if self.mover == "ce" and (fabric != "host" or op != "ag-gemm"):
             raise ValueError("mover='ce' is implemented for ag-gemm on the host fabric only")
         self.spin_ns = cfg.spin_ns

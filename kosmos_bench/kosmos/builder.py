@@ -1,5 +1,6 @@
 """The builder model: tile sizes of the Hopper (sm90) builder, what its TMA loads can take,
-which builder a shape gets, and the schedule-model rates the schedule is built with.
+which builder a shape gets (``builder_choice``), which mover the configuration's ``mover:
+auto`` becomes (``mover_choice``), and the schedule-model rates the schedule is built with.
 
 Pure Python (no torch, no compiled library): the GPU runner, the simulator and the trace
 analysis all use it. Building and loading the sm90 library is ``kernels/ag_sm90.py``'s.
@@ -15,6 +16,17 @@ BUILDERS = ("mma", "sm90")
 # H200 (GPU tests; host W=8 out-proj/FC2 at 8k tokens 1.67x nccl-seq geomean vs 1.32x for mma,
 # results/gemm-rs-sm90-h200-20261204/).
 AUTO_OPS = ("ag-gemm", "gemm-rs")
+MOVERS = ("sm", "ce")
+
+
+def mover_share(builder: str) -> float:
+    """What one mover item moves per second relative to a 256-thread WG's rate: an sm90 mover
+    is the 128-thread loader warpgroup (half the bytes in flight); an mma mover a whole WG.
+    The schedule model (the mover cap, the predicted split) and the simulator's per-mover
+    rate both take it from here. Measured on the host fabric (results/issue4-h200-20261202/
+    host-sm.parquet): 8 sm90 movers carried ~45 GB/s (16384x18432x16384 fixed:8 10407 us vs
+    9330 us with 16), ~5.6 GB/s each against ~13 GB/s for a 256-thread mma WG (fixed:1)."""
+    return MOVER_THREADS / 256 if builder == "sm90" else 1.0
 
 
 def schedule_model(fabric: str) -> dict:
@@ -24,8 +36,8 @@ def schedule_model(fabric: str) -> dict:
     from .. import schedule as S
 
     base = S.MODEL_DEFAULTS.get(fabric, S.MODEL_DEFAULTS["host"])
-    return {"wg_copy_gbs": base["wg_copy_gbs"] * MOVER_THREADS / 256,
-            "wg_tile_copy_gbs": base.get("wg_tile_copy_gbs", base["wg_copy_gbs"]) * MOVER_THREADS / 256,
+    return {"wg_copy_gbs": base["wg_copy_gbs"] * mover_share("sm90"),
+            "wg_tile_copy_gbs": base.get("wg_tile_copy_gbs", base["wg_copy_gbs"]) * mover_share("sm90"),
             "wg_tflops": CTA_TFLOPS}
 
 
@@ -85,6 +97,26 @@ def builder_choice(builder: str | None, op: str = "ag-gemm", shape: tuple[int, i
     if shape is not None and validate(*shape, op=op) is not None:
         return "mma"
     return "sm90" if (library_ok or _sm90_library_ok)() else "mma"
+
+
+def mover_choice(mover: str | None, op: str, fabric: str, builder: str, policy: str = "self") -> str:
+    """The mover to use: the argument (the configuration's ``mover``), else (``auto``) the one
+    measured faster for the fabric, op and (resolved) builder: 'ce' (the copy engine moves,
+    every CTA builds) for ag-gemm on the host fabric with the sm90 builder under policy self;
+    'sm' (WGs move) everywhere else (gemm-rs has no copy-engine movers; on nvlink and local
+    the WGs' loads are the fast path; fixed / predicted split WGs between moving and
+    building, which needs SM movers).
+
+    The measurement (1x H200, host fabric, W = 8, ``kosmos-bench sweep
+    sweeps/h200-host-ag-gemm-ce.yaml``, 8 shapes, 2026-12-04): sm90 + copy-engine movers 1.38x
+    nccl-seq geomean, median eff* 0.977, against nccl-overlap 1.33x / 0.944; the same
+    kernel with SM movers 1.21x / 0.865 in the default sweep of that day (issue 30)."""
+    if mover:
+        if mover not in MOVERS:
+            raise ValueError(f"mover={mover!r}: expected one of {', '.join(MOVERS)} or auto")
+        return mover
+    ce = op == "ag-gemm" and fabric == "host" and builder == "sm90" and policy == "self"
+    return "ce" if ce else "sm"
 
 
 def sim_builder(builder: str | None, op: str, shape: tuple[int, int, int, int], has_sm90_figures: bool,

@@ -137,16 +137,21 @@ FIELDS: dict[str, Knob] = {k.name: k for k in (
          "Own bands (ag-gemm) / own destination (gemm-rs) first in the builder queue."),
     Knob("chunk", lambda v: _to_int(v, lo=1), "integer >= 1", "-", "Rows per mover band, in builder tiles (BM)."),
     Knob("builder", _none_or(_choice("mma", "sm90")), "mma | sm90 | auto",
-         "auto: sm90 for ag-gemm on sm_90 when TMA takes the shape (kosmos.builder.builder_choice)",
-         "Builder kernel: portable mma.sync, or the Hopper wgmma+TMA builder (ag-gemm; gemm-rs opt-in)."),
-    Knob("mover", _none_or(_choice("sm", "ce")), "sm | ce", "-",
-         "Who moves: WGs (sm), or the copy engine (ce: host-fabric ag-gemm, every CTA builds)."),
+         "auto: sm90 for ag-gemm and gemm-rs on sm_90 when TMA takes the shape (kosmos.builder.builder_choice)",
+         "Builder kernel: portable mma.sync, or the Hopper wgmma+TMA builder (ag-gemm, gemm-rs)."),
+    Knob("mover", _none_or(_choice("sm", "ce")), "sm | ce | auto",
+         "auto: ce for ag-gemm on the host fabric with the sm90 builder and policy self, else sm "
+         "(kosmos.builder.mover_choice)",
+         "Who moves: WGs (sm), or the copy engine (ce: host-fabric ag-gemm, every CTA builds). Host "
+         "ag-gemm, sm90: ce 1.38x nccl-seq geomean, eff* 0.977 vs nccl-overlap 1.33x / 0.944; sm "
+         "1.21x / 0.865 (H200, 2026-12-04, issue 30)."),
     Knob("mover_bulk", _to_bool, "on | off", "-",
          "ag-gemm mma-builder movers use TMA bulk copies (needs the mma builder)."),
     Knob("max_inflight", _none_or(lambda v: _to_int(v, lo=0)), "integer >= 0 | auto",
-         "auto: host fabric ceil(link / one mover's rate), else none (schedule.max_inflight_movers)",
+         "auto: ceil(link / one mover's rate) on host and nvlink, none on local (schedule.max_inflight_movers)",
          "Policy self: cap on concurrent mover items of a rank (0: none). Host ag-gemm with 48 movers "
-         "ran 1.5x slower than with 8 (2026-12-02)."),
+         "ran 1.5x slower than with 8 (2026-12-02); simulated NVLink uncapped: self 21% behind "
+         "predicted on one shape, capped: level or ahead on every shape."),
     Knob("ce_slices", _none_or(_ce_slices), "integer >= 1 | split like 3,1 | auto",
          f"auto: copy-bound {COPY_BOUND_SLICES}, link-bound {LINK_BOUND_SLICES}, else {DEFAULT_CE_SLICES}",
          "K-slices of the last remote group (sm90 + ce; 1: whole bands, no K-streaming); a split gives "
@@ -358,7 +363,7 @@ def knobs_markdown() -> str:
              "| name | default | values | regime rule | what it does |", "|---|---|---|---|---|"]
     for k in FIELDS.values():
         d = getattr(DEFAULTS, k.name)
-        default = ("sm" if k.name == "mover" else "auto") if d is None else format_value(d)
+        default = "auto" if d is None else format_value(d)
         cells = [f"`{k.name}`", default, k.values.replace(" | ", ", "), k.rule, k.doc]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"

@@ -1,7 +1,8 @@
 """One planning function from (point, configuration, per-rank WG counts) to what a call
 executes: the per-rank schedules (``schedule.build_schedule``, whose keyword set is assembled
 here and nowhere else) and, with copy-engine movers, the copy plan (``ce_plan.build`` +
-``ce_plan.share_flags``), with the resolved settings (``config.resolve``). The GPU runner
+``ce_plan.share_flags``), with the resolved settings (``config.resolve``; the mover from
+``builder.mover_choice``: ``Plan.config.mover`` is 'sm' or 'ce', never auto). The GPU runner
 (``impls/kosmos.py``) and the simulator (``sim/model.py``) both call :func:`plan`.
 """
 from __future__ import annotations
@@ -65,7 +66,8 @@ def plan(point, cfg: KosmosConfig, sizes: dict[int, int], *, builder: str, fabri
     fabric = fabric or point.fabric
     sm90 = builder == "sm90"
     BN = BN or (B.BN if sm90 else 128)
-    ce = (cfg.mover or "sm") == "ce"
+    cfg = cfg.replace(mover=B.mover_choice(cfg.mover, op, fabric, builder, cfg.policy))  # auto -> sm | ce
+    ce = cfg.mover == "ce"
     res = resolve(cfg, N // W, int(min(sizes.values())), ce and sm90, fabric == "host")
     model = B.schedule_model(fabric) if sm90 else None
     kw = dict(BM=BM, BN=BN, chunk=cfg.chunk, policy=policy or cfg.policy, queue_order=cfg.queue_order,
@@ -86,7 +88,7 @@ def plan(point, cfg: KosmosConfig, sizes: dict[int, int], *, builder: str, fabri
 def info(pl: Plan, sched=None) -> dict:
     """The resolved configuration as result-row columns (the GPU runner and the simulator)."""
     cfg, res = pl.config, pl.resolved
-    ce = (cfg.mover or "sm") == "ce"
+    ce = cfg.mover == "ce"
     sch = sched if sched is not None else next(iter(pl.scheds.values()))
     bg = res.band_group
     return {"ce_slices": res.slices if res.k_stream else (1 if ce else 0),
@@ -97,4 +99,4 @@ def info(pl: Plan, sched=None) -> dict:
             "band_ramp": int(sch.meta.get("ramp", False)), "band_halve": int(res.halve),
             "local_group": int(res.local_group), "max_inflight_movers": int(sch.max_inflight),
             "ahead_blocks": cfg.ahead_blocks if pl.builder == "sm90" else None, "spin_ns": cfg.spin_ns,
-            "mover_bulk": cfg.mover_bulk}
+            "mover_bulk": cfg.mover_bulk, "mover": cfg.mover}

@@ -187,6 +187,9 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     `predicted` uses the kernel's own cost model (schedule.MODEL_DEFAULTS, as impls/kosmos.py
     does) unless `model_from_profile`, which feeds it this profile's figures instead.
     ``builder='sm90'`` prices tiles with the profile's ``builder_sm90`` figures (tile, rate);
+    ``mover`` unset (auto): ``kosmos.builder.mover_choice``, as the runner resolves it.
+    SM movers of the sm90 builder drive ``builder.mover_share`` (half) of the profile's
+    per-WG link rate (the loader warpgroup's 128 threads, as the schedule model has it).
     ``mover='ce'`` (host ag-gemm, policy self): every WG builds and one extra agent, the
     copy engine (sm -1 in the timeline), moves the bands one after another in demand order at
     ``copy_engine_GBps.h2d``. With the sm90 builder the runner's defaults apply (impls/kosmos.py:
@@ -204,11 +207,12 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
         cfg = KosmosConfig.from_point(p)
     except ValueError as e:
         raise Unsupported(str(e)) from None
-    ce = (cfg.mover or "sm") == "ce"
-    if ce and (p.fabric != "host" or p.op != "ag-gemm" or cfg.policy != "self"):
+    if cfg.mover == "ce" and (p.fabric != "host" or p.op != "ag-gemm" or cfg.policy != "self"):
         raise Unsupported("mover ce is ag-gemm on the host fabric with policy self only")
     builder = resolve_builder(p, prof, cfg)
     sm90 = builder == "sm90"
+    cfg = cfg.replace(mover=kb.mover_choice(cfg.mover, p.op, p.fabric, builder, policy=cfg.policy))  # auto
+    ce = cfg.mover == "ce"
     if sm90:
         b = prof.get("builder_sm90")
         if not b:
@@ -284,6 +288,7 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     tile_ovh = float(prof.get("tile_overhead_ns", 0.0))
     wg_hbm = float(prof["wg_hbm_GBps"])  # bytes/ns
     links, cap = _links(p, prof, ranks, symmetric)
+    cap *= kb.mover_share(builder)  # an sm90 mover is the loader warpgroup: half a WG's bytes in flight
     if ce:  # one DMA engine: no per-WG drive limit, no many-reader collapse
         links, cap = _LinkMap([float(prof["copy_engine_GBps"]["h2d"])], lambda r, kind, peer: (0,)), math.inf
     for r in ranks:
@@ -424,8 +429,9 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
                      claim_ns=float(prof.get("claim_ns", 0.0)), sm=sm, inflight_cap=caps,
                      collapse=None if ce else _collapse(prof, p.fabric, len(links.bw)), end_floor_ns=end_floor)
     overhead = prof["launch_overhead_us"] * 1e3 + (remote_lat if p.fabric != "host" and W > 1 else 0.0)
-    return Built(prob, ranks, sizes[0], num_movers, symmetric, overhead, [scheds[r] for r in ranks],
-                 plan_info(pl, scheds[ranks[0]]))
+    info = plan_info(pl, scheds[ranks[0]])
+    info["max_inflight_movers"] = caps[0]  # the schedules are built with policy self; fixed / ce run uncapped
+    return Built(prob, ranks, sizes[0], num_movers, symmetric, overhead, [scheds[r] for r in ranks], info)
 
 
 def _peer_releases(r, sched, offset, W):
