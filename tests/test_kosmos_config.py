@@ -155,7 +155,7 @@ SIM_BEFORE = [
      2188.7092396197977),
     (dict(OLD_KEYS[1][0], mover="sm"), 655.0906922266082),
     (dict(OLD_KEYS[2][0], knobs=(("max_inflight", 0),)), 128.0047265123226),
-    (dict(OLD_KEYS[3][0], knobs=(("max_inflight", 0),)), 345.3161675835276),
+    (dict(OLD_KEYS[3][0], builder="mma", knobs=(("max_inflight", 0),)), 345.3161675835276),
     (OLD_KEYS[4][0], 658.9906922266083),
 ]
 # The same default points since issue 30: host ag-gemm runs copy-engine movers (mover auto),
@@ -166,7 +166,9 @@ SIM_BEFORE = [
 SIM_NOW = [
     (OLD_KEYS[1][0], 571.2216107189897, "ce", 0),
     (OLD_KEYS[2][0], 143.12440651232262, "sm", 24),
-    (OLD_KEYS[3][0], 261.2984718570317, "sm", 36),
+    (dict(OLD_KEYS[3][0], builder="mma"), 261.2984718570317, "sm", 36),
+    # gemm-rs's default builder is sm90 since its kernel ran on the H200 (kosmos.builder.AUTO_OPS)
+    (OLD_KEYS[3][0], 195.54949799171706, "sm", 72),
 ]
 
 

@@ -506,7 +506,7 @@ def test_mover_auto_resolves_per_fabric_op_and_builder():
     row, _ = run_point(host)
     assert (row["mover"], row["builder"]) == ("ce", "sm90") and host.variant == "kosmos[self]"
     for p, builder in ((host.replace(builder="mma"), "mma"), (host.replace(policy="fixed:16"), "sm90"),
-                       (host.replace(op="gemm-rs", local_first=False), "mma"), (host.replace(fabric="nvlink"), "sm90")):
+                       (host.replace(op="gemm-rs", local_first=False), "sm90"), (host.replace(fabric="nvlink"), "sm90")):
         row, _ = run_point(p)
         assert (row["mover"], row["builder"]) == ("sm", builder), p
     sm = host.replace(mover="sm")
