@@ -61,7 +61,7 @@ constexpr int kBarMath = 9;
 constexpr int kSched = 32;  // the scheduling thread (warp 1 of the loader warpgroup; warp 0 issues TMA)
 // The scheduler claims the next tile this many k-blocks before the current tile's last load:
 // 12-17 us at 1.98-1.41 GHz (128x256x64 per k-block), more than a claim takes (5-10 us), and
-// at most that early (AgSm90Params.ahead_blocks, the default; KOSMOS_AHEAD_BLOCKS).
+// at most that early (AgSm90Params.ahead_blocks, the default; config field ahead_blocks).
 constexpr int kAheadBlocks = 24;
 // setmaxnreg: the launch gives every thread 168 registers (64,512 per CTA); the loader
 // warpgroup keeps 88 (the scheduling loop and the 128-thread mover copy spill below that,
