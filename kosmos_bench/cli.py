@@ -328,6 +328,21 @@ def run_and_report(store, title: str, points, backend: str, *, total: int, as_js
     return report.verdict(rows)["exit_code"]
 
 
+def _run_store(resume, sw, be, points, create):
+    """The run's store and the points still to run: the resumed run's (points already ok left
+    out) or a new one from ``create()``; the manifest records the sweep and its total."""
+    total = len(points)
+    if resume is not None:
+        store = open_resume(resume, sw, be)
+        done = store.done_keys()
+        points = [p for p in points if p.key() not in done]
+        err.print(f"resume {resume}: {total - len(points)} points already ok, {len(points)} to run", markup=False)
+    else:
+        store = create()
+    store.write_manifest({"sweep": sw.source, "sweep_name": sw.name, "op": sw.op, "backend": be, "points": total})
+    return store, points
+
+
 def open_resume(resume: Path, sw, backend: str):
     """The RunStore of `--resume DIR`, or a usage error when DIR is not a run or was made by
     another sweep, op or backend (its rows would be mixed with this sweep's)."""
@@ -399,14 +414,7 @@ def sweep(
         out.print(f"{len(points)} points (dry run: nothing executed)")
         raise typer.Exit(0)
     total = len(points)
-    if resume is not None:
-        store = open_resume(resume, sw, be)
-        done = store.done_keys()
-        points = [p for p in points if p.key() not in done]
-        err.print(f"resume {resume}: {total - len(points)} points already ok, {len(points)} to run", markup=False)
-    else:
-        store = RunStore.create(output)
-    store.write_manifest({"sweep": sw.source, "sweep_name": sw.name, "op": sw.op, "backend": be, "points": total})
+    store, points = _run_store(resume, sw, be, points, lambda: RunStore.create(output))
     raise typer.Exit(run_and_report(store, sw.name, points, be, total=total, as_json=as_json, timeout_s=timeout,
                                     isolate=isolate))
 
@@ -455,14 +463,8 @@ def ablate(
     sw, points = build_points(str(path), backend=be, fabric=fabric, impls=None, worlds=worlds, trace=trace,
                               settings=sets)
     total = len(points)
-    if resume is not None:
-        store = open_resume(resume, sw, be)
-        done = store.done_keys()
-        points = [p for p in points if p.key() not in done]
-        err.print(f"resume {resume}: {total - len(points)} points already ok, {len(points)} to run", markup=False)
-    else:
-        store = RunStore.create(output, f"ablate-{path.stem}-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
-    store.write_manifest({"sweep": sw.source, "sweep_name": sw.name, "op": sw.op, "backend": be, "points": total})
+    store, points = _run_store(resume, sw, be, points, lambda: RunStore.create(
+        output, f"ablate-{path.stem}-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")))
     code = run_and_report(store, f"ablate {path.stem}", points, be, total=total, timeout_s=timeout)
     for f in plot.render(store.root):
         err.print(f"wrote {f}", markup=False)

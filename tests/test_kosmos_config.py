@@ -279,6 +279,22 @@ def _plan_cases():
     return cases
 
 
+def test_nvlink_plans_are_capped():
+    """Since issue 30 the nvlink fabric caps self's movers at the WGs that saturate the link
+    (schedule.MODEL_DEFAULTS["nvlink"]: 360 GB/s over 30 GB/s per 256-thread WG = 12 mma
+    movers; an sm90 mover is the 128-thread loader warpgroup at half that rate: 24); local
+    stays uncapped."""
+    from kosmos_bench.kosmos.plan import plan
+
+    for fabric, W, builder, want in (("nvlink", 8, "sm90", 24), ("nvlink", 8, "mma", 12), ("local", 4, "sm90", 0)):
+        p = Point(op="ag-gemm", impl="kosmos", M=3000 * W, N=776 * W, K=1000, world=W, fabric=fabric, policy="self",
+                  builder=builder, mover="sm")
+        st = S.wg_starts(132, W)
+        sizes = {r: int(st[r + 1] - st[r]) for r in range(W)} if fabric == "local" else {3: 132}
+        caps = {s.max_inflight for s in plan(p, KosmosConfig.from_point(p), sizes, builder=builder).scheds.values()}
+        assert caps == {want}, (fabric, builder, caps)
+
+
 def test_runner_plans_of_default_points_unchanged():
     import hashlib
     import json
@@ -290,8 +306,7 @@ def test_runner_plans_of_default_points_unchanged():
         p = Point(op="ag-gemm", impl="kosmos", M=M, N=N, K=K, world=W, fabric=fabric, policy=policy, builder=builder,
                   mover=mover)
         cfg = KosmosConfig.from_point(p)
-        if fabric == "nvlink":  # capped since issue 30 (schedule.max_inflight_movers): the rest is as before
-            assert plan(p, cfg, sizes, builder=builder).scheds[3].max_inflight == (24 if builder == "sm90" else 12)
+        if fabric == "nvlink":  # capped since issue 30 (test_nvlink_plans_are_capped): the rest is as before
             cfg = cfg.replace(max_inflight=0)
         pl = plan(p, cfg, sizes, builder=builder)
         arr = [{k: v.tolist() for k, v in s.arrays().items()} | {"max_inflight": s.max_inflight,

@@ -411,8 +411,10 @@ def test_mover_auto_resolves_and_runs(fabric, policy, want):
         assert p.mover is None and runner.builder == "sm90"
         assert (runner.mover, runner.info["mover"]) == (want, want)
         assert (runner.info["ce_copies"] > 0) == (want == "ce")
-        if want == "sm" and policy == "self":
-            assert runner.info["max_inflight_movers"] == (0 if fabric == "local" else runner.scheds[0].max_inflight)
+        if fabric == "local":  # copies within one GPU's HBM: no mover cap (schedule.max_inflight_movers)
+            assert runner.info["max_inflight_movers"] == 0
+        if policy == "fixed:16":  # SM movers, as many as the policy says
+            assert runner.info["num_movers"] == 16
         expect_correct(p, runner, A, B, calls=4)
     finally:
         runner.close()

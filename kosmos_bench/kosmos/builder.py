@@ -41,15 +41,23 @@ def schedule_model(fabric: str) -> dict:
             "wg_tflops": CTA_TFLOPS}
 
 
+def _world_and_sizes(op: str, M: int, N: int, K: int, world: int) -> str | None:
+    """The checks both sm90 kernels share (mirrors the C validators)."""
+    if world < 1 or world > 8:
+        return f"sm90 {op}: world outside 1..8"
+    if min(M, N, K) <= 0:
+        return f"sm90 {op}: M, N, K must be positive"
+    return None
+
+
 def validate(M: int, N: int, K: int, world: int, op: str = "ag-gemm") -> str | None:
     """None when the sm90 kernel of ``op`` takes the shape, else why not (mirrors the C
     validate / validate_rs of csrc/ag_gemm_sm90.cu)."""
     if op == "gemm-rs":
         return validate_rs(M, N, K, world)
-    if world < 1 or world > 8:
-        return "sm90 ag-gemm: world outside 1..8"
-    if min(M, N, K) <= 0:
-        return "sm90 ag-gemm: M, N, K must be positive"
+    why = _world_and_sizes("ag-gemm", M, N, K, world)
+    if why:
+        return why
     if M % world or N % world:
         return "sm90 ag-gemm: M and N must be divisible by world"
     if K % 8:
@@ -61,10 +69,9 @@ def validate(M: int, N: int, K: int, world: int, op: str = "ag-gemm") -> str | N
 
 def validate_rs(M: int, N: int, K: int, world: int) -> str | None:
     """None when the sm90 GEMM+RS takes the shape (A_r: M x K/W, B_r: K/W x N), else why not."""
-    if world < 1 or world > 8:
-        return "sm90 gemm-rs: world outside 1..8"
-    if min(M, N, K) <= 0:
-        return "sm90 gemm-rs: M, N, K must be positive"
+    why = _world_and_sizes("gemm-rs", M, N, K, world)
+    if why:
+        return why
     if M % world or K % world:
         return "sm90 gemm-rs: M and K must be divisible by world"
     if (K // world) % 8:
