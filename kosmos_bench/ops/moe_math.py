@@ -274,3 +274,33 @@ def make_inputs(s: MoeShape, ranks: list[int], device, seed: int) -> MoeInputs:
         W1[r], W2[r] = local_experts(s, r, device, seed)
     Wr, bias = router(s, device, seed)
     return MoeInputs(s, x, W1, W2, Wr, bias, shared(s, device, seed), {})
+
+
+def reference_backward(s: MoeShape, rank: int, x: torch.Tensor, idx: torch.Tensor, dy: torch.Tensor,
+                       device, seed: int) -> dict:
+    """fp32 gradients of rank `rank`'s share for output gradient dy (T x H), routing fixed to idx
+    (an implementation's decisions; the top-k selection itself has no gradient, the combine
+    weights do): {'x': T x H, 'Wr': E x H, 'W1': {e: 2F x H}, 'W2': {e: H x F}, 'shared': (..)|None}
+    for every expert e that idx uses. Weight gradients are this rank's tokens' contributions only;
+    an expert's full gradient sums them over ranks (in rank order)."""
+    Wr, _ = router(s, device, seed)
+    xf = x.float().requires_grad_(True)
+    Wrf = Wr.float().requires_grad_(True)
+    w = weights_for(s, xf @ Wrf.t(), idx)
+    y = torch.zeros(x.shape[0], s.H, device=device, dtype=torch.float32)
+    idx = idx.long()
+    W1, W2 = {}, {}
+    for e in torch.unique(idx).tolist():
+        tok, j = (idx == e).nonzero(as_tuple=True)
+        w1, w2 = (t.float().requires_grad_(True) for t in expert(s, e, device, seed))
+        W1[e], W2[e] = w1, w2
+        y = y.index_add(0, tok, ffn(xf[tok], w1, w2) * w[tok, j, None])
+    sh = shared(s, device, seed)
+    shf = None
+    if sh is not None:
+        shf = tuple(t.float().requires_grad_(True) for t in sh)
+        y = y + ffn(xf, *shf)
+    y.backward(dy.float())
+    return {"x": xf.grad, "Wr": Wrf.grad, "W1": {e: t.grad for e, t in W1.items()},
+            "W2": {e: t.grad for e, t in W2.items()},
+            "shared": None if shf is None else tuple(t.grad for t in shf)}
