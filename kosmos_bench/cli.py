@@ -302,7 +302,7 @@ def run_and_report(store, title: str, points, backend: str, *, total: int, as_js
     if not as_json:
         out.print(report.header_text(store.manifest(), f"{title}: {len(points)} points, backend={backend}, "
                                      f"fabric={','.join(fabrics)}{note}"), markup=False)
-        out.print(report.column_header(), markup=False)
+        out.print(report.column_header("moe" if {p.op for p in points} == {"moe"} else None), markup=False)
         table = _Table(prior, store.run_id)
     try:
         execute(points, store, as_json=as_json, timeout_s=timeout_s, isolate=isolate, table=table)

@@ -181,7 +181,8 @@ def run_point(p: Point, *, rank: int, procs: int) -> tuple[dict, object]:
         if alone is None:
             gemm, comm = nccl_impls.gemm_alone(p, ctx, inputs), nccl_impls.comm_alone(p, ctx, inputs)
         else:
-            (gemm, comm), cols = (alone[0]["gemm"], alone[0]["comm"]), alone[1]
+            fns_alone, cols = alone
+            gemm, comm = fns_alone["gemm"], fns_alone["comm"]
             row.update(cols)
         fns = {"op": runner.run, "gemm": gemm}
         if comm is not None:
