@@ -29,3 +29,5 @@ def test_world1_presets(preset):  # torch-moe-compiled: in sweeps (a compile per
 def test_multi_rank_fabrics(impl, fabric, world):
     row = _run(impl, "qwen3-235b-a22b", 1024, world, fabric, routing="zipf:1.2")
     assert row["dispatch_bytes"] > 0
+    if fabric == "host":
+        assert row["t_comm_us"] > 0  # the host view's copies alone
