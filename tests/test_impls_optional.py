@@ -22,7 +22,7 @@ from kosmos_bench.impls import symm_mem as sm
 from kosmos_bench.impls.base import RankCtx
 from kosmos_bench.point import Point
 
-OPTIONAL = ("symm-mem", "te-ub", "flux", "deepep")
+OPTIONAL = ("symm-mem", "te-ub", "flux", "deepep", "liger-moe")
 
 
 @pytest.fixture(autouse=True)
@@ -78,7 +78,7 @@ def test_registry_exposes_optional_families():
         assert get_impl(name) is impl
         assert impl.name == name
         assert isinstance(impl.ops, tuple) and isinstance(impl.fabrics, tuple)
-        assert impl.fabrics == ("nvlink",)
+        assert impl.fabrics == (("nvlink",) if name != "liger-moe" else ("nvlink", "local", "host"))
         for attr in ("available", "unsupported", "prepare", "version"):
             assert callable(getattr(impl, attr)), (name, attr)
     assert IMPLS["symm-mem"].ops == ("ag-gemm", "gemm-rs")
