@@ -426,7 +426,7 @@ def footer_text(df: pd.DataFrame) -> str:
              + (f", {v['timeout']} timeout" if v["timeout"] else "") + f"  ({v['total']} points)"]
     gm = geomean_speedups(df)
     if gm:
-        lines.append("# geomean speedup vs nccl-seq (torch for op gemm): " + " | ".join(f"{k} {s:.2f}x ({n})" for k, (s, n) in gm.items()))
+        lines.append("# geomean speedup vs nccl-seq (torch for op gemm, torch-moe for moe): " + " | ".join(f"{k} {s:.2f}x ({n})" for k, (s, n) in gm.items()))
         s = pd.to_numeric(df["speedup_vs_seq"], errors="coerce").where(df["impl"] != SEQ_IMPL)
         if s.notna().any():
             b = df.loc[s.idxmax()]
