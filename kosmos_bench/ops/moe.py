@@ -24,6 +24,13 @@ from . import moe_math as mm
 from .base import Op, check_output
 
 DEFAULT_PRESET = "deepseek-v3"
+# The layer's tolerance (check_output's rtol: |out - ref| <= MOE_RTOL * (|ref| + rms(ref))). Wider
+# than a GEMM's bf16 2e-2: bf16 implementations round gate/up and the hidden activation before
+# a down projection of F = 1536-2048 terms that can cancel, so an element's error scales with
+# its terms, not with its value. Measured on the H200 with torch-moe (torch._grouped_mm, bf16
+# gate/up): up to 0.06 x rms on 1-7 of 33-58M elements per point (qwen3-235b-a22b, T 8192);
+# a wrong expert, a missing choice or an unwritten row is off by O(rms) and still fails.
+MOE_RTOL = 8e-2
 
 
 def moe_shape(p: Point) -> mm.MoeShape:
@@ -140,7 +147,7 @@ class Moe(Op):
             keys = mm.route(s, x, inputs.Wr, inputs.bias)[2]
             m = mm.routing_mismatches(s, idx, keys)
             ref = mm.reference(s, r, x, idx.long().clamp(0, s.E - 1), x.device, state.seed, Wr=inputs.Wr)
-            w, e = check_output(snap["out"][r], ref, "bf16")
+            w, e = check_output(snap["out"][r], ref, "bf16", rtol=MOE_RTOL)
             wrong, err, mism = wrong + w + m, max(err, e), mism + m
         return {"wrong": wrong, "max_rel_err": err, "route_mismatches": mism}
 
