@@ -59,7 +59,9 @@ def is_default_kosmos(df: pd.DataFrame) -> pd.Series:
 
 def shape_label(row, multi: dict[str, bool]) -> str:
     """'M×N×K' (or 'model layer'), plus op / world / fabric / backend when the run mixes them."""
-    if isinstance(row.get("model"), str) and row.get("model"):
+    if isinstance(row.get("moe"), str) and row.get("moe"):  # op moe: preset, tokens, routing
+        s = f"{row['moe']}\nT={int(row['M'])} {row.get('routing') or ''}".strip()
+    elif isinstance(row.get("model"), str) and row.get("model"):
         s = f"{row['model']} {row.get('layer') or ''}".strip() + f"\n{int(row['M'])}×{int(row['N'])}×{int(row['K'])}"
     else:
         s = f"{int(row['M'])}×{int(row['N'])}×{int(row['K'])}"
@@ -118,7 +120,8 @@ def _palette(variants: list[str]) -> dict[str, str]:
 
 def fig_speedup(df: pd.DataFrame, run_dir: Path):
     d = _ok(df)
-    d = d[(d["impl"] != SEQ_IMPL) & d["speedup_vs_seq"].notna()]
+    base = "torch-moe" if set(d["op"].astype(str)) == {"moe"} else SEQ_IMPL  # report.BASELINE_IMPL
+    d = d[(d["impl"] != base) & d["speedup_vs_seq"].notna()]
     d = d[(d["impl"] != "kosmos") | is_default_kosmos(d)]
     if d.empty:
         raise Skip("no ok point has an nccl-seq baseline of the same shape (speedup needs both)")
@@ -137,17 +140,18 @@ def fig_speedup(df: pd.DataFrame, run_dir: Path):
         bars = ax.bar(x - 0.4 + w * (i + 0.5), np.nan_to_num(vals), w, label=v, color=pal[v])
         if len(shapes) * len(variants) <= 40:
             ax.bar_label(bars, labels=[f"{y:.2f}" if np.isfinite(y) else "" for y in vals], fontsize=7, padding=1)
-    ax.axhline(1.0, color="black", lw=1, ls="--", label="nccl-seq (= 1)")
+    ax.axhline(1.0, color="black", lw=1, ls="--", label=f"{base} (= 1)")
     crowded = len(shapes) > 5
     ax.set_xticks(x, shapes, fontsize=8 if not crowded else 7, rotation=35 if crowded else 0,
                   ha="right" if crowded else "center", rotation_mode="anchor")
-    ax.set_ylabel("speedup over nccl-seq (×, higher is better)")
-    ax.set_xlabel("GEMM shape M×N×K (global)")
-    ax.set_title(f"{', '.join(map(str, d['op'].unique()))}: speedup over nccl-seq (collective, then GEMM)")
+    ax.set_ylabel(f"speedup over {base} (×, higher is better)")
+    ax.set_xlabel("MoE layer" if base != SEQ_IMPL else "GEMM shape M×N×K (global)")
+    ax.set_title(f"{', '.join(map(str, d['op'].unique()))}: speedup over {base}"
+                 + (" (collective, then GEMM)" if base == SEQ_IMPL else ""))
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_ylim(0, max(1.2, float(np.nanmax(piv.to_numpy(dtype=float))) * 1.15))
     gm = d.groupby("variant")["speedup_vs_seq"].apply(lambda s: float(np.exp(np.log(s).mean())))
-    lines = [f"geometric-mean speedup over nccl-seq: " + ", ".join(f"{v} **{gm[v]:.2f}×**" for v in variants if v in gm)]
+    lines = [f"geometric-mean speedup over {base}: " + ", ".join(f"{v} **{gm[v]:.2f}×**" for v in variants if v in gm)]
     best = d.loc[d["speedup_vs_seq"].idxmax()]
     lines.append(f"best point: {best['variant']} {best['speedup_vs_seq']:.2f}× at {best['shape'].replace(chr(10), ' ')}")
     return fig, lines

@@ -18,7 +18,7 @@ from . import baselines, profiles
 from .model import Unsupported
 
 IMPLS = ("kosmos", "nccl-seq", "nccl-overlap", "torch")
-OPS = ("ag-gemm", "gemm-rs", "gemm")
+OPS = ("ag-gemm", "gemm-rs", "gemm", "moe")
 
 __all__ = ["run_point", "simulate_point", "profile_for", "check_memory", "memory_bytes", "Unsupported", "profiles",
            "IMPLS"]
@@ -79,6 +79,11 @@ def simulate_point(point: Point, prof: dict | None = None, num_movers: int | Non
     from . import engine, model
 
     prof = prof or profile_for(point)
+    if point.op == "moe":  # its own closed-form model (sim/moe.py)
+        from . import moe
+
+        _check_fabric(point, prof)
+        return moe.simulate(point, prof), None
     if point.impl not in IMPLS:
         raise Unsupported(f"the simulator models {', '.join(IMPLS)}, not {point.impl}")
     _check_fabric(point, prof)
