@@ -67,7 +67,7 @@ struct Shared {
   Ring::SharedStorage ring;
   int cmd[2];
   int last;
-  int fold_pos[kTB * KOSMOS_MOE_MAX_TOPK];
+  const bf16* fold_src[kTB * KOSMOS_MOE_MAX_TOPK];  // expert output row of each choice
   float fold_w[kTB * KOSMOS_MOE_MAX_TOPK];
   int scan_tiles[KOSMOS_MOE_MAX_E];
   int scan_first[KOSMOS_MOE_MAX_E + 1];
@@ -97,8 +97,9 @@ struct Layout {
     nsu = 2 * a.Fs / kBN;
     nsd = a.Fs ? nd : 0;
     const int tb = (a.T + kTB - 1) / kTB;
-    int n[KOSMOS_MOE_NUM_KINDS] = {a.route_blocks, a.route_blocks * nsu, 1, tb, a.route_blocks * nsd,
-                                   a.tiles_max * nu, a.tiles_max * nd, tb};
+    const int pb = (a.peer_rows + kTB - 1) / kTB;
+    int n[KOSMOS_MOE_NUM_KINDS] = {a.route_blocks, a.route_blocks * nsu, 1, tb, pb, a.route_blocks * nsd,
+                                   a.tiles_max * nu, a.tiles_max * nd, pb, tb};
     begin[0] = 0;
     for (int k = 0; k < KOSMOS_MOE_NUM_KINDS; ++k) begin[k + 1] = begin[k] + n[k];
   }
@@ -136,11 +137,42 @@ struct Ctx {
 
 __device__ __forceinline__ int ldcg(const int32_t* p) { return __ldcg(p); }
 
-// sorted row of choice (t, j) (after SCAN)
+// Row of choice (t, j) (after SCAN): in the sorted buffer when its expert e has tiles here
+// (e < E_tiles), else (host fabric) in the send buffers of e's owner, -1 when the reference
+// routing made no such choice (moe_params.h ref_slot); *e_out = e.
 __device__ __forceinline__ int pos_of(const KosmosMoeArgs& a, int t, int j, int* e_out) {
   const int e = ldcg(a.routes + int64_t(t) * a.topk + j);
   *e_out = e;
+  if (e >= a.E_tiles) {
+    for (int r = 0; r < a.topk; ++r)
+      if (a.ref_routes[int64_t(t) * a.topk + r] == e) return a.ref_slot[int64_t(t) * a.topk + r];
+    return -1;
+  }
   return ldcg(a.seg_start + e) + ldcg(a.blk_base + int64_t(t / kBM) * a.E + e) + ldcg(a.rank + int64_t(t) * a.topk + j);
+}
+
+// Peer row i (host fabric): its peer, its row in that peer's buffers and its sorted row here.
+struct PeerRow {
+  int p, ip, dst;
+};
+__device__ __forceinline__ PeerRow peer_row(const KosmosMoeArgs& a, int i) {
+  int p = 1;
+  while (p < 7 && i >= a.peer_begin[p + 1]) ++p;
+  const int e = a.peer_expert[i];
+  return PeerRow{p, i - a.peer_begin[p], ldcg(a.seg_start + e) + ldcg(a.own_total + e) + a.peer_rel[i]};
+}
+
+// One warp copies a row of `chunks` 16-byte chunks (ld.global.cg: the source may be pinned host memory).
+__device__ __forceinline__ void copy_row(int4* dst, const int4* src, int chunks, int lane) {
+  for (int i = lane; i < chunks; i += 32 * 4) {
+    int4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (i + u * 32 < chunks) v[u] = ld_cg_16(src + i + u * 32);
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (i + u * 32 < chunks) dst[i + u * 32] = v[u];
+  }
 }
 
 // ------------------------------------------------------------------------------ scheduler
@@ -164,6 +196,8 @@ __device__ int decide(const Ctx& c, const Layout& L) {
         ok = c.wait(a.ctr + KOSMOS_MOE_CTR_ROUTED, uint32_t(a.route_blocks), kind, i, KOSMOS_MOE_CTR_ROUTED);
         break;
       case KOSMOS_MOE_DISPATCH:
+      case KOSMOS_MOE_PEER_DISPATCH:
+      case KOSMOS_MOE_COMBINE:  // the tiles of its rows: waited for by the 128 threads (run_combine)
         ok = c.wait_scan(kind, i);
         break;
       case KOSMOS_MOE_SHARED_DOWN: {
@@ -208,8 +242,11 @@ __device__ void run_scan(const Ctx& c, Shared& s, int tid) {
       a.blk_base[o] = run;
       run += n;
     }
-    s_total[e] = run;
-    s_tiles[e] = (run + kBM - 1) / kBM;
+    a.own_total[e] = run;
+    // an expert with tiles here: its own rows, then (host fabric) the peers' rows
+    const int rows = e < a.E_tiles ? run + (a.peer_rows ? a.peer_total[e] : 0) : run;
+    s_total[e] = rows;
+    s_tiles[e] = e < a.E_tiles ? (rows + kBM - 1) / kBM : 0;
   }
   named_bar_sync(kBarLoader, kLoaderThreads);
   if (tid == 0) {
@@ -222,7 +259,7 @@ __device__ void run_scan(const Ctx& c, Shared& s, int tid) {
     a.meta[0] = acc;
   }
   named_bar_sync(kBarLoader, kLoaderThreads);
-  for (int e = tid; e < a.E; e += kLoaderThreads) {
+  for (int e = tid; e < a.E_tiles; e += kLoaderThreads) {
     a.seg_start[e] = s_first[e] * kBM;
     const int nt = s_tiles[e];
     for (int j = 0; j < nt; ++j) {
@@ -250,19 +287,50 @@ __device__ void run_dispatch(const Ctx& c, int b, int tid) {
     int e;
     const int pos = pos_of(a, t, j, &e);
     const int4* src = reinterpret_cast<const int4*>(static_cast<const bf16*>(a.x) + int64_t(t) * a.H);
-    int4* dst = reinterpret_cast<int4*>(static_cast<bf16*>(a.xs) + int64_t(pos) * a.H);
-    for (int i = lane; i < chunks; i += 32 * 4) {
-      int4 v[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u)
-        if (i + u * 32 < chunks) v[u] = __ldg(src + i + u * 32);
-#pragma unroll
-      for (int u = 0; u < 4; ++u)
-        if (i + u * 32 < chunks) dst[i + u * 32] = v[u];
+    const bool here = e < a.E_tiles;
+    if (pos < 0) continue;  // a remote choice the reference did not make: no send row
+    bf16* base = here ? static_cast<bf16*>(a.xs) : static_cast<bf16*>(a.send_rows[e / a.E_loc]);
+    copy_row(reinterpret_cast<int4*>(base + int64_t(pos) * a.H), src, chunks, lane);
+    if (here) {
+      __threadfence();
+      __syncwarp();
+      if (lane == 0) atomicAdd(c.arrived + pos / kBM, 1u);
     }
+  }
+}
+
+// PEER_DISPATCH b (host fabric): peer rows 32b.. from pinned host memory to their sorted rows.
+__device__ void run_peer_dispatch(const Ctx& c, int b, int tid) {
+  const KosmosMoeArgs& a = c.a;
+  const int warp = tid / 32, lane = tid % 32;
+  const int r1 = min(a.peer_rows, (b + 1) * kTB);
+  for (int i = b * kTB + warp; i < r1; i += kLoaderThreads / 32) {
+    const PeerRow pr = peer_row(a, i);
+    const int4* src = reinterpret_cast<const int4*>(static_cast<const bf16*>(a.recv_rows[pr.p]) + int64_t(pr.ip) * a.H);
+    copy_row(reinterpret_cast<int4*>(static_cast<bf16*>(a.xs) + int64_t(pr.dst) * a.H), src, a.H / 8, lane);
     __threadfence();
     __syncwarp();
-    if (lane == 0) atomicAdd(c.arrived + pos / kBM, 1u);
+    if (lane == 0) atomicAdd(c.arrived + pr.dst / kBM, 1u);
+  }
+}
+
+// COMBINE b (host fabric): the expert outputs of peer rows 32b.. back to the peers' buffers,
+// each row once its tile's DOWN items are done (every thread waits for a share of the rows).
+__device__ void run_combine(const Ctx& c, const Layout& L, int b, int tid) {
+  const KosmosMoeArgs& a = c.a;
+  const int warp = tid / 32, lane = tid % 32;
+  const int r1 = min(a.peer_rows, (b + 1) * kTB);
+  bool ok = true;
+  for (int i = b * kTB + tid; i < r1 && ok; i += kLoaderThreads) {
+    const uint32_t* f = c.down_done + peer_row(a, i).dst / kBM;
+    ok = c.wait(f, uint32_t(L.nd), KOSMOS_MOE_COMBINE, b, c.flag_id(f));
+  }
+  named_bar_sync(kBarLoader, kLoaderThreads);
+  if (aborted(c.sc)) return;
+  for (int i = b * kTB + warp; i < r1; i += kLoaderThreads / 32) {
+    const PeerRow pr = peer_row(a, i);
+    const int4* src = reinterpret_cast<const int4*>(static_cast<const bf16*>(a.os) + int64_t(pr.dst) * a.H);
+    copy_row(reinterpret_cast<int4*>(static_cast<bf16*>(a.recv_out[pr.p]) + int64_t(pr.ip) * a.H), src, a.H / 8, lane);
   }
 }
 
@@ -278,10 +346,13 @@ __device__ void run_fold(const Ctx& c, const Layout& L, Shared& s, int b, int ti
     const int t = t0 + p / k, j = p % k;
     int e;
     const int pos = pos_of(a, t, j, &e);
-    s.fold_pos[p] = pos;
+    const bool here = e < a.E_tiles;  // else: the owner's output of this row, static in pinned host memory
+    s.fold_src[p] = pos < 0 ? nullptr
+                            : (here ? static_cast<const bf16*>(a.os) : static_cast<const bf16*>(a.send_out[e / a.E_loc])) +
+                                  int64_t(pos) * a.H;
     s.fold_w[p] = __ldcg(a.weights + int64_t(t) * k + j);
     const uint32_t* f = c.down_done + pos / kBM;
-    if (ok) ok = c.wait(f, uint32_t(L.nd), KOSMOS_MOE_FOLD, b, c.flag_id(f));
+    if (ok && here) ok = c.wait(f, uint32_t(L.nd), KOSMOS_MOE_FOLD, b, c.flag_id(f));
   }
   if (a.Fs && tid == 0 && ok) {
     const uint32_t* f = c.sh_down_done + t0 / kBM;
@@ -290,7 +361,6 @@ __device__ void run_fold(const Ctx& c, const Layout& L, Shared& s, int b, int ti
   named_bar_sync(kBarLoader, kLoaderThreads);
   if (aborted(c.sc)) return;
   const int chunks = a.H / 8;
-  const bf16* os = static_cast<const bf16*>(a.os);
   const bf16* ysh = static_cast<const bf16*>(a.ysh);
   bf16* y = static_cast<bf16*>(a.y);
   for (int w = tid; w < nt * chunks; w += kLoaderThreads) {
@@ -301,7 +371,9 @@ __device__ void run_fold(const Ctx& c, const Layout& L, Shared& s, int b, int ti
     for (int u = 0; u < 8; ++u) acc[u] = 0.f;
     for (int j = 0; j < k; ++j) {
       const float wt = s.fold_w[tl * k + j];
-      const int4 v = ld_cg_16(os + int64_t(s.fold_pos[tl * k + j]) * a.H + ch * 8);
+      const bf16* src = s.fold_src[tl * k + j];
+      if (!src) continue;  // no output for this choice (host fabric, moe_params.h ref_slot)
+      const int4 v = ld_cg_16(src + ch * 8);
       const bf16* h = reinterpret_cast<const bf16*>(&v);
 #pragma unroll
       for (int u = 0; u < 8; ++u) acc[u] = fmaf(wt, __bfloat162float(h[u]), acc[u]);
@@ -318,7 +390,7 @@ __device__ void run_fold(const Ctx& c, const Layout& L, Shared& s, int b, int ti
     for (int u = 0; u < 8; ++u) o[u] = __float2bfloat16_rn(acc[u]);
     *reinterpret_cast<int4*>(y + int64_t(t) * a.H + ch * 8) = out;
   }
-  named_bar_sync(kBarLoader, kLoaderThreads);  // fold_pos / fold_w reused by the next fold
+  named_bar_sync(kBarLoader, kLoaderThreads);  // fold_src / fold_w reused by the next fold
 }
 
 // ------------------------------------------------------------------------------ math items
@@ -608,11 +680,11 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
             } else if (kind == KOSMOS_MOE_UP) {
               const int g = __ldcg(a.tile_order + i / L.nu);
               const int e = __ldcg(a.tile_expert + g);
-              builder.produce_grouped(P.up, rows_s, 1, 0, g, 2 * a.F, a.H, a.H / kBK, a.E, e, i % L.nu);
+              builder.produce_grouped(P.up, rows_s, 1, 0, g, 2 * a.F, a.H, a.H / kBK, a.E_tiles, e, i % L.nu);
             } else {
               const int g = __ldcg(a.tile_order + i / L.nd);
               const int e = __ldcg(a.tile_expert + g);
-              builder.produce_grouped(P.down, rows_s, 1, 0, g, a.H, a.F, a.F / kBK, a.E, e, i % L.nd);
+              builder.produce_grouped(P.down, rows_s, 1, 0, g, a.H, a.F, a.F / kBK, a.E_tiles, e, i % L.nd);
             }
           }
           break;
@@ -627,6 +699,12 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
           } else if (kind == KOSMOS_MOE_DISPATCH) {
             r = kRoleDispatch;
             run_dispatch(c, i, tid);
+          } else if (kind == KOSMOS_MOE_PEER_DISPATCH) {
+            r = kRoleDispatch;
+            run_peer_dispatch(c, i, tid);
+          } else if (kind == KOSMOS_MOE_COMBINE) {
+            r = kRoleCombine;
+            run_combine(c, L, i, tid);
           } else {
             r = kRoleFold;
             run_fold(c, L, s, i, tid);
@@ -711,7 +789,9 @@ long kosmos_moe_args_offset(int i) {
 #define F(name) offsetof(KosmosMoeArgs, name)
   static const long off[] = {F(x), F(bias), F(y), F(routes), F(weights), F(rank), F(logits), F(blk_cnt), F(blk_base),
                              F(seg_start), F(tile_order), F(tile_expert), F(tile_rows), F(meta), F(xs), F(hs), F(os),
-                             F(hsh), F(ysh), F(ctr), F(state), F(err), F(trace), F(trace_count), F(timeout_ns), F(T),
+                             F(hsh), F(ysh), F(own_total), F(ref_routes), F(ref_slot), F(peer_expert), F(peer_rel),
+                             F(peer_total), F(recv_rows), F(recv_out), F(send_rows), F(send_out), F(peer_begin),
+                             F(E_tiles), F(E_loc), F(peer_rows), F(ctr), F(state), F(err), F(trace), F(trace_count), F(timeout_ns), F(T),
                              F(H), F(F), F(Fs), F(E), F(topk), F(n_group), F(topk_group), F(scoring),
                              F(route_blocks), F(tiles_max), F(ctr_words), F(grid), F(trace_cap), F(spin_ns),
                              F(debug_skip_scan), F(scale), F(reserved0), sizeof(KosmosMoeArgs)};
@@ -745,7 +825,13 @@ int kosmos_moe_set(void* h, const KosmosMoeArgs* args, const void* wr_t, const v
   const void* const bufs[] = {a.x, a.y, a.xs, a.hs, a.os, wr_t, w1_t, w2_t};
   for (const void* p : bufs)
     if (!kosmos::moe::aligned(p)) return fail(KOSMOS_ERR_INVALID, "moe sm90: buffers must be 16-byte aligned");
-  if (a.route_blocks != (a.T + 127) / 128 || a.tiles_max < (a.T * a.topk + 127) / 128 + a.E)
+  if (a.E_tiles < 1 || a.E_tiles > a.E || a.E_loc < 1 || (a.E_tiles < a.E && a.E % a.E_loc))
+    return fail(KOSMOS_ERR_INVALID, "moe sm90: E_tiles / E_loc do not fit E");
+  if (a.E_tiles < a.E && (!a.ref_routes || !a.ref_slot))
+    return fail(KOSMOS_ERR_INVALID, "moe sm90: remote experts without the reference routing's send slots");
+  if (a.peer_rows < 0 || (a.peer_rows && (!a.peer_expert || !a.peer_rel || !a.peer_total)))
+    return fail(KOSMOS_ERR_INVALID, "moe sm90: peer rows without their tables");
+  if (a.route_blocks != (a.T + 127) / 128 || a.tiles_max < (a.T * a.topk + a.peer_rows + 127) / 128 + a.E_tiles)
     return fail(KOSMOS_ERR_INVALID, "moe sm90: route_blocks / tiles_max do not match T, topk, E");
   if (a.ctr_words < KOSMOS_MOE_CTR_HEAD + 3 * a.tiles_max + 2 * a.route_blocks)
     return fail(KOSMOS_ERR_INVALID, "moe sm90: ctr_words too small");
@@ -754,8 +840,8 @@ int kosmos_moe_set(void* h, const KosmosMoeArgs* args, const void* wr_t, const v
   const int rows_s = a.tiles_max * 128;
   P.bp = Builder::make_params(a.x, wr_t, a.y, a.T, 256, a.H);
   P.route = Builder::make_grouped_params(a.x, a.T, 1, int64_t(a.T) * a.H, wr_t, 256, a.H, 1);
-  P.up = Builder::make_grouped_params(a.xs, rows_s, 1, int64_t(rows_s) * a.H, w1_t, 2 * a.F, a.H, a.E);
-  P.down = Builder::make_grouped_params(a.hs, rows_s, 1, int64_t(rows_s) * a.F, w2_t, a.H, a.F, a.E);
+  P.up = Builder::make_grouped_params(a.xs, rows_s, 1, int64_t(rows_s) * a.H, w1_t, 2 * a.F, a.H, a.E_tiles);
+  P.down = Builder::make_grouped_params(a.hs, rows_s, 1, int64_t(rows_s) * a.F, w2_t, a.H, a.F, a.E_tiles);
   if (a.Fs) {
     P.sh_up = Builder::make_grouped_params(a.x, a.T, 1, int64_t(a.T) * a.H, ws1_t, 2 * a.Fs, a.H, 1);
     P.sh_down = Builder::make_grouped_params(a.hsh, a.T, 1, int64_t(a.T) * a.Fs, ws2_t, a.H, a.Fs, 1);

@@ -10,8 +10,14 @@ Fabrics:
   (global expert ids), so the kernel sees T*W tokens and E experts; dispatch places each row in
   the segment of its expert, which on a single GPU *is* the owner rank's receive buffer.
   ``outputs[r]`` / ``routes[r]`` are views of the shared output buffers.
-* ``host`` / ``nvlink``: not implemented in the kernel yet (:func:`unsupported` says so; the op
-  records a skipped row).
+* ``host`` (rank-0 view, ops/moe_host.py): rank 0 routes its tokens over all E experts; its own
+  experts' segments hold its own rows and then the peers' rows, which PEER_DISPATCH items read
+  from pinned host memory (PCIe, host -> device); COMBINE items write the outputs of those rows
+  back to the peers' pinned buffers (device -> host); DISPATCH writes rank 0's rows for remote
+  experts to the peers' pinned send buffers (device -> host) and FOLD reads the peers' outputs
+  of them from pinned host memory (host -> device). All four directions move the view's bytes,
+  from inside the one launch (SM loads/stores to mapped pinned memory, no copy engine).
+* ``nvlink``: not implemented (:func:`unsupported` says so; the op records a skipped row).
 
 Weights are arranged once here, as the kernel reads them (the Hopper builder's B operand is
 K x N, N contiguous; the layer's weights are N x K): the router weight transposed and padded to
@@ -33,11 +39,11 @@ DEFAULT_TRACE_CAP = 4096
 
 def unsupported(shape, fabric: str) -> str | None:
     """Why this kernel cannot run `shape` on `fabric` (None: it can). No GPU needed."""
-    if fabric not in ("local", "world1") and shape.world > 1:
-        return f"kosmos moe: fabric {fabric} is not implemented yet (world 1 and local only)"
-    ws = 1 if fabric == "world1" else shape.world
+    if fabric not in ("local", "world1", "host") and shape.world > 1:
+        return f"kosmos moe: fabric {fabric} is not implemented yet (world 1, local and host)"
+    ws = shape.world if fabric == "local" else 1
     T = shape.T * ws
-    E = shape.E_loc * ws
+    E = shape.E
     if E > K.MAX_E:
         return f"kosmos moe: {E} experts in one launch > {K.MAX_E} (the router tile)"
     if shape.topk > K.MAX_TOPK:
@@ -66,12 +72,13 @@ def arrange_w1(W1):
 
 
 class MoeRunner:
-    def __init__(self, shape, ctx, inputs, *, ranks: list[int], timeout_s: float | None = None,
+    def __init__(self, shape, ctx, inputs, *, ranks: list[int], fabric: str = "local", timeout_s: float | None = None,
                  grid: int | None = None, spin_ns: int = 32, trace_cap: int = DEFAULT_TRACE_CAP,
                  debug_skip_scan: bool = False):
         import torch
 
-        why = unsupported(shape, "local" if len(ranks) > 1 else "world1")
+        host = fabric == "host" and shape.world > 1
+        why = unsupported(shape, "host" if host else ("local" if len(ranks) > 1 else "world1"))
         if why:
             raise ValueError(why)
         self.shape, self.ranks, self.closed = shape, list(ranks), False
@@ -81,17 +88,18 @@ class MoeRunner:
         W = len(ranks)
         T1 = shape.T
         T, H, F, Fs = T1 * W, shape.H, shape.F, shape.shared_F
-        E = shape.E_loc * W
-        e0 = ranks[0] * shape.E_loc  # global id of the first executed expert
-        if e0 != 0 and W > 1:
-            raise ValueError("kosmos moe: the local fabric executes ranks 0..W-1")
+        E = shape.E  # routed over every expert; tiles for the executed ranks' experts
+        E_tiles = shape.E_loc * W
+        if ranks[0] != 0 or (E_tiles != E and not host):
+            raise ValueError("kosmos moe: executes ranks 0..W-1 (local), rank 0 (world 1, host)")
+        view = inputs.host.get("view") if host else None
+        if host and view is None:
+            raise ValueError("kosmos moe: the host fabric needs the rank-0 view (inputs.host['view'], ops/moe_host.py)")
         k = shape.topk
         bf = torch.bfloat16
         self.T, self.E, self.k = T, E, k
         # inputs, arranged once (module doc)
         self.x = torch.cat([inputs.x[r] for r in ranks]).contiguous() if W > 1 else inputs.x[ranks[0]].contiguous()
-        if shape.world > 1 and W == 1:
-            raise ValueError("kosmos moe: world > 1 needs the local fabric here")
         Wr = inputs.Wr
         self.wr_t = torch.zeros(H, 256, dtype=bf, device=dev)
         self.wr_t[:, :E] = Wr.t()
@@ -106,8 +114,10 @@ class MoeRunner:
             self.ws2_t = ws2.t().contiguous()
         else:
             self.ws1_t = self.ws2_t = None
+        peer = self._peer_tables(view, shape, dev) if host else None
+        R = peer["rows"] if peer else 0
         nb = -(-T // K.BM)
-        tm = K.tiles_max(T, k, E)
+        tm = K.tiles_max(T, k, E_tiles, R)
         i32 = torch.int32
         self.y = torch.empty(T, H, dtype=bf, device=dev)
         self.routes_buf = torch.empty(T, k, dtype=i32, device=dev)
@@ -127,7 +137,8 @@ class MoeRunner:
         self.os = torch.zeros(tm * K.BM, H, dtype=bf, device=dev)
         self.hsh = torch.zeros(T, Fs, dtype=bf, device=dev) if Fs else None
         self.ysh = torch.zeros(T, H, dtype=bf, device=dev) if Fs else None
-        self.ctr = torch.zeros(K.ctr_words(T, k, E), dtype=i32, device=dev)
+        self.own_total = torch.empty(E, dtype=i32, device=dev)
+        self.ctr = torch.zeros(K.ctr_words(T, k, E_tiles, R), dtype=i32, device=dev)
         self.state = torch.zeros(4, dtype=i32, device=dev)
         self.err = torch.zeros(64, dtype=torch.uint8, device=dev)
         self.err_seen = 0
@@ -148,6 +159,17 @@ class MoeRunner:
                                                             ptr(self.tile_rows), ptr(self.meta))
         a.xs, a.hs, a.os, a.hsh, a.ysh = ptr(self.xs), ptr(self.hs), ptr(self.os), ptr(self.hsh), ptr(self.ysh)
         a.ctr, a.state, a.err = ptr(self.ctr), ptr(self.state), ptr(self.err)
+        a.own_total, a.E_tiles, a.E_loc = ptr(self.own_total), E_tiles, shape.E_loc
+        if peer:
+            self._peer = peer  # keeps the tables alive
+            a.ref_routes, a.ref_slot = ptr(peer["ref_routes"]), ptr(peer["ref_slot"])
+            a.peer_expert, a.peer_rel, a.peer_total = ptr(peer["expert"]), ptr(peer["rel"]), ptr(peer["total"])
+            a.peer_rows = R
+            for p in view.peers:
+                a.recv_rows[p], a.recv_out[p] = view.recv_rows[p].data_ptr(), view.recv_out[p].data_ptr()
+                a.send_rows[p], a.send_out[p] = view.send_rows[p].data_ptr(), view.send_out[p].data_ptr()
+            for p in range(K.MAX_PEERS + 1):
+                a.peer_begin[p] = peer["begin"][min(p, len(peer["begin"]) - 1)]
         a.timeout_ns = int(self.timeout_s * 1e9)
         a.T, a.H, a.F, a.Fs, a.E, a.topk = T, H, F, Fs, E, k
         a.n_group, a.topk_group = shape.n_group, shape.topk_group
@@ -164,7 +186,31 @@ class MoeRunner:
         self.outputs = {r: self.y[i * T1:(i + 1) * T1] for i, r in enumerate(ranks)}
         self.routes = {r: self.routes_buf[i * T1:(i + 1) * T1] for i, r in enumerate(ranks)}
         self.info = {"moe_kernel": "kosmos moe fwd sm90 (one cooperative launch)", "grid": self.grid,
-                     "tiles_max": tm, "experts_per_launch": E, "tokens_per_launch": T}
+                     "tiles_max": tm, "experts_per_launch": E_tiles, "tokens_per_launch": T, "peer_rows": R}
+
+    @staticmethod
+    def _peer_tables(view, shape, dev) -> dict:
+        """Device tables of the host view's peer rows (moe_params.h): their local expert, their row
+        among that expert's peer rows (peers in order, each peer's rows in its (expert, token, j)
+        order), rows per expert, the per-peer prefix, and the reference routing's send slots."""
+        import torch
+
+        E_loc = shape.E_loc
+        begin, experts, rels = [0, 0], [], []
+        seen = torch.zeros(E_loc, dtype=torch.int64)  # peer rows per expert of the peers before p
+        for p in view.peers:
+            e = view.recv_meta[p][:, 0].long()
+            cnt = torch.bincount(e, minlength=E_loc)
+            first = torch.cumsum(cnt, 0) - cnt  # first row of expert e in peer p's buffer
+            rels.append(seen[e] + torch.arange(e.numel()) - first[e])
+            experts.append(e)
+            seen += cnt
+            begin.append(begin[-1] + e.numel())
+        cat = lambda xs: torch.cat(xs).to(torch.int32).to(dev) if xs else torch.zeros(1, dtype=torch.int32, device=dev)  # noqa: E731
+        return {"rows": begin[-1], "begin": begin, "expert": cat(experts), "rel": cat(rels),
+                "total": seen.to(torch.int32).to(dev),
+                "ref_routes": view.routes0.to(torch.int32).to(dev).contiguous(),
+                "ref_slot": view.slot0.to(torch.int32).to(dev).contiguous()}
 
     # ---- helpers ----
     def _ok(self, rc: int) -> None:
@@ -194,8 +240,9 @@ class MoeRunner:
             return
         self.err_seen = int(count)
         kind = K.KINDS[queue] if 0 <= queue < len(K.KINDS) else str(queue)
+        name = K.counter_name(int(flag), self.T, self.k, self.args.E_tiles, self.args.peer_rows)
         msg = (f"kosmos moe watchdog: {kind} item {item} (CTA {wg}) waited {waited / 1e6:.1f} ms for "
-               f"{K.counter_name(int(flag), self.T, self.k, self.E)} (expected >= {expected}, saw {seen}) "
+               f"{name} (expected >= {expected}, saw {seen}) "
                f"in call {epoch}")
         self.ctr.zero_()
         torch.cuda.synchronize(self.dev)
@@ -287,8 +334,8 @@ def prepare_moe(point, ctx, inputs, *, config=None, timeout_s: float | None = No
     """The runner of `point` for this process (world 1; local fabric: every rank in one launch)."""
     shape = inputs.shape  # the op's moe_shape(point), as the inputs were made for it
     fabric = getattr(ctx, "fabric", "local")
-    if shape.world > 1 and fabric != "local":
+    if shape.world > 1 and fabric not in ("local", "host"):
         raise ValueError(unsupported(shape, fabric) or f"kosmos moe: fabric {fabric}")
-    ranks = list(range(shape.world)) if shape.world > 1 else [ctx.rank]
+    ranks = list(range(shape.world)) if shape.world > 1 and fabric == "local" else [ctx.rank]
     spin_ns = getattr(config, "spin_ns", 32) if config is not None else 32
-    return MoeRunner(shape, ctx, inputs, ranks=ranks, timeout_s=timeout_s, spin_ns=spin_ns, **kw)
+    return MoeRunner(shape, ctx, inputs, ranks=ranks, fabric=fabric, timeout_s=timeout_s, spin_ns=spin_ns, **kw)

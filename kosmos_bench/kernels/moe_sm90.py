@@ -16,7 +16,7 @@ import ctypes as C
 from . import libs
 
 LIB = libs.MOE_SM90
-ABI_VERSION = 1
+ABI_VERSION = 2
 MAX_E = 256
 MAX_TOPK = 16
 TOK_BLOCK = 32  # tokens per DISPATCH / FOLD item
@@ -24,7 +24,7 @@ BM = 128        # rows per expert tile (segments of the sorted buffer are padded
 
 # Item kinds in claim order (moe_params.h KosmosMoeKind): the error record's `queue`, and the
 # high byte of a trace record's item.
-KINDS = ("ROUTE", "SHARED_UP", "SCAN", "DISPATCH", "SHARED_DOWN", "UP", "DOWN", "FOLD")
+KINDS = ("ROUTE", "SHARED_UP", "SCAN", "DISPATCH", "PEER_DISPATCH", "SHARED_DOWN", "UP", "DOWN", "COMBINE", "FOLD")
 # Counter words (KosmosMoeCtr): head, then arrived / up_done / down_done [tiles_max],
 # sh_up_done / sh_down_done [route_blocks].
 CTR_HEAD = 4
@@ -34,6 +34,7 @@ ROLE_CODES = {0: "ROUTER", 1: "DISPATCH", 2: "EXPERT", 3: "COMBINE", 4: "FOLD"}
 
 P = C.c_void_p
 I32 = C.c_int32
+MAX_PEERS = 8  # pointer slots per peer table (ranks 0..7; slot 0 unused)
 
 
 class MoeArgs(C.Structure):
@@ -41,6 +42,10 @@ class MoeArgs(C.Structure):
         ("x", P), ("bias", P), ("y", P), ("routes", P), ("weights", P), ("rank", P), ("logits", P),
         ("blk_cnt", P), ("blk_base", P), ("seg_start", P), ("tile_order", P), ("tile_expert", P),
         ("tile_rows", P), ("meta", P), ("xs", P), ("hs", P), ("os", P), ("hsh", P), ("ysh", P),
+        ("own_total", P), ("ref_routes", P), ("ref_slot", P), ("peer_expert", P), ("peer_rel", P), ("peer_total", P),
+        ("recv_rows", P * MAX_PEERS), ("recv_out", P * MAX_PEERS), ("send_rows", P * MAX_PEERS),
+        ("send_out", P * MAX_PEERS), ("peer_begin", I32 * (MAX_PEERS + 1)), ("E_tiles", I32), ("E_loc", I32),
+        ("peer_rows", I32),
         ("ctr", P), ("state", P), ("err", P), ("trace", P), ("trace_count", P),
         ("timeout_ns", C.c_uint64),
         ("T", I32), ("H", I32), ("F", I32), ("Fs", I32), ("E", I32), ("topk", I32),
@@ -51,26 +56,27 @@ class MoeArgs(C.Structure):
     ]
 
 
-assert C.sizeof(MoeArgs) == 24 * 8 + 8 + 18 * 4, C.sizeof(MoeArgs)
+assert C.sizeof(MoeArgs) == (30 + 4 * MAX_PEERS) * 8 + 8 + (9 + 3 + 18) * 4, C.sizeof(MoeArgs)
 
 
-def tiles_max(T: int, topk: int, E: int) -> int:
-    """Most expert tiles any routing of T tokens can produce (segments padded to BM rows)."""
-    return -(-T * topk // BM) + E
+def tiles_max(T: int, topk: int, E: int, peer_rows: int = 0) -> int:
+    """Most expert tiles any routing of T tokens (plus static peer rows) can produce on E
+    experts with tiles here (segments padded to BM rows)."""
+    return -(-(T * topk + peer_rows) // BM) + E
 
 
-def ctr_words(T: int, topk: int, E: int) -> int:
+def ctr_words(T: int, topk: int, E: int, peer_rows: int = 0) -> int:
     nb = -(-T // BM)
-    return CTR_HEAD + 3 * tiles_max(T, topk, E) + 2 * nb
+    return CTR_HEAD + 3 * tiles_max(T, topk, E, peer_rows) + 2 * nb
 
 
-def counter_name(word: int, T: int, topk: int, E: int) -> str:
+def counter_name(word: int, T: int, topk: int, E: int, peer_rows: int = 0) -> str:
     """What counter word `word` is (for the watchdog's message); -1 is the scan flag."""
     if word < 0:
         return "scan flag"
     if word < CTR_HEAD:
         return f"counter {HEAD_NAMES[word]}"
-    w, tm, nb = word - CTR_HEAD, tiles_max(T, topk, E), -(-T // BM)
+    w, tm, nb = word - CTR_HEAD, tiles_max(T, topk, E, peer_rows), -(-T // BM)
     for name, n in (("arrived", tm), ("up_done", tm), ("down_done", tm), ("shared_up_done", nb),
                     ("shared_down_done", nb)):
         if w < n:
