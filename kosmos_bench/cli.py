@@ -175,7 +175,8 @@ class _Progress:
 
     @staticmethod
     def label(p) -> str:
-        return f"{p.op} {p.variant} W={p.world} {p.M}x{p.N}x{p.K}"
+        what = f"{p.moe} T={p.M} {p.routing}" if p.op == "moe" else f"{p.M}x{p.N}x{p.K}"
+        return f"{p.op} {p.variant} W={p.world} {what}"
 
     def start(self, p) -> None:
         if self.live is not None:
@@ -301,7 +302,7 @@ def run_and_report(store, title: str, points, backend: str, *, total: int, as_js
     if not as_json:
         out.print(report.header_text(store.manifest(), f"{title}: {len(points)} points, backend={backend}, "
                                      f"fabric={','.join(fabrics)}{note}"), markup=False)
-        out.print(report.column_header(), markup=False)
+        out.print(report.column_header("moe" if {p.op for p in points} == {"moe"} else None), markup=False)
         table = _Table(prior, store.run_id)
     try:
         execute(points, store, as_json=as_json, timeout_s=timeout_s, isolate=isolate, table=table)
@@ -406,10 +407,10 @@ def sweep(
                               reps=reps, warmup=warmup, profile=profile, policies=_split(policy), concurrent=concurrent,
                               settings=sets)
     if dry_run:
-        t = Table("key", "op", "variant", "world", "fabric", "backend", "M", "N", "K", "model/layer/tokens")
+        t = Table("key", "op", "variant", "world", "fabric", "backend", "M", "N", "K", "model|moe/layer|routing/tokens")
         for p in points:
             t.add_row(p.key(), p.op, escape(p.variant), str(p.world), p.fabric, p.backend, str(p.M), str(p.N), str(p.K),
-                      f"{p.model or ''} {p.layer or ''} {p.tokens or ''}".strip())
+                      f"{p.model or p.moe or ''} {p.layer or p.routing or ''} {p.tokens or ''}".strip())
         out.print(t)
         out.print(f"{len(points)} points (dry run: nothing executed)")
         raise typer.Exit(0)

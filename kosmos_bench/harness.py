@@ -84,6 +84,7 @@ def derive(row: dict, p: Point) -> dict:
         row["overlap_efficiency"] = overlap_efficiency(row["t_gemm_us"], row.get("t_comm_us"), t)
     if row.get("t_concurrent_us"):
         row["eff_concurrent"] = row["t_concurrent_us"] / t
+    row.update(op.derive(row, p))
     return row
 
 
@@ -126,28 +127,26 @@ def _gpu_uuid(device) -> str | None:
     return str(uuid) if uuid is not None else None
 
 
-def _check(runner, p: Point, ctx: RankCtx, A, B) -> tuple[int, float, bool]:
-    """Poison, run twice, compare with the reference and with each other (bitwise)."""
+def _check(runner, p: Point, ctx: RankCtx, inputs, state) -> tuple[int, float, bool, dict]:
+    """Poison, run twice, compare with the reference (the op's `compare`) and with each other
+    (bitwise, everything the op's `snapshot` takes)."""
     op = get_op(p.op)
     results = []
     for _ in range(2):
-        for out in runner.outputs.values():
-            out.fill_(float("nan"))
+        op.poison(runner)
         runner.run()
         ctx.sync()
         if hasattr(runner, "check"):  # kernels report a watchdog abort here, naming the flag
             runner.check()
-        results.append({r: o.clone() for r, o in runner.outputs.items()})
-    wrong, err = 0, 0.0
-    for r in ctx.ranks_here:
-        w, e = check_output(results[0][r], op.reference(A, B, r, p.world), p.dtype)
-        wrong, err = wrong + w, max(err, e)
-    same = all(torch.equal(results[0][r], results[1][r]) for r in results[0])
+        results.append(op.snapshot(runner))
+    res = op.compare(p, ctx.ranks_here, results[0], inputs, state)
+    wrong, err = res.pop("wrong"), res.pop("max_rel_err")
+    same = all(torch.equal(t, results[1][name][r]) for name, ts in results[0].items() for r, t in ts.items())
     # NaN != NaN under torch.equal; poisoned-and-unwritten outputs are already counted wrong.
     w_sum = _allreduce([float(wrong)], ctx, "sum")[0]
     e_max = _allreduce([err], ctx, "max")[0]
     s_min = _allreduce([float(same)], ctx, "min")[0]
-    return int(w_sum), e_max, bool(s_min)
+    return int(w_sum), e_max, bool(s_min), res
 
 
 def run_point(p: Point, *, rank: int, procs: int) -> tuple[dict, object]:
@@ -171,14 +170,21 @@ def run_point(p: Point, *, rank: int, procs: int) -> tuple[dict, object]:
     runner, trace = None, None
     try:
         ranks = list(range(p.world)) if p.fabric in ("local", "host") else [rank]
-        inputs, A, B = op.inputs(p, ranks, device, seed_for(p))
+        inputs, state = op.setup(p, ranks, device, seed_for(p))
         runner = impl.prepare(p, ctx, inputs)
-        wrong, err, same = _check(runner, p, ctx, A, B)
-        row.update(wrong=wrong, max_rel_err=err, deterministic=same)
-        del A, B
+        wrong, err, same, extra = _check(runner, p, ctx, inputs, state)
+        row.update(wrong=wrong, max_rel_err=err, deterministic=same, **extra)
+        row.update(op.columns(p, state))
+        del state
         # The fused op, its GEMM alone and its collective alone, timed interleaved.
-        fns = {"op": runner.run, "gemm": nccl_impls.gemm_alone(p, ctx, inputs)}
-        comm = nccl_impls.comm_alone(p, ctx, inputs)
+        alone = op.alone(p, ctx, inputs)
+        if alone is None:
+            gemm, comm = nccl_impls.gemm_alone(p, ctx, inputs), nccl_impls.comm_alone(p, ctx, inputs)
+        else:
+            fns_alone, cols = alone
+            gemm, comm = fns_alone["gemm"], fns_alone["comm"]
+            row.update(cols)
+        fns = {"op": runner.run, "gemm": gemm}
         if comm is not None:
             fns["comm"] = comm
             if device.type == "cuda" and p.concurrent:  # both alone at once, no dependency: the chip's own overlap
@@ -202,7 +208,8 @@ def run_point(p: Point, *, rank: int, procs: int) -> tuple[dict, object]:
         row.update(getattr(runner, "info", {}) or {})  # after the traced call: it adds trace_dropped
         row["status"] = "ok" if wrong == 0 else "wrong"
         if wrong:
-            row["error"] = f"{wrong} elements outside tolerance (max_rel_err {err:.3g})"
+            mism = f", {row['route_mismatches']} tokens routed off the reference" if row.get("route_mismatches") else ""
+            row["error"] = f"{wrong} wrong: elements outside tolerance (max_rel_err {err:.3g}){mism}"
         derive(row, p)
     except SkipPoint as e:
         row.update(status="skipped", error=str(e))

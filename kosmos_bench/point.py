@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from .kosmos.decide import parse_policy  # noqa: F401 - re-exported: the one policy parser
 
-OPS = ("ag-gemm", "gemm-rs", "gemm")
+OPS = ("ag-gemm", "gemm-rs", "gemm", "moe")
 DTYPES = ("bf16", "fp16", "fp32")
 FABRICS = ("nvlink", "local", "host", "gloo")
 BACKENDS = ("gpu", "cpu", "sim")
@@ -31,6 +31,9 @@ class Point:
       along N, rank r holds B_r (K x N/W); rank r outputs C_r = A @ B_r, (M x N/W).
     * gemm-rs: A is (M x K) split along K, rank r holds A_r (M x K/W); B is (K x N) split
       along K, B_r (K/W x N); rank r outputs band r (M/W x N) of sum_r A_r @ B_r.
+    * moe: the expert layer of preset `moe` (ops/moe_math.py) with M = tokens per rank, N = the
+      expert FFN width and K = the hidden size (both the preset's), `experts` per rank and
+      `routing`; ops/moe.py's moe_shape(point) is the layer's shape.
     """
 
     op: str
@@ -65,6 +68,10 @@ class Point:
     layer: str | None = None
     tokens: int | None = None
     sweep: str | None = None
+    # op moe (None for the other ops, whose keys stay as they were)
+    moe: str | None = None  # preset: deepseek-v3 | qwen3-235b-a22b | ...
+    routing: str | None = None  # uniform | zipf:<s>
+    experts: int | None = None  # routed experts per rank (None: the preset's)
 
     def __post_init__(self):
         if isinstance(self.knobs, str) or self.knobs:
@@ -72,7 +79,7 @@ class Point:
 
     def config(self) -> dict:
         cfg = {k: v for k, v in dataclasses.asdict(self).items() if k not in _NON_KEY_FIELDS}
-        for knob in ("builder", "mover"):  # keys of points from before these knobs existed stay valid
+        for knob in ("builder", "mover", "moe", "routing", "experts"):  # keys of points from before these existed stay valid
             if cfg[knob] is None:
                 del cfg[knob]
         if not cfg["knobs"]:  # likewise: a point at the default configuration keeps its old key

@@ -32,13 +32,13 @@ from .store import load_manifest, load_rows
 
 SEQ_IMPL = "nccl-seq"
 # The op without communication (gemm) is measured against plain cuBLAS instead.
-BASELINE_IMPL = {"gemm": "torch"}
+BASELINE_IMPL = {"gemm": "torch", "moe": "torch-moe"}
 
 
 def baseline_impl(op) -> str:
     return BASELINE_IMPL.get(op, SEQ_IMPL)
 # A row's speedup is measured against nccl-seq rows that agree on all of these.
-MATCH_COLS = ["op", "dtype", "M", "N", "K", "world", "fabric", "backend"]
+MATCH_COLS = ["op", "dtype", "M", "N", "K", "world", "fabric", "backend", "moe", "routing", "experts"]
 BAD_STATUSES = ("wrong", "failed", "timeout")
 
 FABRIC_NOTES = {
@@ -151,9 +151,37 @@ def _fit(s, width: int, align: str) -> str:
     return format(text, f"{align}{width}")
 
 
-def column_header() -> str:
-    """The fixed-width column titles, '#'-prefixed like nccl-tests."""
-    return ("#" + " ".join(_fit(t, w - (1 if i == 0 else 0), a) for i, (t, w, a) in enumerate(_COLS))).rstrip()
+# op moe: what a MoE user reads (layer, tokens/s, fraction of the dense-GEMM compute bound, bytes
+# rank 0 dispatches per call, tokens per expert max/mean, compile time of compiled baselines)
+_MOE_COLS = [
+    ("op", 4, "<"), ("variant", 30, "<"), ("world", 5, ">"), ("fabric", 6, "<"), ("preset", 15, "<"), ("T", 6, ">"),
+    ("routing", 9, "<"), ("time(us)", 10, ">"), ("tokens/s", 9, ">"), ("TFLOP/s", 8, ">"), ("bound", 5, ">"),
+    ("speedup", 8, ">"), ("disp(MB)", 8, ">"), ("tok/exp max/mean", 16, ">"), ("compile_s", 9, ">"),
+    ("wrong", 6, ">"), ("status", 8, "<"),
+]
+
+
+def column_header(op: str | None = None) -> str:
+    """The fixed-width column titles, '#'-prefixed like nccl-tests (op moe: its own columns)."""
+    cols = _MOE_COLS if op == "moe" else _COLS
+    return ("#" + " ".join(_fit(t, w - (1 if i == 0 else 0), a) for i, (t, w, a) in enumerate(cols))).rstrip()
+
+
+def _moe_row_text(row: dict) -> str:
+    g = row.get
+    t = g("t_median_us")
+    mx, mean = g("tok_per_expert_max"), g("tok_per_expert_mean")
+    disp = g("dispatch_bytes")
+    vals = [
+        "moe", g("variant") or g("impl") or "-", int(g("world")) if _isnum(g("world")) else "-", g("fabric") or "-",
+        g("moe") or "-", int(g("M")) if _isnum(g("M")) else "-", g("routing") or "-",
+        _num(t, ".1f" if _isnum(t) and float(t) >= 1e4 else ".2f"), _num(g("tokens_per_s"), ".3g"),
+        _num(g("tflops"), ".1f"), _num(g("frac_bound"), ".2f"), _num(g("speedup_vs_seq"), ".2f", "x"),
+        _num(float(disp) / 1e6 if _isnum(disp) else None, ".1f"),
+        f"{_num(mx, '.0f')}/{_num(mean, '.0f')}" if _isnum(mx) else "-", _num(g("compile_s"), ".1f"),
+        int(g("wrong")) if _isnum(g("wrong")) else "-", g("status") or "-",
+    ]
+    return " ".join(_fit(v, w, a) for v, (_, w, a) in zip(vals, _MOE_COLS)).rstrip()
 
 
 def _clocks(op, gemm) -> str:
@@ -167,6 +195,12 @@ def _clocks(op, gemm) -> str:
 def row_text(row: dict) -> str:
     """One fixed-width line for a result row (a dict with RESULT_COLUMNS; derived ones may be missing)."""
     g = row.get
+    if g("op") == "moe":
+        line = _moe_row_text(row)
+        err = g("error")
+        if g("status") not in (None, "ok") and isinstance(err, str) and err:
+            line += "  " + err.strip().splitlines()[0][:120]
+        return line
     t = g("t_median_us")
     time_s = _num(t, ".1f" if _isnum(t) and float(t) >= 1e4 else ".2f")
     wrong = g("wrong")
@@ -438,7 +472,7 @@ def _writer(console):
     return lambda s: console.print(s)
 
 
-_VARIANT_RANK = {SEQ_IMPL: 0, "nccl-overlap": 1}
+_VARIANT_RANK = {SEQ_IMPL: 0, "nccl-overlap": 1, "torch-moe": 0, "torch-moe-compiled": 1, "torch-moe-overlap": 2}
 
 
 def _sorted(df: pd.DataFrame) -> pd.DataFrame:
@@ -448,7 +482,8 @@ def _sorted(df: pd.DataFrame) -> pd.DataFrame:
     nat = sorted(df["variant"].astype(str).unique(), key=lambda v: tuple(
         (0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", v)))
     df["_vn"] = df["variant"].astype(str).map({v: i for i, v in enumerate(nat)})
-    cols = [c for c in ("op", "world", "M", "N", "K", "dtype", "fabric", "backend", "_vr", "_vn") if c in df.columns]
+    cols = [c for c in ("op", "world", "M", "N", "K", "moe", "routing", "experts", "dtype", "fabric", "backend",
+                        "_vr", "_vn") if c in df.columns]
     df = df.sort_values(cols, kind="stable", na_position="last").drop(columns=["_vr", "_vn"])
     return df.reset_index(drop=True)
 
@@ -516,9 +551,12 @@ def report(run_dirs: list[Path], *, as_json: bool = False, compare: tuple[Path, 
         out(f"# run: {d}")
         out(header_text(man, points_summary(df)))
         out("#")
-        out(column_header())
-        for row in df.to_dict(orient="records"):
-            out(row_text(row))
+        moe = df["op"].astype(str) == "moe"
+        for part, op in ((df[~moe], None), (df[moe], "moe")):  # moe rows under their own columns
+            if len(part):
+                out(column_header(op))
+                for row in part.to_dict(orient="records"):
+                    out(row_text(row))
         out(footer_text(df))
         out("")
     if len(manifests) > 1:
@@ -528,7 +566,7 @@ def report(run_dirs: list[Path], *, as_json: bool = False, compare: tuple[Path, 
 
 
 # ------------------------------------------------------------------------------ compare
-_DESC = ["op", "variant", "world", "M", "N", "K", "dtype", "fabric", "backend"]
+_DESC = ["op", "variant", "world", "M", "N", "K", "dtype", "fabric", "backend", "moe", "routing", "experts"]
 _CMP_COLS = [("op", 8, "<"), ("variant", 40, "<"), ("world", 5, ">"), ("M", 7, ">"), ("N", 7, ">"), ("K", 7, ">"),
              ("A time(us)", 11, ">"), ("B time(us)", 11, ">"), ("A/B", 7, ">"), ("A TFLOP/s", 9, ">"),
              ("B TFLOP/s", 9, ">"), ("A eff", 5, ">"), ("B eff", 5, ">"), ("B status", 8, "<")]

@@ -13,6 +13,13 @@ given explicitly and/or from the model catalog::
     kosmos: {policy: [self, fixed:8, predicted], queue_order: [demand], local_first: [true], chunk: [1],
              builder: [mma, sm90], mover: [auto, sm, ce], ce_slices: [2, 3]}   # any KosmosConfig field
 
+Op ``moe`` takes its layers from a ``moe:`` section instead of shapes/models (a grid; presets
+in ops/moe_math.py, tokens per rank, routing uniform | zipf:<s>, experts per rank, null = the
+preset's)::
+
+    moe: {presets: [deepseek-v3, qwen3-235b-a22b], tokens: [8192], routing: [uniform, zipf:1.2],
+          experts_per_rank: [null]}
+
 The ``kosmos:`` section takes every field of ``kosmos_bench.kosmos.config.KosmosConfig`` as a
 value or a list (a grid; docs/knobs.md lists them).
     timing: {warmup: 5, reps: 20}
@@ -30,7 +37,9 @@ import yaml
 from .models import LAYER_OPS, MODELS, get_model, layer_shape
 from .point import DTYPES, FABRICS, OPS, Point
 
-KNOWN_KEYS = {"op", "impls", "world", "dtype", "fabric", "shapes", "models", "kosmos", "timing", "description", "profile"}
+KNOWN_KEYS = {"op", "impls", "world", "dtype", "fabric", "shapes", "models", "kosmos", "timing", "description", "profile",
+              "moe"}
+MOE_KEYS = {"presets", "tokens", "routing", "experts_per_rank"}
 KOSMOS_KEYS = {"policy": ["self"], "queue_order": ["demand"], "local_first": [True], "chunk": [1], "builder": [None],
                "mover": [None]}  # the Point fields' defaults; the other configuration fields: [their default]
 # Implementations that take the kosmos knobs (policy, queue order, ...).
@@ -49,6 +58,9 @@ class Shape:
     model: str | None = None
     layer: str | None = None
     tokens: int | None = None
+    moe: str | None = None  # op moe: preset, routing, experts per rank (Point fields of the same names)
+    routing: str | None = None
+    experts: int | None = None
 
 
 @dataclass
@@ -153,6 +165,13 @@ def parse_sweep(data, src: str, name: str = "sweep") -> Sweep:
         for n, t, l in itertools.product(names, tokens, layers):
             M, N, K = layer_shape(get_model(n), l, t)
             shapes.append(Shape(M, N, K, n, l, t))
+    if (op == "moe") != ("moe" in data):
+        raise SpecError(f"{src}: moe: " + ("op moe takes its layers from a moe: section" if op == "moe" else
+                                           f"a moe: section belongs to op moe, not {op}"))
+    if op == "moe":
+        if shapes:
+            raise SpecError(f"{src}: shapes/models: op moe takes its layers from the moe: section only")
+        shapes = parse_moe(data["moe"], src)
     if not shapes:
         raise SpecError(f"{src}: shapes/models: no shapes given; expected shapes: [{{M:, N:, K:}}] or models: {{names:, tokens:}}")
 
@@ -168,6 +187,29 @@ def parse_sweep(data, src: str, name: str = "sweep") -> Sweep:
         raise SpecError(f"{src}: profile: expected a simulator profile name")
     return Sweep(name, src, op, impls, world, dtype, fabric, shapes, kosmos, warmup, reps, profile,
                  str(data.get("description", "")), concurrent)
+
+
+def parse_moe(mdata, src: str) -> list[Shape]:
+    """The ``moe:`` section -> one Shape per (preset, tokens, routing, experts per rank)."""
+    from .ops import moe_math as mm
+    from .ops.moe import preset_point_dims
+
+    if not isinstance(mdata, dict) or not {"presets", "tokens"} <= set(mdata) or set(mdata) - MOE_KEYS:
+        raise SpecError(f"{src}: moe: expected a mapping with presets, tokens and optional routing, experts_per_rank")
+    presets = _as_list(mdata["presets"], src, "moe.presets", str, list(mm.PRESETS))
+    tokens = _as_list(mdata["tokens"], src, "moe.tokens", int)
+    routings = _as_list(mdata.get("routing", "uniform"), src, "moe.routing", str)
+    for r in routings:
+        try:
+            mm.zipf_s(r)
+        except ValueError as e:
+            raise SpecError(f"{src}: moe.routing: {e}") from None
+    experts = mdata.get("experts_per_rank", [None])
+    experts = experts if isinstance(experts, list) else [experts]
+    if not experts or any(e is not None and (isinstance(e, bool) or not isinstance(e, int) or e < 1) for e in experts):
+        raise SpecError(f"{src}: moe.experts_per_rank: expected positive integers or null (the preset's), got {experts!r}")
+    return [Shape(**preset_point_dims(pr, t), tokens=t, moe=pr, routing=ro, experts=e)
+            for pr, t, ro, e in itertools.product(presets, tokens, routings, experts)]
 
 
 def parse_kosmos(kdata, src: str) -> dict:
@@ -239,6 +281,7 @@ def expand(sweep: Sweep, *, backend: str, fabric: str, impls: list[str] | None =
                          fabric=fabric, backend=backend, warmup=warmup or sweep.warmup, reps=reps or sweep.reps,
                          trace=trace, concurrent=sweep.concurrent if concurrent is None else concurrent,
                          model=shape.model, layer=shape.layer, tokens=shape.tokens,
+                         moe=shape.moe, routing=shape.routing, experts=shape.experts,
                          sweep=sweep.name, profile=(profile or sweep.profile) if backend == "sim" else None)
             if impl in KNOB_IMPLS:
                 for pol, qo, lf, ch, bu, mv, *kv in itertools.product(
@@ -263,7 +306,7 @@ def _same_as(p: Point) -> Point:
     fabric, gemm-rs, policies fixed / predicted, the mma builder), so ``mover: [auto, sm]``
     yields one point there and two (auto = ce with the sm90 builder, and sm) for host ag-gemm
     under policy self. The first listed is kept (auto keeps the default's key)."""
-    if p.impl not in KNOB_IMPLS or p.mover is not None or p.op == "gemm":
+    if p.impl not in KNOB_IMPLS or p.mover is not None or p.op in ("gemm", "moe"):
         return p
     from .kosmos.builder import mover_choice
 

@@ -84,7 +84,7 @@ def test_registry_exposes_optional_families():
     assert IMPLS["symm-mem"].ops == ("ag-gemm", "gemm-rs")
     assert IMPLS["te-ub"].ops == ("ag-gemm", "gemm-rs")
     assert IMPLS["flux"].ops == ("ag-gemm", "gemm-rs")
-    assert IMPLS["deepep"].ops == ()
+    assert IMPLS["deepep"].ops == ("moe",)
 
 
 def test_optional_status_shape():
@@ -263,9 +263,13 @@ def test_dtype_limits():
         assert why and "fp32" in why
 
 
-def test_deepep_implements_nothing_yet():
+def test_deepep_is_detected_and_skipped_for_moe():
     why = IMPLS["deepep"].unsupported(_pt(impl="deepep", world=8))
-    assert why and "implements no op yet" in why
+    assert why and "does not implement ag-gemm" in why
+    why = IMPLS["deepep"].unsupported(_pt(impl="deepep", op="moe", world=8))
+    assert why and "detected only" in why
+    why = IMPLS["deepep"].unsupported(_pt(impl="deepep", op="moe", world=8, fabric="host"))
+    assert why and "needs >=2 GPUs" in why
     with pytest.raises(NotImplementedError, match="detection only"):
         IMPLS["deepep"].prepare(_pt(impl="deepep"), None, None)
 

@@ -1,9 +1,9 @@
-"""`deepep`: DeepEP expert-parallel dispatch/combine — detection only, for now.
+"""`deepep`: DeepEP expert-parallel dispatch/combine — detected, and skipped with the reason.
 
-DeepEP is the baseline of the MoE op (dispatch all-to-all -> expert GEMMs -> combine); that
-op is not in the suite yet, so this family implements no op: ``kosmos-bench list`` /
-``doctor`` show whether ``deep_ep`` is installed and imports, and every point is skipped with
-that reason. The MoE issue fills in ``ops`` and ``prepare``.
+DeepEP is a baseline of op `moe` (dispatch all-to-all -> expert GEMMs -> combine):
+``kosmos-bench list`` / ``doctor`` show whether ``deep_ep`` is installed and imports. Its
+runner is not written: DeepEP's intranode kernels need NVLink peers (>= 2 GPUs, nvlink fabric)
+and no such machine has run this suite yet, so every moe point is skipped with that reason.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ _MODULE = "deep_ep"
 
 class DeepEpImpl:
     name = "deepep"
-    ops: tuple[str, ...] = ()  # the MoE op comes later
+    ops: tuple[str, ...] = ("moe",)
     fabrics = MULTI_GPU_FABRICS
     module = _MODULE
 
@@ -36,12 +36,12 @@ class DeepEpImpl:
         return dist_version("deep_ep", "deep-ep", module=_MODULE)
 
     def unsupported(self, point: Point) -> str | None:
-        if not self.ops:
-            return f"deepep is detected only; it implements no op yet (asked for {point.op}; the MoE op comes later)"
-        return multi_gpu_unsupported(self, point)
+        why = multi_gpu_unsupported(self, point)
+        return why or (f"deepep is detected only: its {point.op} runner (dispatch -> torch grouped GEMMs -> "
+                       "combine over deep_ep.Buffer) is not written yet")
 
     def prepare(self, point: Point, ctx: RankCtx, inputs):
-        raise NotImplementedError("deepep: detection only; the MoE op and its DeepEP runner come later")
+        raise NotImplementedError("deepep: detection only; its moe runner is not written yet")
 
 
 DEEPEP = DeepEpImpl()

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import os
 import shutil
 
@@ -106,7 +107,8 @@ class KosmosImpl:
     name = "kosmos"
     # op gemm (world 1) is the builder role alone: the Hopper wgmma/TMA builder's standalone
     # persistent kernel (kernels/sm90_gemm.py), measured against cuBLAS by sweeps/builder.yaml.
-    ops = ("ag-gemm", "gemm-rs", "gemm")
+    # op moe: the expert layer's forward kernel, impls/kosmos_moe.py (skipped when not built in)
+    ops = ("ag-gemm", "gemm-rs", "gemm", "moe")
     fabrics = ("local", "host", "nvlink")
 
     def available(self, backend: str) -> tuple[bool, str]:
@@ -139,6 +141,8 @@ class KosmosImpl:
             cfg = KosmosConfig.from_point(point)
         except ValueError as e:
             return str(e)
+        if point.op == "moe":
+            return _moe_unsupported(point)
         if point.op == "gemm":
             from ..kernels import sm90_gemm
 
@@ -171,9 +175,24 @@ class KosmosImpl:
         return None
 
     def prepare(self, point: Point, ctx, inputs, **kw) -> "KosmosRunner":
+        if point.op == "moe":  # by name: the module is branch moek's (absent: _moe_unsupported says so)
+            return importlib.import_module(f"{__package__}.kosmos_moe").prepare_moe(point, ctx, inputs, **kw)
         if point.op == "gemm":
             return _prepare_gemm(point, ctx, inputs, **kw)
         return KosmosRunner(point, ctx, inputs, **kw)
+
+
+def _moe_unsupported(point: Point) -> str | None:
+    """op moe: the kernel's module (impls/kosmos_moe.py, with prepare_moe) must be part of this
+    build; its own `unsupported_moe(point)`, when it has one, says which points it runs."""
+    try:
+        mod = importlib.import_module(f"{__package__}.kosmos_moe")
+    except ImportError as e:
+        return f"the kosmos moe kernel is not in this build (kosmos_bench.impls.kosmos_moe: {e})"
+    if not hasattr(mod, "prepare_moe"):
+        return "the kosmos moe kernel is not in this build (kosmos_bench.impls.kosmos_moe has no prepare_moe)"
+    check = getattr(mod, "unsupported_moe", None)
+    return check(point) if check is not None else None
 
 
 def _prepare_gemm(point: Point, ctx, inputs, *, gemm_kernel: str | None = None, **kw):

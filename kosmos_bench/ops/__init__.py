@@ -5,8 +5,9 @@ from .ag_gemm import OP as AG_GEMM
 from .base import Op
 from .gemm import OP as GEMM
 from .gemm_rs import OP as GEMM_RS
+from .moe import OP as MOE
 
-OPS: dict[str, Op] = {o.name: o for o in (AG_GEMM, GEMM_RS, GEMM)}
+OPS: dict[str, Op] = {o.name: o for o in (AG_GEMM, GEMM_RS, GEMM, MOE)}
 
 
 def get_op(name: str) -> Op:

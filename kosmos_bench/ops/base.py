@@ -123,6 +123,44 @@ class Op:
             As[r], Bs[r] = a.contiguous(), b.contiguous()
         return RankInputs(As, Bs), A, B
 
+    # ---- harness hooks: what the harness does with every op (ops/moe.py overrides them) ----
+    def setup(self, p: Point, ranks: list[int], device, seed: int):
+        """(inputs for the implementation, state for `compare`/`columns`)."""
+        inputs, A, B = self.inputs(p, ranks, device, seed)
+        return inputs, (A, B)
+
+    def poison(self, runner) -> None:
+        """Make every output the implementation must write invalid (NaN) before a checked call."""
+        for out in runner.outputs.values():
+            out.fill_(float("nan"))
+
+    def snapshot(self, runner) -> dict:
+        """Copies of everything a call produced ({name: {rank: tensor}}), compared bitwise
+        between two calls and against the reference."""
+        return {"out": {r: o.clone() for r, o in runner.outputs.items()}}
+
+    def compare(self, p: Point, ranks: list[int], snap: dict, inputs, state) -> dict:
+        """{'wrong', 'max_rel_err', ...extra columns} of this process's ranks against the reference."""
+        A, B = state
+        wrong, err = 0, 0.0
+        for r in ranks:
+            w, e = check_output(snap["out"][r], self.reference(A, B, r, p.world), p.dtype)
+            wrong, err = wrong + w, max(err, e)
+        return {"wrong": wrong, "max_rel_err": err}
+
+    def columns(self, p: Point, state) -> dict:
+        """Extra columns of a point known from its inputs."""
+        return {}
+
+    def alone(self, p: Point, ctx, inputs):
+        """None: the harness times impls/nccl.py's GEMM alone and collective alone; else
+        ({'gemm': fn, 'comm': fn or None}, extra columns)."""
+        return None
+
+    def derive(self, row: dict, p: Point) -> dict:
+        """Op-specific rates from a measured row."""
+        return {}
+
 
 def divides(what: str, n: int, w: int) -> str | None:
     return None if n % w == 0 else f"{what}={n} is not divisible by world={w}"

@@ -39,6 +39,11 @@ PRESETS = {
     # Qwen3-235B-A22B: 128 experts over EP=8, top-8, softmax renormalised, no shared expert.
     "qwen3-235b-a22b": dict(H=4096, F=1536, E_loc=16, topk=8, scoring="softmax", n_group=1,
                             topk_group=1, scale=1.0, shared_F=0),
+    # Tiny layers of the same two kinds, for the cpu backend and the tests.
+    "tiny": dict(H=256, F=256, E_loc=4, topk=2, scoring="softmax", n_group=1, topk_group=1, scale=1.0,
+                 shared_F=0),
+    "tiny-grouped": dict(H=256, F=256, E_loc=4, topk=3, scoring="sigmoid", n_group=4, topk_group=3,
+                         scale=2.5, shared_F=64),
 }
 SCORINGS = ("softmax", "sigmoid")
 
