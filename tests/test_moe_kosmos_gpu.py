@@ -28,17 +28,21 @@ def small(name: str, T: int, world: int = 1, routing: str = "uniform") -> mm.Moe
     return mm.MoeShape(T=T, E=e_loc * world, world=world, routing=routing, **p)
 
 
-def ctx_for(shape: mm.MoeShape) -> RankCtx:
+def ctx_for(shape: mm.MoeShape, fabric: str = "local") -> RankCtx:
     return RankCtx(rank=0, world=shape.world, procs=1, device=torch.device("cuda", 0),
-                   fabric="local", backend="gpu")
+                   fabric=fabric, backend="gpu")
 
 
-def make(shape, **kw):
+def make(shape, fabric: str = "local", **kw):
     from kosmos_bench.impls.kosmos_moe import prepare_moe
 
-    ranks = list(range(shape.world))
+    ranks = [0] if fabric == "host" else list(range(shape.world))
     inputs = mm.make_inputs(shape, ranks, "cuda", SEED)
-    return prepare_moe(None, ctx_for(shape), inputs, **kw), inputs
+    if fabric == "host":
+        from kosmos_bench.ops.moe_host import make_view
+
+        inputs.host["view"] = make_view(shape, inputs.x[0], inputs.Wr, inputs.bias, "cuda", SEED)
+    return prepare_moe(None, ctx_for(shape, fabric), inputs, **kw), inputs
 
 
 def check_call(shape, runner, inputs) -> dict:
@@ -89,6 +93,35 @@ def test_local_world(preset, routing, world):
     try:
         first = check_call(shape, runner, inputs)
         assert_repeatable(runner, first, 3)
+    finally:
+        runner.close()
+
+
+@pytest.mark.parametrize("preset,routing", [("deepseek-v3", "uniform"), ("qwen3-235b-a22b", "zipf:1.2")])
+def test_host_world8(preset, routing):
+    """Rank-0 view: peers' rows in and their outputs out through pinned host memory; the bytes
+    the peers' buffers receive are checked too (rank 0's rows, and its outputs of peer rows)."""
+    shape = small(preset, T=384, world=8, routing=routing)
+    runner, inputs = make(shape, fabric="host")
+    view = inputs.host["view"]
+    try:
+        for p in view.peers:
+            view.send_rows[p].fill_(float("nan"))
+            view.recv_out[p].fill_(float("nan"))
+        first = check_call(shape, runner, inputs)
+        assert_repeatable(runner, first, 3)
+        x0 = inputs.x[0].cpu()
+        for p in view.peers:
+            meta = view.send_meta[p].long()
+            assert torch.equal(view.send_rows[p], x0[meta[:, 1]]), f"rank 0's rows for peer {p}'s experts"
+            meta = view.recv_meta[p].long()
+            rows = view.recv_rows[p].cuda()
+            for e in torch.unique(meta[:, 0]).tolist():
+                sel = (meta[:, 0] == e).nonzero(as_tuple=True)[0]
+                w1, w2 = mm.expert(shape, e, "cuda", SEED)
+                ref = mm.ffn(rows[sel], w1, w2)
+                wrong, rel = check_output(view.recv_out[p][sel].cuda(), ref, "bf16")
+                assert wrong == 0, f"peer {p} expert {e}: outputs of its rows ({wrong} wrong, rel {rel:.3g})"
     finally:
         runner.close()
 

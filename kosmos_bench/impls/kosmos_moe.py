@@ -339,3 +339,10 @@ def prepare_moe(point, ctx, inputs, *, config=None, timeout_s: float | None = No
     ranks = list(range(shape.world)) if shape.world > 1 and fabric == "local" else [ctx.rank]
     spin_ns = getattr(config, "spin_ns", 32) if config is not None else 32
     return MoeRunner(shape, ctx, inputs, ranks=ranks, fabric=fabric, timeout_s=timeout_s, spin_ns=spin_ns, **kw)
+
+
+def unsupported_moe(point) -> str | None:
+    """Why the kernel does not run `point` (None: it does); KosmosImpl.validate calls it."""
+    from ..ops.moe import moe_shape  # noqa: PLC0415
+
+    return unsupported(moe_shape(point), point.fabric if point.world > 1 else "world1")
