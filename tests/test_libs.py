@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from kosmos_bench import kernels
-from kosmos_bench.kernels import ag_sm90, libs, sm90_gemm
+from kosmos_bench.kernels import ag_sm90, libs, moe_sm90, sm90_gemm
 
 FAKE_NVCC = """#!/bin/sh
 # stand-in nvcc: log the arguments, touch the -o file, print a ptxas-like line
@@ -44,9 +44,10 @@ def _lib(**kw):
     return libs.Library("demo", ("a.cu", "b.cu"), **kw)
 
 
-def test_the_three_libraries():
-    assert [lib.name for lib in libs.LIBRARIES] == ["kosmos", "kosmos_ag_sm90", "sm90_gemm"]
+def test_the_libraries():
+    assert [lib.name for lib in libs.LIBRARIES] == ["kosmos", "kosmos_ag_sm90", "sm90_gemm", "kosmos_moe_sm90"]
     assert kernels.LIB is libs.KOSMOS and ag_sm90.LIB is libs.AG_SM90 and sm90_gemm.LIB is libs.SM90_GEMM
+    assert moe_sm90.LIB is libs.MOE_SM90
     for lib in libs.LIBRARIES:
         for p in libs.hashed_files(lib):
             assert p.exists(), p
