@@ -16,7 +16,7 @@ from pathlib import Path
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
 PLATFORM = CSRC / "kosmos" / "platform.cuh"
 BUILDER_CHOICE = CSRC / "kosmos" / "builder.cuh"
-HOPPER_ONLY = {"builder_sm90.cuh", "ag_gemm_sm90.cu", "gemm_sm90.cu"}
+HOPPER_ONLY = {"builder_sm90.cuh", "ag_gemm_sm90.cu", "gemm_sm90.cu", "moe_fwd_sm90.cu"}
 COND = re.compile(r"^\s*#\s*(if|ifdef|ifndef|elif)\b(.*)$", re.M)
 VENDOR = re.compile(r"\basm\b|__builtin_amdgcn_|__hip_atomic_|\b__nanosleep\b|%globaltimer")
 

@@ -286,17 +286,31 @@ struct BuilderSm90 {
   template <class KWait = AllThere, class KHook = NoHook>
   CUTLASS_DEVICE void produce_at(typename Mainloop::Params const& mp, int rows_a, int batches_a, int m_blk,
                                  int n_blk, int l_a, KWait kwait = {}, KHook hook = {}) {
+    produce_grouped(mp, rows_a, batches_a, l_a, m_blk, params_.N, params_.K, params_.num_k_blk, 1, 0, n_blk, kwait,
+                    hook);
+  }
+
+  // Loader: the general form of produce_at, for kernels whose tiles have different K and B
+  // matrices (grouped GEMMs: one B per expert): A viewed as (rows_a, K, batches_a), tile rows
+  // m_blk*kBM.. of batch l_a; B viewed as (N, K, batches_b) (K x N row-major per batch),
+  // columns n_blk*kBN.. of batch l_b; num_k_blk k-blocks. The descriptors of `mp` must have
+  // been built for these extents (make_grouped_params). The math side calls mma_k with the
+  // same num_k_blk.
+  template <class KWait = AllThere, class KHook = NoHook>
+  CUTLASS_DEVICE void produce_grouped(typename Mainloop::Params const& mp, int rows_a, int batches_a, int l_a,
+                                      int m_blk, int N, int K, int num_k_blk, int batches_b, int l_b, int n_blk,
+                                      KWait kwait = {}, KHook hook = {}) {
     static_assert(kClusterM == 1, "produce_at loads whole tiles (no multicast)");
     using namespace cute;
     if (cute::elect_one_sync()) {
       Tensor sA = make_tensor(make_smem_ptr(smem_.tensors.smem_A.data()), typename Mainloop::SmemLayoutA{});
       Tensor sB = make_tensor(make_smem_ptr(smem_.tensors.smem_B.data()), typename Mainloop::SmemLayoutB{});
-      Tensor mA = mp.tma_load_a.get_tma_tensor(make_shape(rows_a, params_.K, batches_a));  // (m, k, l)
-      Tensor mB = mp.tma_load_b.get_tma_tensor(make_shape(params_.N, params_.K, 1));       // (n, k, l)
+      Tensor mA = mp.tma_load_a.get_tma_tensor(make_shape(rows_a, K, batches_a));  // (m, k, l)
+      Tensor mB = mp.tma_load_b.get_tma_tensor(make_shape(N, K, batches_b));       // (n, k, l)
       Tensor gA_mkl = local_tile(mA, TileShape{}, make_coord(_, _, _), Step<_1, Underscore, _1>{});
       Tensor gB_nkl = local_tile(mB, TileShape{}, make_coord(_, _, _), Step<Underscore, _1, _1>{});
       Tensor gA = gA_mkl(_, _, m_blk, _, l_a);  // (BLK_M, BLK_K, k)
-      Tensor gB = gB_nkl(_, _, n_blk, _, 0);    // (BLK_N, BLK_K, k)
+      Tensor gB = gB_nkl(_, _, n_blk, _, l_b);  // (BLK_N, BLK_K, k)
       auto block_tma_a = mp.tma_load_a.get_slice(0);
       auto block_tma_b = mp.tma_load_b.get_slice(0);
       Tensor tAgA = block_tma_a.partition_S(gA);
@@ -306,7 +320,7 @@ struct BuilderSm90 {
       PipelineState st = write_state_;
       int there = 0;  // leading k-blocks known to be in place
       CUTLASS_PRAGMA_NO_UNROLL
-      for (int k = 0; k < params_.num_k_blk; ++k) {
+      for (int k = 0; k < num_k_blk; ++k) {
         if (k >= there) there = kwait(k);
         hook(k);
         pipeline_.producer_acquire(st);
@@ -318,7 +332,45 @@ struct BuilderSm90 {
       }
     }
     __syncwarp();
-    write_state_.advance(params_.num_k_blk);
+    write_state_.advance(num_k_blk);
+  }
+
+  // Math: a fresh accumulator fragment of one tile (fp32, kBN/2 values per math thread).
+  CUTLASS_DEVICE static auto make_accum() {
+    TiledMma tiled_mma;
+    return cute::partition_fragment_C(tiled_mma, cute::take<0, 2>(TileShape{}));
+  }
+
+  // Math: all 256 math threads. MMAs over the next tile's num_k_blk k-blocks into accum (as
+  // produce_grouped loaded them); the epilogue is the caller's (store_staged_to, or its own:
+  // the accumulator layout is documented at store_staged_to).
+  template <class Accum>
+  CUTLASS_DEVICE void mma_k(Accum& accum, int num_k_blk) {
+    Mainloop mainloop;
+    int const math_idx = int(threadIdx.x) - 128;
+    mainloop.mma(pipeline_, read_state_, accum, num_k_blk, math_idx, smem_.tensors, params_.mainloop);
+    mainloop.mma_tail(pipeline_, read_state_, num_k_blk);
+    read_state_.advance(num_k_blk);
+  }
+
+  // The staged epilogue's shared memory (kEpiBytes): free for the math warps' own use between
+  // tiles (a caller's epilogue that does not use store_staged_to).
+  CUTLASS_DEVICE uint8_t* epilogue_smem() { return smem_.epilogue; }
+
+  // Host: mainloop params for produce_grouped: A viewed as (rows_a, K, batches_a) with batch
+  // stride a_batch_stride elements (row stride K); B as (N, K, batches_b): batch l is the
+  // K x N row-major matrix at B + l * K * N. Same requirements as validate().
+  static typename Mainloop::Params make_grouped_params(const void* A, int rows_a, int batches_a,
+                                                       int64_t a_batch_stride, const void* B, int N, int K,
+                                                       int batches_b) {
+    StrideA dA = cute::make_stride(int64_t(K), cute::Int<1>{}, a_batch_stride);
+    StrideB dB = cute::make_stride(cute::Int<1>{}, int64_t(N), int64_t(K) * N);
+    // the mainloop builds both descriptors with one batch count: build each with its own
+    typename Mainloop::Arguments args{static_cast<const dtype_t*>(A), dA, static_cast<const dtype_t*>(B), dB};
+    auto pa = Mainloop::to_underlying_arguments(cute::make_shape(rows_a, N, K, batches_a), args, nullptr);
+    auto pb = Mainloop::to_underlying_arguments(cute::make_shape(rows_a, N, K, batches_b), args, nullptr);
+    pa.tma_load_b = pb.tma_load_b;
+    return pa;
   }
 
   // Math: like consume(), storing the tile to C_tile (row stride ldc elements, 16-byte
@@ -374,18 +426,23 @@ struct BuilderSm90 {
                     params_.N, params_.M - m0, params_.N - n0);
   }
 
-  // The staged epilogue proper: tile origin C (row stride ldc), valid rows < M, cols < N.
-  template <class Accum>
+  // (store_staged_to is public: see below.)
+
+ public:
+  // The staged epilogue proper: tile origin C (row stride ldc), valid rows < M, cols < N;
+  // the first kCols columns of the tile (values v < kCols/2 of each thread: a caller's
+  // epilogue may compute kCols < kBN output columns into the leading values, e.g. SwiGLU).
+  template <int kCols = kBN, class Accum>
   CUTLASS_DEVICE void store_staged_to(Accum const& accum, int math_idx, __nv_bfloat16* C, int64_t ldc, int M,
                                       int N) {
-    static_assert(kBM == 128 && kBN % 64 == 0, "staged epilogue assumes 2 x m64nN atoms");
+    static_assert(kBM == 128 && kBN % 64 == 0 && kCols % 64 == 0 && kCols <= kBN, "staged epilogue assumes 2 x m64nN atoms");
     static_assert(decltype(cute::size(accum))::value == kBN / 2, "one m64nN atom per thread");
     int const lane = math_idx % 32;
     int const warp = math_idx / 32;  // 0..7: warpgroup = warp/4, 16-row slab = warp%4
     uint8_t* stage = smem_.epilogue + warp * kEpiWarpBytes;
     int const row0 = (warp / 4) * 64 + (warp % 4) * 16;
     CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < kBN / 64; ++j) {
+    for (int j = 0; j < kCols / 64; ++j) {
       CUTLASS_PRAGMA_UNROLL
       for (int b = 0; b < 8; ++b) {
         int const v0 = (j * 8 + b) * 4;
@@ -407,6 +464,8 @@ struct BuilderSm90 {
     }
   }
 
+
+ private:
   // Epilogue. The wgmma accumulator layout gives each thread pairs of adjacent columns
   // (values 2i, 2i+1), so the stores are 4-byte bf16x2, masked by M and N (N is even).
   template <class Accum>

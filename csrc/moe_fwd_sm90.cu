@@ -1,0 +1,887 @@
+// moe_fwd_sm90.cu — the MoE expert layer's forward in ONE cooperative persistent launch (sm_90a):
+// router -> top-k -> scan -> dispatch -> expert gate/up (SwiGLU fused) -> down -> fold, plus the
+// shared expert, all as items of one demand-ordered claim sequence (no host synchronisation).
+//
+// Items (KosmosMoeKind, moe_params.h), claimed in this order by one atomic per claim (policy
+// self: every CTA claims the next item itself); the counts of UP and DOWN are data dependent
+// (dropless), so their ranges are sized for the most tiles any routing can produce
+// (tiles_max = ceil(T*topk/128) + E) and a claim beyond this call's tiles is skipped:
+//
+//   ROUTE b        math  router logits of tokens 128b.. (builder tile x @ Wr^T, fp32 kept),
+//                        then per row: keys = logits + bias, group-limited top-k (ties: lower
+//                        expert id), combine weights, the row's rank among block b's rows of its
+//                        expert (deterministic: token order), per-block counts. -> ctr ROUTED
+//   SHARED_UP m,n  math  shared expert gate/up tile, SwiGLU epilogue -> sh_up_done[m]
+//   SCAN           loader after every ROUTE: per-expert totals, block bases, segment starts
+//                        (padded to 128 rows so no tile straddles experts), and the expert
+//                        tile table in (tile j of the expert, expert) order: the first tile of
+//                        every expert needs only the first tokens' rows. -> state[2] = epoch
+//   DISPATCH b     loader after SCAN: rows of tokens 32b.. to pos(t, j) = seg_start[e] +
+//                        blk_base[t/128][e] + rank[t][j] of the sorted buffer -> arrived[tile]
+//   SHARED_DOWN    math  after its m-tile's SHARED_UPs -> sh_down_done[m]
+//   UP q,n         math  after every row of tile g = tile_order[q] arrived: A = sorted rows,
+//                        B = W1t[e] (H x 2F, columns of n-tile n = [128 gate | 128 up], arranged
+//                        once at prepare), h = silu(g) * u (bf16) -> up_done[g]
+//   DOWN q,n       math  after every UP of tile g: h @ W2t[e] -> expert outputs (bf16) -> down_done[g]
+//   FOLD b         loader after the tiles of its tokens' choices (and the shared expert's tile):
+//                        y_t = sum over j = 0..k-1 in that order of w_tj * out[pos(t, j)]
+//                        (+ shared), fp32, one bf16 rounding: bitwise identical across calls.
+//
+// Block: the Hopper builder's 384 threads (builder_sm90.cuh): thread 32 schedules (claims,
+// watchdog-bounded waits), warp 0 issues a math item's TMA loads after pushing it into the tile
+// ring, the 128 loader-warpgroup threads run the loader items; the two math warpgroups pop math
+// items, run the wgmma mainloop and the item's epilogue, and thread 128 releases its counter.
+// Every wait is bounded by the watchdog (sync.cuh): on timeout the error record names the
+// waiting item's kind (queue), its index (item), the counter (flag; -1 = the scan flag) and
+// what was expected / seen; every CTA then stops claiming and the launch completes.
+#include <cuda_runtime.h>
+
+#include <new>
+
+#include "kosmos/builder_sm90.cuh"
+#include "kosmos/host_error.h"
+#include "kosmos/moe_params.h"
+#include "kosmos/sync.cuh"
+#include "kosmos/trace.cuh"
+
+namespace kosmos {
+namespace moe {
+
+using Builder = sm90::BuilderSm90<128, 256, 64, 4, true>;
+using Ring = sm90::ItemRing<4, int>;  // (kind << 24) | index, -1 = no more work
+constexpr int kThreads = Builder::kNumThreads;
+constexpr int kLoaderThreads = 128;
+constexpr int kBM = Builder::kBM, kBN = Builder::kBN, kBK = Builder::kBK;
+constexpr int kTB = KOSMOS_MOE_TOK_BLOCK;
+constexpr int kBarLoader = 8;
+constexpr int kBarMath = 9;
+constexpr int kSched = 32;
+constexpr int kLoaderRegs = 104;
+constexpr int kMathRegs = 200;
+static_assert(128 * kLoaderRegs + 256 * kMathRegs <= 384 * 168, "setmaxnreg beyond the CTA's registers");
+// Trace roles of this kernel (kosmos_bench/kernels/moe_sm90.py ROLE_CODES).
+enum MoeRole : uint16_t { kRoleRouter = 0, kRoleDispatch = 1, kRoleExpert = 2, kRoleCombine = 3, kRoleFold = 4 };
+
+struct Shared {
+  Builder::SharedStorage builder;
+  Ring::SharedStorage ring;
+  int cmd[2];
+  int last;
+  const bf16* fold_src[kTB * KOSMOS_MOE_MAX_TOPK];  // expert output row of each choice
+  float fold_w[kTB * KOSMOS_MOE_MAX_TOPK];
+  int scan_tiles[KOSMOS_MOE_MAX_E];
+  int scan_first[KOSMOS_MOE_MAX_E + 1];
+  int scan_total[KOSMOS_MOE_MAX_E];
+};
+constexpr int kSmemBytes = int(sizeof(Shared));
+static_assert(kSmemBytes <= 227 * 1024, "MoE kernel shared memory exceeds 227 KB");
+// The router epilogue's per-warp scratch lives in the builder's epilogue staging (free between tiles).
+static_assert(Builder::kEpiBytes >= 8 * KOSMOS_MOE_MAX_E * 4 * 2, "router scratch fits the epilogue staging");
+
+struct Params {
+  KosmosMoeArgs a;
+  Builder::Params bp;
+  Builder::Mainloop::Params route, up, down, sh_up, sh_down;
+};
+static_assert(sizeof(Params) <= 32000, "kernel parameters must fit the 32 KB parameter space");
+
+__device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+
+// The claim sequence: per kind, its first claim index and its count.
+struct Layout {
+  int begin[KOSMOS_MOE_NUM_KINDS + 1];
+  int nu, nd, nsu, nsd;  // n-tiles: UP (2F/256), DOWN and SHARED_DOWN (H/256), SHARED_UP (2Fs/256)
+  __device__ Layout(const KosmosMoeArgs& a) {
+    nu = 2 * a.F / kBN;
+    nd = (a.H + kBN - 1) / kBN;
+    nsu = 2 * a.Fs / kBN;
+    nsd = a.Fs ? nd : 0;
+    const int tb = (a.T + kTB - 1) / kTB;
+    const int pb = (a.peer_rows + kTB - 1) / kTB;
+    int n[KOSMOS_MOE_NUM_KINDS] = {a.route_blocks, a.route_blocks * nsu, 1, tb, pb, a.route_blocks * nsd,
+                                   a.tiles_max * nu, a.tiles_max * nd, pb, tb};
+    begin[0] = 0;
+    for (int k = 0; k < KOSMOS_MOE_NUM_KINDS; ++k) begin[k + 1] = begin[k] + n[k];
+  }
+  __device__ int kind_of(int c) const {
+    int k = 0;
+    while (k < KOSMOS_MOE_NUM_KINDS - 1 && c >= begin[k + 1]) ++k;
+    return k;
+  }
+};
+
+struct Ctx {
+  const KosmosMoeArgs& a;
+  SyncCtx sc;
+  uint32_t* arrived;
+  uint32_t* up_done;
+  uint32_t* down_done;
+  uint32_t* sh_up_done;
+  uint32_t* sh_down_done;
+  __device__ Ctx(const KosmosMoeArgs& a_, int block) : a(a_) {
+    sc = SyncCtx{ld_relaxed(a.state) + 1, a.state, static_cast<KosmosErrorRecord*>(a.err), a.timeout_ns, false, 0,
+                 block, static_cast<uint32_t>(a.spin_ns)};
+    arrived = a.ctr + KOSMOS_MOE_CTR_HEAD;
+    up_done = arrived + a.tiles_max;
+    down_done = up_done + a.tiles_max;
+    sh_up_done = down_done + a.tiles_max;
+    sh_down_done = sh_up_done + a.route_blocks;
+  }
+  // wait until *f >= target (count); `flag` names the counter in the error record
+  __device__ bool wait(const uint32_t* f, uint32_t target, int kind, int item, int flag) const {
+    return wait_flag(sc, f, target, kind, item, 0, flag);
+  }
+  __device__ bool wait_scan(int kind, int item) const { return wait(a.state + 2, sc.epoch, kind, item, -1); }
+  __device__ int flag_id(const uint32_t* f) const { return int(f - a.ctr); }
+};
+
+__device__ __forceinline__ int ldcg(const int32_t* p) { return __ldcg(p); }
+
+// Row of choice (t, j) (after SCAN): in the sorted buffer when its expert e has tiles here
+// (e < E_tiles), else (host fabric) in the send buffers of e's owner, -1 when the reference
+// routing made no such choice (moe_params.h ref_slot); *e_out = e.
+__device__ __forceinline__ int pos_of(const KosmosMoeArgs& a, int t, int j, int* e_out) {
+  const int e = ldcg(a.routes + int64_t(t) * a.topk + j);
+  *e_out = e;
+  if (e >= a.E_tiles) {
+    for (int r = 0; r < a.topk; ++r)
+      if (a.ref_routes[int64_t(t) * a.topk + r] == e) return a.ref_slot[int64_t(t) * a.topk + r];
+    return -1;
+  }
+  return ldcg(a.seg_start + e) + ldcg(a.blk_base + int64_t(t / kBM) * a.E + e) + ldcg(a.rank + int64_t(t) * a.topk + j);
+}
+
+// Peer row i (host fabric): its peer, its row in that peer's buffers and its sorted row here.
+struct PeerRow {
+  int p, ip, dst;
+};
+__device__ __forceinline__ PeerRow peer_row(const KosmosMoeArgs& a, int i) {
+  int p = 1;
+  while (p < 7 && i >= a.peer_begin[p + 1]) ++p;
+  const int e = a.peer_expert[i];
+  return PeerRow{p, i - a.peer_begin[p], ldcg(a.seg_start + e) + ldcg(a.own_total + e) + a.peer_rel[i]};
+}
+
+// One warp copies a row of `chunks` 16-byte chunks (ld.global.cg: the source may be pinned host memory).
+__device__ __forceinline__ void copy_row(int4* dst, const int4* src, int chunks, int lane) {
+  for (int i = lane; i < chunks; i += 32 * 4) {
+    int4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (i + u * 32 < chunks) v[u] = ld_cg_16(src + i + u * 32);
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      if (i + u * 32 < chunks) dst[i + u * 32] = v[u];
+  }
+}
+
+// ------------------------------------------------------------------------------ scheduler
+// Claim the next item (thread kSched): returns (kind << 24 | index) with its dependencies
+// acquired, or -1 when the sequence is exhausted or the call aborted.
+__device__ int decide(const Ctx& c, const Layout& L) {
+  const KosmosMoeArgs& a = c.a;
+  for (;;) {
+    if (aborted(c.sc)) return -1;
+    const int k = int(atomicAdd(a.ctr + KOSMOS_MOE_CTR_CLAIM, 1u));
+    if (k >= L.begin[KOSMOS_MOE_NUM_KINDS]) return -1;
+    const int kind = L.kind_of(k);
+    const int i = k - L.begin[kind];
+    bool ok = true;
+    switch (kind) {
+      case KOSMOS_MOE_ROUTE:
+      case KOSMOS_MOE_SHARED_UP:
+        break;
+      case KOSMOS_MOE_SCAN:
+        if (a.debug_skip_scan) continue;  // watchdog test: nobody computes the offsets
+        ok = c.wait(a.ctr + KOSMOS_MOE_CTR_ROUTED, uint32_t(a.route_blocks), kind, i, KOSMOS_MOE_CTR_ROUTED);
+        break;
+      case KOSMOS_MOE_DISPATCH:
+      case KOSMOS_MOE_PEER_DISPATCH:
+      case KOSMOS_MOE_COMBINE:  // the tiles of its rows: waited for by the 128 threads (run_combine)
+        ok = c.wait_scan(kind, i);
+        break;
+      case KOSMOS_MOE_SHARED_DOWN: {
+        const uint32_t* f = c.sh_up_done + i / L.nsd;
+        ok = c.wait(f, uint32_t(L.nsu), kind, i, c.flag_id(f));
+        break;
+      }
+      case KOSMOS_MOE_UP:
+      case KOSMOS_MOE_DOWN: {
+        if (!c.wait_scan(kind, i)) return -1;
+        const int n_per = kind == KOSMOS_MOE_UP ? L.nu : L.nd;
+        const int q = i / n_per;
+        if (q >= ldcg(a.meta)) continue;  // beyond this call's tiles
+        const int g = ldcg(a.tile_order + q);
+        const uint32_t* f = kind == KOSMOS_MOE_UP ? c.arrived + g : c.up_done + g;
+        const uint32_t need = kind == KOSMOS_MOE_UP ? uint32_t(ldcg(a.tile_rows + g)) : uint32_t(L.nu);
+        ok = c.wait(f, need, kind, i, c.flag_id(f));
+        break;
+      }
+      case KOSMOS_MOE_FOLD:
+        ok = c.wait_scan(kind, i);  // the tiles of its choices: waited for by the 128 threads (fold)
+        break;
+    }
+    if (!ok) return -1;
+    return (kind << 24) | i;
+  }
+}
+
+// ------------------------------------------------------------------------------ loader items
+// SCAN (128 loader threads). Expert e's rows of block b are blk_cnt[b][e]; rows are placed
+// expert by expert (segments padded to kBM), blocks in order, rows of a block in token order.
+__device__ void run_scan(const Ctx& c, Shared& s, int tid) {
+  const KosmosMoeArgs& a = c.a;
+  int* s_tiles = s.scan_tiles;
+  int* s_first = s.scan_first;
+  int* s_total = s.scan_total;
+  for (int e = tid; e < a.E; e += kLoaderThreads) {
+    int run = 0;
+    for (int b = 0; b < a.route_blocks; ++b) {
+      const int64_t o = int64_t(b) * a.E + e;
+      const int n = ldcg(a.blk_cnt + o);
+      a.blk_base[o] = run;
+      run += n;
+    }
+    a.own_total[e] = run;
+    // an expert with tiles here: its own rows, then (host fabric) the peers' rows
+    const int rows = e < a.E_tiles ? run + (a.peer_rows ? a.peer_total[e] : 0) : run;
+    s_total[e] = rows;
+    s_tiles[e] = e < a.E_tiles ? (rows + kBM - 1) / kBM : 0;
+  }
+  named_bar_sync(kBarLoader, kLoaderThreads);
+  if (tid == 0) {
+    int acc = 0;
+    for (int e = 0; e < a.E; ++e) {
+      s_first[e] = acc;
+      acc += s_tiles[e];
+    }
+    s_first[a.E] = acc;
+    a.meta[0] = acc;
+  }
+  named_bar_sync(kBarLoader, kLoaderThreads);
+  for (int e = tid; e < a.E_tiles; e += kLoaderThreads) {
+    a.seg_start[e] = s_first[e] * kBM;
+    const int nt = s_tiles[e];
+    for (int j = 0; j < nt; ++j) {
+      // queue position of (tile j of expert e): tiles ordered by (j, e)
+      int q = 0;
+      for (int f = 0; f < a.E; ++f) q += min(s_tiles[f], j) + ((f < e && s_tiles[f] > j) ? 1 : 0);
+      const int g = s_first[e] + j;
+      a.tile_order[q] = g;
+      a.tile_expert[g] = e;
+      a.tile_rows[g] = min(kBM, s_total[e] - j * kBM);
+    }
+  }
+  named_bar_sync(kBarLoader, kLoaderThreads);
+}
+
+// DISPATCH b: the rows of tokens 32b.. to their sorted positions; one warp per (t, j).
+__device__ void run_dispatch(const Ctx& c, int b, int tid) {
+  const KosmosMoeArgs& a = c.a;
+  const int warp = tid / 32, lane = tid % 32;
+  const int t0 = b * kTB;
+  const int nt = min(kTB, a.T - t0);
+  const int chunks = a.H / 8;  // 16-byte chunks per row
+  for (int p = warp; p < nt * a.topk; p += kLoaderThreads / 32) {
+    const int t = t0 + p / a.topk, j = p % a.topk;
+    int e;
+    const int pos = pos_of(a, t, j, &e);
+    const int4* src = reinterpret_cast<const int4*>(static_cast<const bf16*>(a.x) + int64_t(t) * a.H);
+    const bool here = e < a.E_tiles;
+    if (pos < 0) continue;  // a remote choice the reference did not make: no send row
+    bf16* base = here ? static_cast<bf16*>(a.xs) : static_cast<bf16*>(a.send_rows[e / a.E_loc]);
+    copy_row(reinterpret_cast<int4*>(base + int64_t(pos) * a.H), src, chunks, lane);
+    if (here) {
+      __threadfence();
+      __syncwarp();
+      if (lane == 0) atomicAdd(c.arrived + pos / kBM, 1u);
+    }
+  }
+}
+
+// PEER_DISPATCH b (host fabric): peer rows 32b.. from pinned host memory to their sorted rows.
+__device__ void run_peer_dispatch(const Ctx& c, int b, int tid) {
+  const KosmosMoeArgs& a = c.a;
+  const int warp = tid / 32, lane = tid % 32;
+  const int r1 = min(a.peer_rows, (b + 1) * kTB);
+  for (int i = b * kTB + warp; i < r1; i += kLoaderThreads / 32) {
+    const PeerRow pr = peer_row(a, i);
+    const int4* src = reinterpret_cast<const int4*>(static_cast<const bf16*>(a.recv_rows[pr.p]) + int64_t(pr.ip) * a.H);
+    copy_row(reinterpret_cast<int4*>(static_cast<bf16*>(a.xs) + int64_t(pr.dst) * a.H), src, a.H / 8, lane);
+    __threadfence();
+    __syncwarp();
+    if (lane == 0) atomicAdd(c.arrived + pr.dst / kBM, 1u);
+  }
+}
+
+// COMBINE b (host fabric): the expert outputs of peer rows 32b.. back to the peers' buffers,
+// each row once its tile's DOWN items are done (every thread waits for a share of the rows).
+__device__ void run_combine(const Ctx& c, const Layout& L, int b, int tid) {
+  const KosmosMoeArgs& a = c.a;
+  const int warp = tid / 32, lane = tid % 32;
+  const int r1 = min(a.peer_rows, (b + 1) * kTB);
+  bool ok = true;
+  for (int i = b * kTB + tid; i < r1 && ok; i += kLoaderThreads) {
+    const uint32_t* f = c.down_done + peer_row(a, i).dst / kBM;
+    ok = c.wait(f, uint32_t(L.nd), KOSMOS_MOE_COMBINE, b, c.flag_id(f));
+  }
+  named_bar_sync(kBarLoader, kLoaderThreads);
+  if (aborted(c.sc)) return;
+  for (int i = b * kTB + warp; i < r1; i += kLoaderThreads / 32) {
+    const PeerRow pr = peer_row(a, i);
+    const int4* src = reinterpret_cast<const int4*>(static_cast<const bf16*>(a.os) + int64_t(pr.dst) * a.H);
+    copy_row(reinterpret_cast<int4*>(static_cast<bf16*>(a.recv_out[pr.p]) + int64_t(pr.ip) * a.H), src, a.H / 8, lane);
+  }
+}
+
+// FOLD b: every thread waits for a share of the block's choices' tiles (watchdog), then
+// y_t = sum_j w_tj * out[pos(t, j)] (+ shared) in j order, fp32, one bf16 rounding.
+__device__ void run_fold(const Ctx& c, const Layout& L, Shared& s, int b, int tid) {
+  const KosmosMoeArgs& a = c.a;
+  const int t0 = b * kTB;
+  const int nt = min(kTB, a.T - t0);
+  const int k = a.topk;
+  bool ok = true;
+  for (int p = tid; p < nt * k; p += kLoaderThreads) {
+    const int t = t0 + p / k, j = p % k;
+    int e;
+    const int pos = pos_of(a, t, j, &e);
+    const bool here = e < a.E_tiles;  // else: the owner's output of this row, static in pinned host memory
+    s.fold_src[p] = pos < 0 ? nullptr
+                            : (here ? static_cast<const bf16*>(a.os) : static_cast<const bf16*>(a.send_out[e / a.E_loc])) +
+                                  int64_t(pos) * a.H;
+    s.fold_w[p] = __ldcg(a.weights + int64_t(t) * k + j);
+    const uint32_t* f = c.down_done + pos / kBM;
+    if (ok && here) ok = c.wait(f, uint32_t(L.nd), KOSMOS_MOE_FOLD, b, c.flag_id(f));
+  }
+  if (a.Fs && tid == 0 && ok) {
+    const uint32_t* f = c.sh_down_done + t0 / kBM;
+    ok = c.wait(f, uint32_t(L.nsd), KOSMOS_MOE_FOLD, b, c.flag_id(f));
+  }
+  named_bar_sync(kBarLoader, kLoaderThreads);
+  if (aborted(c.sc)) return;
+  const int chunks = a.H / 8;
+  const bf16* ysh = static_cast<const bf16*>(a.ysh);
+  bf16* y = static_cast<bf16*>(a.y);
+  for (int w = tid; w < nt * chunks; w += kLoaderThreads) {
+    const int tl = w / chunks, ch = w % chunks;
+    const int t = t0 + tl;
+    float acc[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) acc[u] = 0.f;
+    for (int j = 0; j < k; ++j) {
+      const float wt = s.fold_w[tl * k + j];
+      const bf16* src = s.fold_src[tl * k + j];
+      if (!src) continue;  // no output for this choice (host fabric, moe_params.h ref_slot)
+      const int4 v = ld_cg_16(src + ch * 8);
+      const bf16* h = reinterpret_cast<const bf16*>(&v);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) acc[u] = fmaf(wt, __bfloat162float(h[u]), acc[u]);
+    }
+    if (a.Fs) {
+      const int4 v = ld_cg_16(ysh + int64_t(t) * a.H + ch * 8);
+      const bf16* h = reinterpret_cast<const bf16*>(&v);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) acc[u] += __bfloat162float(h[u]);
+    }
+    int4 out;
+    bf16* o = reinterpret_cast<bf16*>(&out);
+#pragma unroll
+    for (int u = 0; u < 8; ++u) o[u] = __float2bfloat16_rn(acc[u]);
+    *reinterpret_cast<int4*>(y + int64_t(t) * a.H + ch * 8) = out;
+  }
+  named_bar_sync(kBarLoader, kLoaderThreads);  // fold_src / fold_w reused by the next fold
+}
+
+// ------------------------------------------------------------------------------ math items
+// Accumulator layout (builder_sm90.cuh store_staged_to): math thread m, value v:
+//   row = 16*(m/32) + (m%32)/4 + 8*((v/2)%2),   col = 8*(v/4) + 2*(m%4) + v%2.
+__device__ __forceinline__ int acc_row(int m, int v) { return 16 * (m / 32) + (m % 32) / 4 + 8 * ((v / 2) % 2); }
+__device__ __forceinline__ int acc_col(int m, int v) { return 8 * (v / 4) + 2 * (m % 4) + v % 2; }
+
+// warp argmax over (value, id): larger value, then lower id
+__device__ __forceinline__ void warp_argmax(float& v, int& id, float& extra) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+    const int i2 = __shfl_xor_sync(0xffffffffu, id, o);
+    const float x2 = __shfl_xor_sync(0xffffffffu, extra, o);
+    if (v2 > v || (v2 == v && i2 < id)) {
+      v = v2;
+      id = i2;
+      extra = x2;
+    }
+  }
+}
+
+// ROUTE epilogue (256 math threads): logits (fp32) of the tile's rows to a.logits, then per
+// warp (16 rows each, in row order) top-k, weights, ranks; then the block's per-expert counts.
+template <class Accum>
+__device__ void route_epilogue(const Ctx& c, Builder& builder, Accum const& acc, int blk) {
+  const KosmosMoeArgs& a = c.a;
+  const int m = int(threadIdx.x) - 128;
+  const int warp = m / 32, lane = m % 32;
+  const int E = a.E, k = a.topk;
+  const int row0 = blk * kBM;
+  int* cnt = reinterpret_cast<int*>(builder.epilogue_smem());           // [8][E]
+  float* kbuf = reinterpret_cast<float*>(cnt + 8 * KOSMOS_MOE_MAX_E) + warp * KOSMOS_MOE_MAX_E;  // [E] per warp
+#pragma unroll
+  for (int v = 0; v < Builder::kBN / 2; ++v) {
+    const int r = row0 + acc_row(m, v), col = acc_col(m, v);
+    if (col < E && r < a.T) a.logits[int64_t(r) * E + col] = acc(v);
+  }
+  for (int e = lane; e < E; e += 32) cnt[warp * KOSMOS_MOE_MAX_E + e] = 0;
+  __syncwarp();  // also orders the warp's logit stores before its loads below (each warp owns 16 whole rows)
+  const int gs = E / a.n_group;
+  constexpr int kMaxPer = KOSMOS_MOE_MAX_E / 32;
+  for (int i = 0; i < 16; ++i) {
+    const int t = row0 + warp * 16 + i;
+    if (t >= a.T) break;
+    float key[kMaxPer], lg[kMaxPer];
+#pragma unroll
+    for (int q = 0; q < kMaxPer; ++q) {
+      const int e = lane + 32 * q;
+      lg[q] = e < E ? __ldcg(a.logits + int64_t(t) * E + e) : 0.f;
+      key[q] = e < E ? lg[q] + a.bias[e] : -INFINITY;
+    }
+    if (a.n_group > 1) {
+#pragma unroll
+      for (int q = 0; q < kMaxPer; ++q)
+        if (lane + 32 * q < E) kbuf[lane + 32 * q] = key[q];
+      __syncwarp();
+      float gscore = -INFINITY;
+      if (lane < a.n_group) {
+        float m1 = -INFINITY, m2 = -INFINITY;
+        for (int u = 0; u < gs; ++u) {
+          const float x = kbuf[lane * gs + u];
+          if (x > m1) {
+            m2 = m1;
+            m1 = x;
+          } else if (x > m2) {
+            m2 = x;
+          }
+        }
+        gscore = gs >= 2 ? m1 + m2 : m1;
+      }
+      __syncwarp();
+      bool keep = false;
+      for (int s = 0; s < a.topk_group; ++s) {
+        float v = gscore;
+        int id = lane < a.n_group ? lane : 1 << 20;
+        float dummy = 0.f;
+        warp_argmax(v, id, dummy);
+        if (lane == id) {
+          keep = true;
+          gscore = -INFINITY;
+        }
+      }
+      // experts of groups not kept: -inf (the lane holding group g's flag is lane g)
+#pragma unroll
+      for (int q = 0; q < kMaxPer; ++q) {
+        const int e = lane + 32 * q;
+        const bool kept = __shfl_sync(0xffffffffu, keep, min(e / max(gs, 1), 31));
+        if (e < E && !kept) key[q] = -INFINITY;
+      }
+    }
+    int my_e = -1;
+    float my_l = 0.f;
+    for (int j = 0; j < k; ++j) {
+      float v = -INFINITY;
+      int id = 1 << 20;  // lanes without a valid expert lose every tie
+      float l = 0.f;
+#pragma unroll
+      for (int q = 0; q < kMaxPer; ++q) {
+        const int e = lane + 32 * q;
+        if (e < E && (key[q] > v || id == (1 << 20))) {  // ascending e: ties keep the lower id
+          v = key[q];
+          id = e;
+          l = lg[q];
+        }
+      }
+      warp_argmax(v, id, l);
+#pragma unroll
+      for (int q = 0; q < kMaxPer; ++q)
+        if (lane + 32 * q == id) key[q] = -INFINITY;
+      if (lane == j) {
+        my_e = id;
+        my_l = l;
+      }
+    }
+    // combine weights over the k choices (lanes 0..k-1)
+    float wv;
+    if (a.scoring == 0) {
+      float mx = lane < k ? my_l : -INFINITY;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      wv = lane < k ? expf(my_l - mx) : 0.f;
+    } else {
+      wv = lane < k ? 1.f / (1.f + expf(-my_l)) : 0.f;
+    }
+    float sum = wv;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane < k) {
+      const float w = a.scoring == 0 ? wv / sum : wv / sum * a.scale;
+      a.routes[int64_t(t) * k + lane] = my_e;
+      a.weights[int64_t(t) * k + lane] = w;
+      const int r = cnt[warp * KOSMOS_MOE_MAX_E + my_e];
+      cnt[warp * KOSMOS_MOE_MAX_E + my_e] = r + 1;
+      a.rank[int64_t(t) * k + lane] = r;
+    }
+    __syncwarp();
+  }
+  named_bar_sync(kBarMath, Builder::kNumMathThreads);  // every warp's counts
+  // ranks: + the rows of the warps before (earlier tokens of the block)
+  for (int i = 0; i < 16; ++i) {
+    const int t = row0 + warp * 16 + i;
+    if (t >= a.T) break;
+    if (lane < k) {
+      const int e = a.routes[int64_t(t) * k + lane];
+      int off = 0;
+      for (int w2 = 0; w2 < warp; ++w2) off += cnt[w2 * KOSMOS_MOE_MAX_E + e];
+      a.rank[int64_t(t) * k + lane] += off;
+    }
+  }
+  if (m < E) {
+    int tot = 0;
+    for (int w2 = 0; w2 < 8; ++w2) tot += cnt[w2 * KOSMOS_MOE_MAX_E + m];
+    a.blk_cnt[int64_t(blk) * E + m] = tot;
+  }
+}
+
+// SwiGLU over a tile whose columns are [128 gate | 128 up]: values v < 64 become h.
+template <class Accum>
+__device__ __forceinline__ void swiglu(Accum& acc) {
+#pragma unroll
+  for (int v = 0; v < Builder::kBN / 4; ++v) {
+    const float g = acc(v), u = acc(v + Builder::kBN / 4);
+    acc(v) = g / (1.f + __expf(-g)) * u;
+  }
+}
+
+__device__ void math_loop(const Ctx& c, const Layout& L, const Params& P, Builder& builder, Ring& ring, Tracer& tr) {
+  const KosmosMoeArgs& a = c.a;
+  const int tid = int(threadIdx.x), m = tid - 128;
+  for (;;) {
+    const int item = ring.pop();
+    if (item < 0) break;
+    const int kind = item >> 24, i = item & 0xffffff;
+    const uint64_t t0 = (tid == 128) ? tr.now() : 0;
+    auto acc = Builder::make_accum();
+    uint32_t* rel = nullptr;
+    uint16_t role = kRoleExpert;
+    switch (kind) {
+      case KOSMOS_MOE_ROUTE:
+        builder.mma_k(acc, a.H / kBK);
+        route_epilogue(c, builder, acc, i);
+        rel = a.ctr + KOSMOS_MOE_CTR_ROUTED;
+        role = kRoleRouter;
+        break;
+      case KOSMOS_MOE_SHARED_UP: {
+        const int mb = i / L.nsu, n = i % L.nsu;
+        builder.mma_k(acc, a.H / kBK);
+        swiglu(acc);
+        builder.store_staged_to<kBN / 2>(acc, m, static_cast<bf16*>(a.hsh) + int64_t(mb) * kBM * a.Fs + n * (kBN / 2),
+                                         a.Fs, a.T - mb * kBM, kBN / 2);
+        rel = c.sh_up_done + mb;
+        break;
+      }
+      case KOSMOS_MOE_SHARED_DOWN: {
+        const int mb = i / L.nsd, n = i % L.nsd;
+        builder.mma_k(acc, a.Fs / kBK);
+        builder.store_staged_to(acc, m, static_cast<bf16*>(a.ysh) + int64_t(mb) * kBM * a.H + n * kBN, a.H,
+                                a.T - mb * kBM, a.H - n * kBN);
+        rel = c.sh_down_done + mb;
+        break;
+      }
+      case KOSMOS_MOE_UP: {
+        const int g = __ldcg(a.tile_order + i / L.nu), n = i % L.nu;
+        builder.mma_k(acc, a.H / kBK);
+        swiglu(acc);
+        builder.store_staged_to<kBN / 2>(acc, m, static_cast<bf16*>(a.hs) + int64_t(g) * kBM * a.F + n * (kBN / 2), a.F,
+                                         kBM, kBN / 2);
+        rel = c.up_done + g;
+        break;
+      }
+      case KOSMOS_MOE_DOWN: {
+        const int g = __ldcg(a.tile_order + i / L.nd), n = i % L.nd;
+        builder.mma_k(acc, a.F / kBK);
+        builder.store_staged_to(acc, m, static_cast<bf16*>(a.os) + int64_t(g) * kBM * a.H + n * kBN, a.H, kBM,
+                                a.H - n * kBN);
+        rel = c.down_done + g;
+        break;
+      }
+      default:
+        break;
+    }
+    __threadfence();
+    named_bar_sync(kBarMath, Builder::kNumMathThreads);  // every store of the item before its release
+    if (tid == 128) {
+      if (rel) atomicAdd(rel, 1u);
+      tr.add(role, item, t0, tr.now());
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------ the kernel
+__global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_constant__ Params P) {
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  Shared& s = *reinterpret_cast<Shared*>(smem_raw);
+  const KosmosMoeArgs& a = P.a;
+  const int tid = int(threadIdx.x);
+  const int block = int(blockIdx.x);
+  const Ctx c(a, block);
+  const Layout L(a);
+  KosmosParams tp{};  // the tracer's view of the trace buffers
+  tp.trace = static_cast<KosmosTraceRecord*>(a.trace);
+  tp.trace_count = a.trace_count;
+  tp.trace_cap = a.trace_cap;
+  Tracer tr = make_tracer(tp, block);
+  tr.shared = true;
+
+  const int warp_idx = cutlass::canonical_warp_idx_sync();
+  const int lane = tid % 32;
+  const auto role = Builder::role_of(tid);
+  Ring ring(s.ring, warp_idx == 0, role == Builder::Role::kMath, Builder::kNumMathThreads);
+  Builder builder(s.builder, P.bp, role);
+  if (tid == 0) {
+    Builder::Mainloop::prefetch_tma_descriptors(P.route);
+    Builder::Mainloop::prefetch_tma_descriptors(P.up);
+    Builder::Mainloop::prefetch_tma_descriptors(P.down);
+  }
+  __syncthreads();
+
+  const int rows_s = a.tiles_max * kBM;  // rows of the expert-sorted buffers
+  if (role == Builder::Role::kLoader) {
+    cutlass::arch::warpgroup_reg_dealloc<kLoaderRegs>();
+    for (;;) {
+      if (tid == kSched) s.cmd[0] = decide(c, L);
+      named_bar_sync(kBarLoader, kLoaderThreads);  // cmd written
+      const int item = s.cmd[0];
+      named_bar_sync(kBarLoader, kLoaderThreads);  // cmd read
+      if (item < 0) break;
+      const int kind = item >> 24, i = item & 0xffffff;
+      switch (kind) {
+        case KOSMOS_MOE_ROUTE:
+        case KOSMOS_MOE_SHARED_UP:
+        case KOSMOS_MOE_SHARED_DOWN:
+        case KOSMOS_MOE_UP:
+        case KOSMOS_MOE_DOWN:
+          if (warp_idx == 0) {
+            fence_proxy_async_global();  // generic-proxy writes of other CTAs (acquired) -> this warp's TMA reads
+            if (lane == 0) ring.push(item);
+            __syncwarp();
+            if (kind == KOSMOS_MOE_ROUTE) {
+              builder.produce_grouped(P.route, a.T, 1, 0, i, 256, a.H, a.H / kBK, 1, 0, 0);
+            } else if (kind == KOSMOS_MOE_SHARED_UP) {
+              builder.produce_grouped(P.sh_up, a.T, 1, 0, i / L.nsu, 2 * a.Fs, a.H, a.H / kBK, 1, 0, i % L.nsu);
+            } else if (kind == KOSMOS_MOE_SHARED_DOWN) {
+              builder.produce_grouped(P.sh_down, a.T, 1, 0, i / L.nsd, a.H, a.Fs, a.Fs / kBK, 1, 0, i % L.nsd);
+            } else if (kind == KOSMOS_MOE_UP) {
+              const int g = __ldcg(a.tile_order + i / L.nu);
+              const int e = __ldcg(a.tile_expert + g);
+              builder.produce_grouped(P.up, rows_s, 1, 0, g, 2 * a.F, a.H, a.H / kBK, a.E_tiles, e, i % L.nu);
+            } else {
+              const int g = __ldcg(a.tile_order + i / L.nd);
+              const int e = __ldcg(a.tile_expert + g);
+              builder.produce_grouped(P.down, rows_s, 1, 0, g, a.H, a.F, a.F / kBK, a.E_tiles, e, i % L.nd);
+            }
+          }
+          break;
+        default: {
+          const uint64_t t0 = (tid == kSched) ? tr.now() : 0;
+          uint16_t r = kRoleRouter;
+          if (kind == KOSMOS_MOE_SCAN) {
+            run_scan(c, s, tid);
+            __threadfence();
+            named_bar_sync(kBarLoader, kLoaderThreads);
+            if (tid == kSched) st_release(a.state + 2, c.sc.epoch, false);
+          } else if (kind == KOSMOS_MOE_DISPATCH) {
+            r = kRoleDispatch;
+            run_dispatch(c, i, tid);
+          } else if (kind == KOSMOS_MOE_PEER_DISPATCH) {
+            r = kRoleDispatch;
+            run_peer_dispatch(c, i, tid);
+          } else if (kind == KOSMOS_MOE_COMBINE) {
+            r = kRoleCombine;
+            run_combine(c, L, i, tid);
+          } else {
+            r = kRoleFold;
+            run_fold(c, L, s, i, tid);
+          }
+          if (tid == kSched) tr.add(r, item, t0, tr.now());
+          break;
+        }
+      }
+    }
+    if (warp_idx == 0) {
+      if (lane == 0) ring.push(-1);
+      __syncwarp();
+      builder.produce_tail();
+    }
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<kMathRegs>();
+    math_loop(c, L, P, builder, ring, tr);
+  }
+
+  // exit: the last CTA zeroes the per-call counters and publishes the completed call
+  __syncthreads();
+  if (tid == 0) {
+    __threadfence();
+    s.last = atomicAdd(a.ctr + KOSMOS_MOE_CTR_EXIT, 1u) == uint32_t(a.grid - 1);
+  }
+  __syncthreads();
+  if (s.last) {
+    __threadfence();
+    for (int w = tid; w < a.ctr_words; w += kThreads) a.ctr[w] = 0;
+    __syncthreads();
+    if (tid == 0) {
+      __threadfence();
+      st_release(a.state, c.sc.epoch, false);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------ host side
+namespace {
+
+const char* validate(int T, int H, int F, int Fs, int E, int topk, int n_group, int topk_group) {
+  if (T <= 0 || H <= 0 || F <= 0 || E <= 0) return "moe sm90: T, H, F, E must be positive";
+  if (E > KOSMOS_MOE_MAX_E) return "moe sm90: more than 256 experts in one launch (the router tile is 256 wide)";
+  if (topk < 1 || topk > KOSMOS_MOE_MAX_TOPK || topk > E) return "moe sm90: topk must be in 1..min(16, experts)";
+  if (H % 64 || F % 128 || Fs % 128) return "moe sm90: H must be a multiple of 64, F and the shared F of 128";
+  if (n_group < 1 || n_group > 32 || E % n_group || topk_group < 1 || topk_group > n_group)
+    return "moe sm90: groups must divide the experts (at most 32 groups)";
+  if (n_group > 1 && topk > topk_group * (E / n_group)) return "moe sm90: topk exceeds the experts of the kept groups";
+  if (T >= (1 << 24) / 8) return "moe sm90: too many tokens for one launch";
+  return nullptr;
+}
+
+bool aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+int co_resident(int dev, int* out) {
+  int per_sm = 0, sms = 0;
+  KOSMOS_CUDA(cudaFuncSetAttribute(moe_fwd_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  KOSMOS_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fwd_sm90_kernel, kThreads, kSmemBytes));
+  KOSMOS_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  *out = per_sm * sms;
+  return KOSMOS_OK;
+}
+
+}  // namespace
+}  // namespace moe
+}  // namespace kosmos
+
+// ----------------------------------------------------------------------------------- C ABI
+extern "C" {
+
+using kosmos::fail;
+using kosmos::moe::Builder;
+using kosmos::moe::Params;
+
+int kosmos_moe_abi_version(void) { return KOSMOS_MOE_ABI_VERSION; }
+const char* kosmos_moe_last_error(void) { return kosmos::g_err; }
+int kosmos_moe_smem_bytes(void) { return kosmos::moe::kSmemBytes; }
+int kosmos_moe_threads(void) { return kosmos::moe::kThreads; }
+
+// Offset of field i of KosmosMoeArgs (the Python mirror's layout test), -1 past the last.
+long kosmos_moe_args_offset(int i) {
+#define F(name) offsetof(KosmosMoeArgs, name)
+  static const long off[] = {F(x), F(bias), F(y), F(routes), F(weights), F(rank), F(logits), F(blk_cnt), F(blk_base),
+                             F(seg_start), F(tile_order), F(tile_expert), F(tile_rows), F(meta), F(xs), F(hs), F(os),
+                             F(hsh), F(ysh), F(own_total), F(ref_routes), F(ref_slot), F(peer_expert), F(peer_rel),
+                             F(peer_total), F(recv_rows), F(recv_out), F(send_rows), F(send_out), F(peer_begin),
+                             F(E_tiles), F(E_loc), F(peer_rows), F(ctr), F(state), F(err), F(trace), F(trace_count), F(timeout_ns), F(T),
+                             F(H), F(F), F(Fs), F(E), F(topk), F(n_group), F(topk_group), F(scoring),
+                             F(route_blocks), F(tiles_max), F(ctr_words), F(grid), F(trace_cap), F(spin_ns),
+                             F(debug_skip_scan), F(scale), F(reserved0), sizeof(KosmosMoeArgs)};
+#undef F
+  return (i >= 0 && i < int(sizeof(off) / sizeof(off[0]))) ? off[i] : -1;
+}
+
+// "" when the shape is supported, else why not. No GPU needed.
+const char* kosmos_moe_validate(int T, int H, int F, int Fs, int E, int topk, int n_group, int topk_group) {
+  const char* why = kosmos::moe::validate(T, H, F, Fs, E, topk, n_group, topk_group);
+  return why ? why : "";
+}
+
+void* kosmos_moe_create(void) { return new (std::nothrow) Params(); }
+void kosmos_moe_destroy(void* h) { delete static_cast<Params*>(h); }
+
+// The arguments and the weights as the kernel reads them (arranged once at prepare):
+//   wr_t  (H x 256)      router weight transposed, zero columns beyond E
+//   w1_t  (E x H x 2F)   per expert W1^T, the columns of each 256-wide n-tile = [128 gate | 128 up]
+//   w2_t  (E x F x H)    per expert W2^T
+//   ws1_t (H x 2Fs), ws2_t (Fs x H): the shared expert likewise (NULL when Fs = 0)
+int kosmos_moe_set(void* h, const KosmosMoeArgs* args, const void* wr_t, const void* w1_t, const void* w2_t,
+                   const void* ws1_t, const void* ws2_t) {
+  if (!h || !args) return fail(KOSMOS_ERR_INVALID, "moe sm90: null handle or args");
+  const KosmosMoeArgs& a = *args;
+  if (const char* why = kosmos::moe::validate(a.T, a.H, a.F, a.Fs, a.E, a.topk, a.n_group, a.topk_group))
+    return fail(KOSMOS_ERR_INVALID, "%s", why);
+  if (!a.x || !a.y || !a.xs || !a.hs || !a.os || !a.ctr || !a.state || !a.err || !wr_t || !w1_t || !w2_t)
+    return fail(KOSMOS_ERR_INVALID, "moe sm90: null buffer");
+  if (a.Fs && (!ws1_t || !ws2_t || !a.hsh || !a.ysh)) return fail(KOSMOS_ERR_INVALID, "moe sm90: null shared-expert buffer");
+  const void* const bufs[] = {a.x, a.y, a.xs, a.hs, a.os, wr_t, w1_t, w2_t};
+  for (const void* p : bufs)
+    if (!kosmos::moe::aligned(p)) return fail(KOSMOS_ERR_INVALID, "moe sm90: buffers must be 16-byte aligned");
+  if (a.E_tiles < 1 || a.E_tiles > a.E || a.E_loc < 1 || (a.E_tiles < a.E && a.E % a.E_loc))
+    return fail(KOSMOS_ERR_INVALID, "moe sm90: E_tiles / E_loc do not fit E");
+  if (a.E_tiles < a.E && (!a.ref_routes || !a.ref_slot))
+    return fail(KOSMOS_ERR_INVALID, "moe sm90: remote experts without the reference routing's send slots");
+  if (a.peer_rows < 0 || (a.peer_rows && (!a.peer_expert || !a.peer_rel || !a.peer_total)))
+    return fail(KOSMOS_ERR_INVALID, "moe sm90: peer rows without their tables");
+  if (a.route_blocks != (a.T + 127) / 128 || a.tiles_max < (a.T * a.topk + a.peer_rows + 127) / 128 + a.E_tiles)
+    return fail(KOSMOS_ERR_INVALID, "moe sm90: route_blocks / tiles_max do not match T, topk, E");
+  if (a.ctr_words < KOSMOS_MOE_CTR_HEAD + 3 * a.tiles_max + 2 * a.route_blocks)
+    return fail(KOSMOS_ERR_INVALID, "moe sm90: ctr_words too small");
+  Params& P = *static_cast<Params*>(h);
+  P.a = a;
+  const int rows_s = a.tiles_max * 128;
+  P.bp = Builder::make_params(a.x, wr_t, a.y, a.T, 256, a.H);
+  P.route = Builder::make_grouped_params(a.x, a.T, 1, int64_t(a.T) * a.H, wr_t, 256, a.H, 1);
+  P.up = Builder::make_grouped_params(a.xs, rows_s, 1, int64_t(rows_s) * a.H, w1_t, 2 * a.F, a.H, a.E_tiles);
+  P.down = Builder::make_grouped_params(a.hs, rows_s, 1, int64_t(rows_s) * a.F, w2_t, a.H, a.F, a.E_tiles);
+  if (a.Fs) {
+    P.sh_up = Builder::make_grouped_params(a.x, a.T, 1, int64_t(a.T) * a.H, ws1_t, 2 * a.Fs, a.H, 1);
+    P.sh_down = Builder::make_grouped_params(a.hsh, a.T, 1, int64_t(a.T) * a.Fs, ws2_t, a.H, a.Fs, 1);
+  } else {
+    P.sh_up = P.route;
+    P.sh_down = P.route;
+  }
+  return KOSMOS_OK;
+}
+
+int kosmos_moe_max_wgs(int device, int* out) {
+  if (!out) return fail(KOSMOS_ERR_INVALID, "null out");
+  int prev = 0, major = 0;
+  KOSMOS_CUDA(cudaGetDevice(&prev));
+  KOSMOS_CUDA(cudaSetDevice(device));
+  KOSMOS_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (major != 9) return fail(KOSMOS_ERR_INVALID, "the MoE sm90 kernel needs an sm_90 GPU (device %d is sm_%dx)", device, major);
+  int rc = kosmos::moe::co_resident(device, out);
+  KOSMOS_CUDA(cudaSetDevice(prev));
+  return rc;
+}
+
+// One cooperative launch of the whole forward on `stream` (no synchronisation).
+int kosmos_moe_launch(void* h, void* stream) {
+  if (!h) return fail(KOSMOS_ERR_INVALID, "moe sm90: null handle");
+  Params& P = *static_cast<Params*>(h);
+  static int co[64];
+  int dev = 0;
+  KOSMOS_CUDA(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) return fail(KOSMOS_ERR_INVALID, "device %d", dev);
+  if (!co[dev])
+    if (int rc = kosmos::moe::co_resident(dev, &co[dev])) return rc;
+  if (P.a.grid < 1 || P.a.grid > co[dev])
+    return fail(KOSMOS_ERR_TOO_MANY_WGS, "moe sm90: grid %d outside 1..%d co-resident CTAs", P.a.grid, co[dev]);
+  void* args[] = {&P};
+  KOSMOS_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kosmos::moe::moe_fwd_sm90_kernel),
+                                           dim3(P.a.grid), dim3(kosmos::moe::kThreads), args, kosmos::moe::kSmemBytes,
+                                           static_cast<cudaStream_t>(stream)));
+  KOSMOS_CUDA(cudaGetLastError());
+  return KOSMOS_OK;
+}
+
+}  // extern "C"

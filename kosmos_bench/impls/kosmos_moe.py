@@ -1,0 +1,348 @@
+"""KOSMOS MoE forward: the runner of ``csrc/moe_fwd_sm90.cu`` (one cooperative launch per call).
+
+``prepare_moe(point, ctx, inputs, ...)`` -> :class:`MoeRunner` (the contract of
+docs/moe_interface: ``run`` / ``check`` / ``outputs[r]`` / ``routes[r]`` / ``info`` /
+``run_traced`` / ``close``).
+
+Fabrics:
+* world 1 and ``local`` (W ranks emulated in ONE launch): every executed rank's tokens are the
+  rows of one token buffer (rank r at rows r*T..), every rank's experts one stacked weight set
+  (global expert ids), so the kernel sees T*W tokens and E experts; dispatch places each row in
+  the segment of its expert, which on a single GPU *is* the owner rank's receive buffer.
+  ``outputs[r]`` / ``routes[r]`` are views of the shared output buffers.
+* ``host`` (rank-0 view, ops/moe_host.py): rank 0 routes its tokens over all E experts; its own
+  experts' segments hold its own rows and then the peers' rows, which PEER_DISPATCH items read
+  from pinned host memory (PCIe, host -> device); COMBINE items write the outputs of those rows
+  back to the peers' pinned buffers (device -> host); DISPATCH writes rank 0's rows for remote
+  experts to the peers' pinned send buffers (device -> host) and FOLD reads the peers' outputs
+  of them from pinned host memory (host -> device). All four directions move the view's bytes,
+  from inside the one launch (SM loads/stores to mapped pinned memory, no copy engine).
+* ``nvlink``: not implemented (:func:`unsupported` says so; the op records a skipped row).
+
+Weights are arranged once here, as the kernel reads them (the Hopper builder's B operand is
+K x N, N contiguous; the layer's weights are N x K): the router weight transposed and padded to
+the 256-wide router tile, W1_e^T with the columns of every 256-wide n-tile = [128 gate | 128 up]
+(so each math thread holds matching gate/up accumulators and SwiGLU is fused in the epilogue),
+W2_e^T; the shared expert likewise. A one-time copy per point (prepare), never per call.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from ..kernels import moe_sm90 as K
+from .kosmos import DEFAULT_TIMEOUT_S, WatchdogError
+
+DEFAULT_TRACE_CAP = 4096
+
+
+def unsupported(shape, fabric: str) -> str | None:
+    """Why this kernel cannot run `shape` on `fabric` (None: it can). No GPU needed."""
+    if fabric not in ("local", "world1", "host") and shape.world > 1:
+        return f"kosmos moe: fabric {fabric} is not implemented yet (world 1, local and host)"
+    ws = shape.world if fabric == "local" else 1
+    T = shape.T * ws
+    E = shape.E
+    if E > K.MAX_E:
+        return f"kosmos moe: {E} experts in one launch > {K.MAX_E} (the router tile)"
+    if shape.topk > K.MAX_TOPK:
+        return f"kosmos moe: topk {shape.topk} > {K.MAX_TOPK}"
+    if shape.F % 128 or shape.shared_F % 128:
+        return "kosmos moe: the FFN widths must be multiples of 128 (gate/up halves of 256-wide tiles)"
+    if shape.n_group > 32:
+        return "kosmos moe: at most 32 expert groups"
+    if T * shape.topk >= (1 << 24):
+        return "kosmos moe: too many token choices for one launch"
+    return None
+
+
+def _w1_columns(F: int, device):
+    """Row order of W1 (2F x H) so that every 256 rows are [128 gate | 128 up] of the same h columns."""
+    import torch
+
+    n = torch.arange(F // 128, device=device)[:, None] * 128 + torch.arange(128, device=device)[None, :]
+    return torch.cat([n, n + F], dim=1).reshape(-1)
+
+
+def arrange_w1(W1):
+    """(E x 2F x H) -> (E x H x 2F) in the kernel's column order (see module doc)."""
+    F = W1.shape[-2] // 2
+    return W1.index_select(-2, _w1_columns(F, W1.device)).transpose(-1, -2).contiguous()
+
+
+class MoeRunner:
+    def __init__(self, shape, ctx, inputs, *, ranks: list[int], fabric: str = "local", timeout_s: float | None = None,
+                 grid: int | None = None, spin_ns: int = 32, trace_cap: int = DEFAULT_TRACE_CAP,
+                 debug_skip_scan: bool = False):
+        import torch
+
+        host = fabric == "host" and shape.world > 1
+        why = unsupported(shape, "host" if host else ("local" if len(ranks) > 1 else "world1"))
+        if why:
+            raise ValueError(why)
+        self.shape, self.ranks, self.closed = shape, list(ranks), False
+        self.dev = ctx.device
+        self.lib = K.load()
+        dev = self.dev
+        W = len(ranks)
+        T1 = shape.T
+        T, H, F, Fs = T1 * W, shape.H, shape.F, shape.shared_F
+        E = shape.E  # routed over every expert; tiles for the executed ranks' experts
+        E_tiles = shape.E_loc * W
+        if ranks[0] != 0 or (E_tiles != E and not host):
+            raise ValueError("kosmos moe: executes ranks 0..W-1 (local), rank 0 (world 1, host)")
+        view = inputs.host.get("view") if host else None
+        if host and view is None:
+            raise ValueError("kosmos moe: the host fabric needs the rank-0 view (inputs.host['view'], ops/moe_host.py)")
+        k = shape.topk
+        bf = torch.bfloat16
+        self.T, self.E, self.k = T, E, k
+        # inputs, arranged once (module doc)
+        self.x = torch.cat([inputs.x[r] for r in ranks]).contiguous() if W > 1 else inputs.x[ranks[0]].contiguous()
+        Wr = inputs.Wr
+        self.wr_t = torch.zeros(H, 256, dtype=bf, device=dev)
+        self.wr_t[:, :E] = Wr.t()
+        self.bias = inputs.bias.float().contiguous()
+        W1 = torch.cat([inputs.W1[r] for r in ranks]) if W > 1 else inputs.W1[ranks[0]]
+        W2 = torch.cat([inputs.W2[r] for r in ranks]) if W > 1 else inputs.W2[ranks[0]]
+        self.w1_t = arrange_w1(W1)
+        self.w2_t = W2.transpose(-1, -2).contiguous()
+        if Fs:
+            ws1, ws2 = inputs.shared
+            self.ws1_t = arrange_w1(ws1[None])[0].contiguous()
+            self.ws2_t = ws2.t().contiguous()
+        else:
+            self.ws1_t = self.ws2_t = None
+        peer = self._peer_tables(view, shape, dev) if host else None
+        R = peer["rows"] if peer else 0
+        nb = -(-T // K.BM)
+        tm = K.tiles_max(T, k, E_tiles, R)
+        i32 = torch.int32
+        self.y = torch.empty(T, H, dtype=bf, device=dev)
+        self.routes_buf = torch.empty(T, k, dtype=i32, device=dev)
+        self.weights = torch.empty(T, k, dtype=torch.float32, device=dev)
+        self.rank_buf = torch.empty(T, k, dtype=i32, device=dev)
+        self.logits = torch.empty(T, E, dtype=torch.float32, device=dev)
+        self.blk_cnt = torch.empty(nb, E, dtype=i32, device=dev)
+        self.blk_base = torch.empty(nb, E, dtype=i32, device=dev)
+        self.seg_start = torch.empty(E, dtype=i32, device=dev)
+        self.tile_order = torch.empty(tm, dtype=i32, device=dev)
+        self.tile_expert = torch.empty(tm, dtype=i32, device=dev)
+        self.tile_rows = torch.empty(tm, dtype=i32, device=dev)
+        self.meta = torch.zeros(4, dtype=i32, device=dev)
+        # sorted buffers: zeroed once so padded rows are finite (they are computed, never read)
+        self.xs = torch.zeros(tm * K.BM, H, dtype=bf, device=dev)
+        self.hs = torch.zeros(tm * K.BM, F, dtype=bf, device=dev)
+        self.os = torch.zeros(tm * K.BM, H, dtype=bf, device=dev)
+        self.hsh = torch.zeros(T, Fs, dtype=bf, device=dev) if Fs else None
+        self.ysh = torch.zeros(T, H, dtype=bf, device=dev) if Fs else None
+        self.own_total = torch.empty(E, dtype=i32, device=dev)
+        self.ctr = torch.zeros(K.ctr_words(T, k, E_tiles, R), dtype=i32, device=dev)
+        self.state = torch.zeros(4, dtype=i32, device=dev)
+        self.err = torch.zeros(64, dtype=torch.uint8, device=dev)
+        self.err_seen = 0
+        self.trace_cap = int(trace_cap)
+        self.trace_buf = self.trace_count = None
+
+        max_wgs = ctypes.c_int(0)
+        self._ok(self.lib.kosmos_moe_max_wgs(dev.index or 0, ctypes.byref(max_wgs)))
+        self.grid = int(grid or max_wgs.value)
+        self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
+
+        a = K.MoeArgs()
+        ptr = lambda t: t.data_ptr() if t is not None else None  # noqa: E731
+        a.x, a.bias, a.y, a.routes, a.weights, a.rank = (ptr(self.x), ptr(self.bias), ptr(self.y),
+                                                          ptr(self.routes_buf), ptr(self.weights), ptr(self.rank_buf))
+        a.logits, a.blk_cnt, a.blk_base, a.seg_start = ptr(self.logits), ptr(self.blk_cnt), ptr(self.blk_base), ptr(self.seg_start)
+        a.tile_order, a.tile_expert, a.tile_rows, a.meta = (ptr(self.tile_order), ptr(self.tile_expert),
+                                                            ptr(self.tile_rows), ptr(self.meta))
+        a.xs, a.hs, a.os, a.hsh, a.ysh = ptr(self.xs), ptr(self.hs), ptr(self.os), ptr(self.hsh), ptr(self.ysh)
+        a.ctr, a.state, a.err = ptr(self.ctr), ptr(self.state), ptr(self.err)
+        a.own_total, a.E_tiles, a.E_loc = ptr(self.own_total), E_tiles, shape.E_loc
+        if peer:
+            self._peer = peer  # keeps the tables alive
+            a.ref_routes, a.ref_slot = ptr(peer["ref_routes"]), ptr(peer["ref_slot"])
+            a.peer_expert, a.peer_rel, a.peer_total = ptr(peer["expert"]), ptr(peer["rel"]), ptr(peer["total"])
+            a.peer_rows = R
+            for p in view.peers:
+                a.recv_rows[p], a.recv_out[p] = view.recv_rows[p].data_ptr(), view.recv_out[p].data_ptr()
+                a.send_rows[p], a.send_out[p] = view.send_rows[p].data_ptr(), view.send_out[p].data_ptr()
+            for p in range(K.MAX_PEERS + 1):
+                a.peer_begin[p] = peer["begin"][min(p, len(peer["begin"]) - 1)]
+        a.timeout_ns = int(self.timeout_s * 1e9)
+        a.T, a.H, a.F, a.Fs, a.E, a.topk = T, H, F, Fs, E, k
+        a.n_group, a.topk_group = shape.n_group, shape.topk_group
+        a.scoring = 0 if shape.scoring == "softmax" else 1
+        a.scale = float(shape.scale)
+        a.route_blocks, a.tiles_max, a.ctr_words = nb, tm, self.ctr.numel()
+        a.grid, a.trace_cap, a.spin_ns = self.grid, self.trace_cap, int(spin_ns)
+        a.debug_skip_scan = int(debug_skip_scan)
+        self.args = a
+        self.handle = self.lib.kosmos_moe_create()
+        if not self.handle:
+            raise MemoryError("kosmos_moe_create failed")
+        self._set()
+        self.outputs = {r: self.y[i * T1:(i + 1) * T1] for i, r in enumerate(ranks)}
+        self.routes = {r: self.routes_buf[i * T1:(i + 1) * T1] for i, r in enumerate(ranks)}
+        self.info = {"moe_kernel": "kosmos moe fwd sm90 (one cooperative launch)", "grid": self.grid,
+                     "tiles_max": tm, "experts_per_launch": E_tiles, "tokens_per_launch": T, "peer_rows": R}
+
+    @staticmethod
+    def _peer_tables(view, shape, dev) -> dict:
+        """Device tables of the host view's peer rows (moe_params.h): their local expert, their row
+        among that expert's peer rows (peers in order, each peer's rows in its (expert, token, j)
+        order), rows per expert, the per-peer prefix, and the reference routing's send slots."""
+        import torch
+
+        E_loc = shape.E_loc
+        begin, experts, rels = [0, 0], [], []
+        seen = torch.zeros(E_loc, dtype=torch.int64)  # peer rows per expert of the peers before p
+        for p in view.peers:
+            e = view.recv_meta[p][:, 0].long()
+            cnt = torch.bincount(e, minlength=E_loc)
+            first = torch.cumsum(cnt, 0) - cnt  # first row of expert e in peer p's buffer
+            rels.append(seen[e] + torch.arange(e.numel()) - first[e])
+            experts.append(e)
+            seen += cnt
+            begin.append(begin[-1] + e.numel())
+        cat = lambda xs: torch.cat(xs).to(torch.int32).to(dev) if xs else torch.zeros(1, dtype=torch.int32, device=dev)  # noqa: E731
+        return {"rows": begin[-1], "begin": begin, "expert": cat(experts), "rel": cat(rels),
+                "total": seen.to(torch.int32).to(dev),
+                "ref_routes": view.routes0.to(torch.int32).to(dev).contiguous(),
+                "ref_slot": view.slot0.to(torch.int32).to(dev).contiguous()}
+
+    # ---- helpers ----
+    def _ok(self, rc: int) -> None:
+        if rc != 0:
+            raise RuntimeError(f"kosmos moe: {K.last_error(self.lib)} (rc {rc})")
+
+    def _set(self) -> None:
+        ptr = lambda t: ctypes.c_void_p(t.data_ptr() if t is not None else None)  # noqa: E731
+        self._ok(self.lib.kosmos_moe_set(ctypes.c_void_p(self.handle), ctypes.byref(self.args), ptr(self.wr_t),
+                                         ptr(self.w1_t), ptr(self.w2_t), ptr(self.ws1_t), ptr(self.ws2_t)))
+
+    def _launch(self) -> None:
+        import torch
+
+        stream = torch.cuda.current_stream(self.dev).cuda_stream
+        self._ok(self.lib.kosmos_moe_launch(ctypes.c_void_p(self.handle), ctypes.c_void_p(stream)))
+
+    def _raise_if_timed_out(self) -> None:
+        import torch
+
+        if self.closed:
+            raise RuntimeError("kosmos moe runner used after close()")
+        raw = self.err.cpu().numpy().tobytes()[:48]
+        count, epoch, _rank, wg, queue, item, _frank, flag, expected, seen = np.frombuffer(raw[:40], dtype="<i4")
+        waited = int(np.frombuffer(raw[40:48], dtype="<u8")[0])
+        if int(count) == self.err_seen:
+            return
+        self.err_seen = int(count)
+        kind = K.KINDS[queue] if 0 <= queue < len(K.KINDS) else str(queue)
+        name = K.counter_name(int(flag), self.T, self.k, self.args.E_tiles, self.args.peer_rows)
+        msg = (f"kosmos moe watchdog: {kind} item {item} (CTA {wg}) waited {waited / 1e6:.1f} ms for "
+               f"{name} (expected >= {expected}, saw {seen}) "
+               f"in call {epoch}")
+        self.ctr.zero_()
+        torch.cuda.synchronize(self.dev)
+        raise WatchdogError(msg)
+
+    def set_debug_skip_scan(self, skip: bool) -> None:
+        """Test hook: the SCAN item never runs (every item after it waits: the watchdog fires)."""
+        self.args.debug_skip_scan = int(skip)
+        self._set()
+
+    # ---- Runner interface ----
+    def run(self) -> None:
+        """One forward (asynchronous: one cooperative launch, no host synchronisation)."""
+        if self.closed:
+            raise RuntimeError("kosmos moe runner used after close()")
+        self._launch()
+
+    def check(self) -> None:
+        """Synchronize; raise WatchdogError if a call timed out."""
+        import torch
+
+        torch.cuda.synchronize(self.dev)
+        self._raise_if_timed_out()
+
+    def expert_counts(self):
+        """Tokens per expert of the last call (E,) int64 (synchronizes)."""
+        import torch
+
+        return torch.bincount(self.routes_buf.long().flatten(), minlength=self.E)
+
+    def run_traced(self):
+        """One call with role records; a DataFrame (rank, wg, sm, role, item, kind, t0_ns, t1_ns)."""
+        import pandas as pd
+        import torch
+
+        if self.trace_buf is None:
+            self.trace_buf = torch.zeros(self.grid * self.trace_cap * 24, dtype=torch.uint8, device=self.dev)
+            self.trace_count = torch.zeros(self.grid, dtype=torch.int32, device=self.dev)
+        self.trace_count.zero_()
+        self.args.trace, self.args.trace_count = self.trace_buf.data_ptr(), self.trace_count.data_ptr()
+        self._set()
+        try:
+            self._launch()
+            self.check()
+        finally:
+            self.args.trace = self.args.trace_count = None
+            self._set()
+        counts = self.trace_count.cpu().numpy().astype(np.int64)
+        rec = np.frombuffer(self.trace_buf.cpu().numpy().tobytes(), dtype=np.dtype(
+            [("t0", "<u8"), ("t1", "<u8"), ("item", "<i4"), ("role", "<u2"), ("sm", "<u2")])).reshape(
+            self.grid, self.trace_cap)
+        self.info["trace_dropped"] = int(np.maximum(counts - self.trace_cap, 0).sum())
+        rows = []
+        for g in range(self.grid):
+            chunk = rec[g, :int(min(counts[g], self.trace_cap))]
+            if len(chunk):
+                rows.append(pd.DataFrame({"rank": self.ranks[0], "wg": g, "sm": chunk["sm"].astype(np.int32),
+                                          "role": [K.ROLE_CODES[int(c)] for c in chunk["role"]],
+                                          "item": chunk["item"] & 0xFFFFFF,
+                                          "kind": [K.KINDS[int(i) >> 24] for i in chunk["item"]],
+                                          "t0_ns": chunk["t0"].astype(np.int64), "t1_ns": chunk["t1"].astype(np.int64)}))
+        cols = ["rank", "wg", "sm", "role", "item", "kind", "t0_ns", "t1_ns"]
+        if not rows:
+            return pd.DataFrame(columns=cols)
+        df = pd.concat(rows, ignore_index=True)
+        t_min = int(df["t0_ns"].min())
+        df["t0_ns"] -= t_min
+        df["t1_ns"] -= t_min
+        return df[cols]
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            import torch
+
+            torch.cuda.synchronize(self.dev)
+        except Exception:  # noqa: BLE001 - closing after a failed call
+            pass
+        if self.handle:
+            self.lib.kosmos_moe_destroy(ctypes.c_void_p(self.handle))
+            self.handle = None
+        self.outputs = {}
+        self.routes = {}
+
+
+def prepare_moe(point, ctx, inputs, *, config=None, timeout_s: float | None = None, **kw) -> MoeRunner:
+    """The runner of `point` for this process (world 1; local fabric: every rank in one launch)."""
+    shape = inputs.shape  # the op's moe_shape(point), as the inputs were made for it
+    fabric = getattr(ctx, "fabric", "local")
+    if shape.world > 1 and fabric not in ("local", "host"):
+        raise ValueError(unsupported(shape, fabric) or f"kosmos moe: fabric {fabric}")
+    ranks = list(range(shape.world)) if shape.world > 1 and fabric == "local" else [ctx.rank]
+    spin_ns = getattr(config, "spin_ns", 32) if config is not None else 32
+    return MoeRunner(shape, ctx, inputs, ranks=ranks, fabric=fabric, timeout_s=timeout_s, spin_ns=spin_ns, **kw)
+
+
+def unsupported_moe(point) -> str | None:
+    """Why the kernel does not run `point` (None: it does); KosmosImpl.validate calls it."""
+    from ..ops.moe import moe_shape  # noqa: PLC0415
+
+    return unsupported(moe_shape(point), point.fabric if point.world > 1 else "world1")

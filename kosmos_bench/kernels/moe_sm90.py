@@ -1,0 +1,131 @@
+"""The MoE forward kernel (``csrc/moe_fwd_sm90.cu``): ctypes mirror of its C ABI, build, load.
+
+One cooperative persistent launch per forward (router, top-k, scan, dispatch, expert GEMMs with
+SwiGLU fused, fold, shared expert); the runner is :mod:`kosmos_bench.impls.kosmos_moe`. Its own
+shared library (``libkosmos_moe_sm90-<hash>-sm_90a.so``, CUTLASS headers), built, cached and loaded
+by :mod:`kosmos_bench.kernels.libs` (``libs.MOE_SM90``); builds on any machine with nvcc.
+
+C ABI: ``kosmos_moe_{abi_version,last_error,smem_bytes,threads,args_offset,validate,create,destroy,
+set,max_wgs,launch}``; the argument struct is ``KosmosMoeArgs`` of ``csrc/kosmos/moe_params.h``
+(:class:`MoeArgs` here, field by field; ``kosmos_moe_args_offset`` lets a CPU test compare them).
+"""
+from __future__ import annotations
+
+import ctypes as C
+
+from . import libs
+
+LIB = libs.MOE_SM90
+ABI_VERSION = 2
+MAX_E = 256
+MAX_TOPK = 16
+TOK_BLOCK = 32  # tokens per DISPATCH / FOLD item
+BM = 128        # rows per expert tile (segments of the sorted buffer are padded to it)
+
+# Item kinds in claim order (moe_params.h KosmosMoeKind): the error record's `queue`, and the
+# high byte of a trace record's item.
+KINDS = ("ROUTE", "SHARED_UP", "SCAN", "DISPATCH", "PEER_DISPATCH", "SHARED_DOWN", "UP", "DOWN", "COMBINE", "FOLD")
+# Counter words (KosmosMoeCtr): head, then arrived / up_done / down_done [tiles_max],
+# sh_up_done / sh_down_done [route_blocks].
+CTR_HEAD = 4
+HEAD_NAMES = ("claim", "routed", "exit", "unused")
+# Trace roles of this kernel (the kernel's MoeRole).
+ROLE_CODES = {0: "ROUTER", 1: "DISPATCH", 2: "EXPERT", 3: "COMBINE", 4: "FOLD"}
+
+P = C.c_void_p
+I32 = C.c_int32
+MAX_PEERS = 8  # pointer slots per peer table (ranks 0..7; slot 0 unused)
+
+
+class MoeArgs(C.Structure):
+    _fields_ = [
+        ("x", P), ("bias", P), ("y", P), ("routes", P), ("weights", P), ("rank", P), ("logits", P),
+        ("blk_cnt", P), ("blk_base", P), ("seg_start", P), ("tile_order", P), ("tile_expert", P),
+        ("tile_rows", P), ("meta", P), ("xs", P), ("hs", P), ("os", P), ("hsh", P), ("ysh", P),
+        ("own_total", P), ("ref_routes", P), ("ref_slot", P), ("peer_expert", P), ("peer_rel", P), ("peer_total", P),
+        ("recv_rows", P * MAX_PEERS), ("recv_out", P * MAX_PEERS), ("send_rows", P * MAX_PEERS),
+        ("send_out", P * MAX_PEERS), ("peer_begin", I32 * (MAX_PEERS + 1)), ("E_tiles", I32), ("E_loc", I32),
+        ("peer_rows", I32),
+        ("ctr", P), ("state", P), ("err", P), ("trace", P), ("trace_count", P),
+        ("timeout_ns", C.c_uint64),
+        ("T", I32), ("H", I32), ("F", I32), ("Fs", I32), ("E", I32), ("topk", I32),
+        ("n_group", I32), ("topk_group", I32), ("scoring", I32),
+        ("route_blocks", I32), ("tiles_max", I32), ("ctr_words", I32),
+        ("grid", I32), ("trace_cap", I32), ("spin_ns", I32),
+        ("debug_skip_scan", I32), ("scale", C.c_float), ("reserved0", I32),
+    ]
+
+
+assert C.sizeof(MoeArgs) == (30 + 4 * MAX_PEERS) * 8 + 8 + (9 + 3 + 18) * 4, C.sizeof(MoeArgs)
+
+
+def tiles_max(T: int, topk: int, E: int, peer_rows: int = 0) -> int:
+    """Most expert tiles any routing of T tokens (plus static peer rows) can produce on E
+    experts with tiles here (segments padded to BM rows)."""
+    return -(-(T * topk + peer_rows) // BM) + E
+
+
+def ctr_words(T: int, topk: int, E: int, peer_rows: int = 0) -> int:
+    nb = -(-T // BM)
+    return CTR_HEAD + 3 * tiles_max(T, topk, E, peer_rows) + 2 * nb
+
+
+def counter_name(word: int, T: int, topk: int, E: int, peer_rows: int = 0) -> str:
+    """What counter word `word` is (for the watchdog's message); -1 is the scan flag."""
+    if word < 0:
+        return "scan flag"
+    if word < CTR_HEAD:
+        return f"counter {HEAD_NAMES[word]}"
+    w, tm, nb = word - CTR_HEAD, tiles_max(T, topk, E, peer_rows), -(-T // BM)
+    for name, n in (("arrived", tm), ("up_done", tm), ("down_done", tm), ("shared_up_done", nb),
+                    ("shared_down_done", nb)):
+        if w < n:
+            return f"{name}[{w}]"
+        w -= n
+    return f"counter word {word}"
+
+
+def _declare(lib: C.CDLL) -> C.CDLL:
+    Ip = C.c_int
+    lib.kosmos_moe_abi_version.restype = Ip
+    lib.kosmos_moe_last_error.restype = C.c_char_p
+    lib.kosmos_moe_smem_bytes.restype = Ip
+    lib.kosmos_moe_threads.restype = Ip
+    lib.kosmos_moe_args_offset.argtypes = [Ip]
+    lib.kosmos_moe_args_offset.restype = C.c_long
+    lib.kosmos_moe_validate.argtypes = [Ip] * 8
+    lib.kosmos_moe_validate.restype = C.c_char_p
+    lib.kosmos_moe_create.restype = P
+    lib.kosmos_moe_destroy.argtypes = [P]
+    lib.kosmos_moe_destroy.restype = None
+    lib.kosmos_moe_set.argtypes = [P, C.POINTER(MoeArgs), P, P, P, P, P]
+    lib.kosmos_moe_set.restype = Ip
+    lib.kosmos_moe_max_wgs.argtypes = [Ip, C.POINTER(Ip)]
+    lib.kosmos_moe_max_wgs.restype = Ip
+    lib.kosmos_moe_launch.argtypes = [P, P]
+    lib.kosmos_moe_launch.restype = Ip
+    if lib.kosmos_moe_abi_version() != ABI_VERSION:
+        raise libs.BuildError(f"libkosmos_moe_sm90 ABI {lib.kosmos_moe_abi_version()} != {ABI_VERSION} (moe_sm90.py)")
+    return lib
+
+
+def load() -> C.CDLL:
+    """The loaded library (built on first use when no cached build matches the sources)."""
+    return LIB.load(declare=_declare)
+
+
+def last_error(lib: C.CDLL) -> str:
+    return (lib.kosmos_moe_last_error() or b"").decode(errors="replace")
+
+
+def layout_mismatches(lib: C.CDLL) -> list[str]:
+    """Fields whose offset differs between MoeArgs and the C struct (and the size): [] when equal."""
+    bad = []
+    for i, (name, _) in enumerate(MoeArgs._fields_):
+        c_off = lib.kosmos_moe_args_offset(i)
+        if c_off != getattr(MoeArgs, name).offset:
+            bad.append(f"{name}: C {c_off}, Python {getattr(MoeArgs, name).offset}")
+    size = lib.kosmos_moe_args_offset(len(MoeArgs._fields_))
+    if size != C.sizeof(MoeArgs):
+        bad.append(f"sizeof: C {size}, Python {C.sizeof(MoeArgs)}")
+    return bad

@@ -1,0 +1,73 @@
+"""CPU tests of the KOSMOS MoE kernel's plumbing (kernels/moe_sm90.py, impls/kosmos_moe.py); the
+kernel itself runs in tests/test_moe_kosmos_gpu.py."""
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from kosmos_bench.impls import kosmos_moe
+from kosmos_bench.kernels import libs, moe_sm90
+from kosmos_bench.ops import moe_math as mm
+
+
+def test_args_layout_matches_the_c_struct():
+    """Every field of the ctypes mirror at the C struct's offset (the library is built if needed)."""
+    try:
+        lib = moe_sm90.load()
+    except libs.ToolchainMissing as e:
+        pytest.skip(str(e))
+    assert moe_sm90.layout_mismatches(lib) == []
+    assert lib.kosmos_moe_smem_bytes() <= 227 * 1024
+    assert lib.kosmos_moe_threads() == 384
+
+
+def test_validate_reasons():
+    try:
+        lib = moe_sm90.load()
+    except libs.ToolchainMissing as e:
+        pytest.skip(str(e))
+    assert lib.kosmos_moe_validate(8192, 7168, 2048, 2048, 32, 8, 8, 4) == b""
+    assert b"256 experts" in lib.kosmos_moe_validate(64, 512, 256, 0, 512, 8, 1, 1)
+    assert b"F and the shared F of 128" in lib.kosmos_moe_validate(64, 512, 192, 0, 16, 8, 1, 1)
+    assert b"kept groups" in lib.kosmos_moe_validate(64, 512, 256, 0, 32, 8, 8, 1)
+
+
+def test_unsupported_mirrors_the_kernel_limits():
+    s = mm.preset("deepseek-v3", T=8192)
+    assert kosmos_moe.unsupported(s, "world1") is None
+    assert kosmos_moe.unsupported(mm.preset("deepseek-v3", T=1024, world=8), "local") is None
+    assert "256" in kosmos_moe.unsupported(mm.preset("deepseek-v3", T=1024, world=16, E_loc=32), "local")
+    assert "not implemented" in kosmos_moe.unsupported(mm.preset("qwen3-235b-a22b", T=64, world=8), "nvlink")
+    assert "128" in kosmos_moe.unsupported(mm.MoeShape(T=64, H=512, F=192, E=8, topk=2), "world1")
+
+
+def test_w1_arrangement_pairs_gate_and_up_columns():
+    """Columns c < 128 of every 256-wide n-tile are gate rows of h column n*128 + c, columns
+    128 + c the up rows of the same h column: what the fused SwiGLU epilogue assumes."""
+    E, F, H = 2, 384, 8
+    W1 = torch.arange(E * 2 * F * H, dtype=torch.float32).reshape(E, 2 * F, H)
+    t = kosmos_moe.arrange_w1(W1)
+    assert t.shape == (E, H, 2 * F)
+    for n in range(F // 128):
+        for c in (0, 5, 127):
+            assert torch.equal(t[:, :, n * 256 + c], W1[:, n * 128 + c, :])
+            assert torch.equal(t[:, :, n * 256 + 128 + c], W1[:, F + n * 128 + c, :])
+
+
+def test_counter_names_for_the_watchdog():
+    T, k, E = 1000, 8, 16
+    tm = moe_sm90.tiles_max(T, k, E)
+    assert tm == -(-T * k // 128) + E
+    assert moe_sm90.counter_name(-1, T, k, E) == "scan flag"
+    assert moe_sm90.counter_name(1, T, k, E) == "counter routed"
+    assert moe_sm90.counter_name(moe_sm90.CTR_HEAD + 3, T, k, E) == "arrived[3]"
+    assert moe_sm90.counter_name(moe_sm90.CTR_HEAD + tm + 2, T, k, E) == "up_done[2]"
+    assert moe_sm90.counter_name(moe_sm90.CTR_HEAD + 3 * tm, T, k, E) == "shared_up_done[0]"
+    assert moe_sm90.ctr_words(T, k, E) == moe_sm90.CTR_HEAD + 3 * tm + 2 * 8
+
+
+def test_args_struct_has_no_padding():
+    sizes = sum(ctypes.sizeof(t) for _, t in moe_sm90.MoeArgs._fields_)
+    assert sizes == ctypes.sizeof(moe_sm90.MoeArgs)
