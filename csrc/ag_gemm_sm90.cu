@@ -424,6 +424,18 @@ __global__ void __launch_bounds__(kAgThreads, 1) gemm_rs_sm90_kernel(const __gri
     });
   }
   __syncthreads();
+  // Host fabric with copy-engine pushes: the copy stream waits (cuStreamWaitValue32, no watchdog
+  // of its own) on builder counters. A call that aborted (or a rank told to skip) would leave them
+  // short and the stream blocked for good, so every builder flag gets this call's full count: the
+  // pushes then copy garbage of a call that is failed anyway, and the launch's streams drain.
+  if (p.static_peers && (ra.skip || aborted(w.sc))) {
+    const int tiles = W * ((m_loc + AgBuilder::kBM - 1) / AgBuilder::kBM) * int((N + AgBuilder::kBN - 1) / AgBuilder::kBN);
+    uint32_t* f = ra.flags[ra.rank];
+    for (int i = tid; i < tiles; i += kAgThreads) {
+      const int fl = 2 * W + i;  // schedule.FlagLayout: built = 2 * world
+      st_release(f + fl, w.sc.epoch * static_cast<uint32_t>(ra.flag_mult[fl]), false);
+    }
+  }
   if (tid == 0) exit_protocol(w);
 }
 

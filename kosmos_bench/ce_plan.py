@@ -1,4 +1,5 @@
-"""Copy-engine movers (host fabric, ag-gemm, ``mover='ce'``): the copies and flag releases
+"""Copy-engine movers (host fabric, ``mover='ce'``; ag-gemm, and gemm-rs in ``build_rs`` at the
+end): the copies and flag releases
 that one call enqueues (``kosmos_ce_plan_begin``/``_end``, csrc/runtime.cu), derived from a rank's
 schedule. Pure: rows and columns, no pointers (the runner turns them into addresses).
 
@@ -190,3 +191,105 @@ def share_flags(plan: list[CeEntry]) -> tuple[list[CeEntry], dict[int, int]]:
         if f not in own and all(r[0] == to and r[3] for r in rs) and [r[1:3] for r in rs] == own[to]:
             alias[f] = to
     return [e for e in plan if e.rows or e.flag not in alias], alias
+
+
+# ---- GEMM+RS (host fabric): pushes device -> host and the peers' contributions host -> device ----
+
+# A push copy takes consecutive bands of one destination until it moves at least this many bytes
+# (each copy costs the engine ~2.5 us of setup, and every push waits on one builder counter).
+RS_PUSH_MIN_BYTES = 1 << 20
+F_PEER, F_M0 = S.F["peer"], S.F["m0"]
+
+
+@dataclass(frozen=True)
+class RsPush:
+    """One device -> host copy: rows [row0, row0+rows) of destination band ``dest`` (staging rows
+    ``dest*m_loc + row0``, all N columns) into that rank's receive slot, after the builder
+    counter ``wait`` reaches ``tiles * epoch`` (every tile of the copy built)."""
+
+    dest: int
+    row0: int
+    rows: int
+    wait: int
+    tiles: int
+
+
+@dataclass
+class RsPlan:
+    """The copy engine's part of a GEMM+RS call on the host fabric (rank r's view).
+
+    * ``pushes``: device -> host, in the builders' demand order (destination r+1, r+2, ...,
+      band-major), each after its builder counter; no release (peers do not execute).
+    * ``proxies``: host -> device, peers' contributions to band r (RS_PROXY's traffic) as
+      ``CeEntry`` copies (peer, rows, all N columns), one per peer in ring order, each
+      releasing the arrival flag of its first band (every reduce reads whole bands).
+    * ``built_alias``: {builder flag: counter flag} for the tiles of other destinations (the
+      builders of one push add to its first tile's flag); ``flag_mult``: {counter: tiles}.
+    * ``arrival_alias``: {arrival flag: the flag its proxy copy releases} (reduce deps).
+    """
+
+    pushes: list
+    proxies: list
+    built_alias: dict
+    flag_mult: dict
+    arrival_alias: dict
+
+
+def build_rs(sch, min_bytes: int = RS_PUSH_MIN_BYTES) -> RsPlan:
+    """The copy plan of one rank of a gemm-rs schedule built with ``fabric='host'``."""
+    if sch.op != "gemm-rs":
+        raise ValueError(f"build_rs: a gemm-rs schedule, not {sch.op}")
+    lay, W, r = sch.flags, sch.world, sch.rank
+    mt_n, nt_n, nb = sch.meta["m_tiles"], sch.meta["n_tiles"], sch.meta["num_bands"]
+    m_loc, BM, chunk, N = sch.meta["m_loc"], sch.BM, sch.chunk, sch.N
+
+    def built(d, mt, nt):
+        return lay.built + (d * mt_n + mt) * nt_n + nt
+
+    def arrived(s, j, nt):
+        return lay.arrived + (s * nb + j) * nt_n + nt
+
+    # bands of other destinations in the order the builders reach their last tile
+    tab = sch.builders.table
+    seen, order = set(), []
+    for i in sch.builders.queue:
+        d, m0 = int(tab[i, F_PEER]), int(tab[i, F_M0])
+        key = (d, m0 // BM // chunk)
+        if d != r and key not in seen:
+            seen.add(key)
+            order.append(key)
+    pushes, alias, mult = [], {}, {}
+    run: list = []
+
+    def flush():
+        if not run:
+            return
+        d = run[0][0]
+        mts = [mt for _, j in run for mt in range(j * chunk, min(mt_n, (j + 1) * chunk))]
+        counter = built(d, mts[0], 0)
+        for mt in mts:
+            for nt in range(nt_n):
+                alias[built(d, mt, nt)] = counter
+        mult[counter] = len(mts) * nt_n
+        row0 = mts[0] * BM
+        rows = min(m_loc, (mts[-1] + 1) * BM) - row0
+        pushes.append(RsPush(d, row0, rows, counter, len(mts) * nt_n))
+        run.clear()
+
+    for d, j in order:
+        if run and (run[-1][0] != d or run[-1][1] + 1 != j):
+            flush()
+        run.append((d, j))
+        rows = min(m_loc, (run[-1][1] + 1) * chunk * BM) - run[0][1] * chunk * BM
+        if rows * N * S.ELEM_BYTES >= min_bytes:
+            flush()
+    flush()
+    proxies, arr = [], {}
+    for s in [(r + i) % W for i in range(1, W)]:
+        f = arrived(s, 0, 0)
+        proxies.append(CeEntry(s, 0, m_loc, 0, N, f, 1, 0))
+        for j in range(nb):
+            for nt in range(nt_n):
+                arr[arrived(s, j, nt)] = f
+    return RsPlan(pushes, proxies, alias, mult, arr)
+

@@ -211,7 +211,7 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
         raise Unsupported("mover ce is ag-gemm on the host fabric with policy self only")
     builder = resolve_builder(p, prof, cfg)
     sm90 = builder == "sm90"
-    cfg = cfg.replace(mover=kb.mover_choice(cfg.mover, p.op, p.fabric, builder, policy=cfg.policy))  # auto
+    cfg = cfg.replace(mover=kb.mover_choice(cfg.mover, p.op, p.fabric, builder, policy=cfg.policy, world=p.world))  # auto
     ce = cfg.mover == "ce"
     if sm90:
         b = prof.get("builder_sm90")
