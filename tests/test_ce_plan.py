@@ -245,3 +245,52 @@ def test_share_flags_keeps_a_release_it_cannot_fold():
     shared, alias = ce_plan.share_flags(plan)
     assert alias == {11: 10}
     assert [e.flag for e in shared] == [10, 10, 20, 21, 30, 21]
+
+
+# ---- gemm-rs (ce_plan.build_rs) ----
+
+@pytest.mark.parametrize("W,M,N,K,chunk", [(8, 8192, 8192, 8192, 1), (8, 8000, 1064, 1600, 1), (3, 3000, 520, 999, 2),
+                                           (5, 5000, 4096, 1000, 1)])
+def test_build_rs_covers_every_tile_once_in_demand_order(W, M, N, K, chunk):
+    """Pushes: every partial tile of another destination in exactly one copy, each copy one
+    destination's consecutive rows, its counter's multiplicity = its tiles, every aliased builder
+    flag points at the counter of the copy holding it; copies in the builders' demand order;
+    proxies: one per peer, whole band r, every arrival flag of the peer aliased to its flag."""
+    from kosmos_bench.ce_plan import build_rs
+
+    sch = S.build_schedule("gemm-rs", M, N, K, W, 0, BN=256, chunk=chunk, fabric="host")
+    rs = build_rs(sch)
+    lay, mt_n, nt_n = sch.flags, sch.meta["m_tiles"], sch.meta["n_tiles"]
+    m_loc = M // W
+    seen = {}
+    for c in rs.pushes:
+        assert c.dest != 0 and c.row0 % 128 == 0 and 0 < c.rows and c.row0 + c.rows <= m_loc
+        assert rs.flag_mult[c.wait] == c.tiles
+        mts = range(c.row0 // 128, S.cdiv(c.row0 + c.rows, 128))
+        assert c.tiles == len(mts) * nt_n
+        for mt in mts:
+            for nt in range(nt_n):
+                f = lay.built + (c.dest * mt_n + mt) * nt_n + nt
+                assert f not in seen
+                seen[f] = c.wait
+    assert seen == rs.built_alias
+    assert len(seen) == (W - 1) * mt_n * nt_n
+    # demand order: a copy's destination never comes back after another destination's copy
+    dests = [c.dest for c in rs.pushes]
+    assert dests == sorted(dests, key=lambda d: (d - sch.rank) % W)
+    assert [e.peer for e in rs.proxies] == [(0 + i) % W for i in range(1, W)]
+    assert all(e.rows == m_loc and e.cols == N and e.mult == 1 and e.back == 0 for e in rs.proxies)
+    assert len(rs.arrival_alias) == (W - 1) * sch.meta["num_bands"] * nt_n
+    assert set(rs.arrival_alias.values()) == {e.flag for e in rs.proxies}
+
+
+def test_build_rs_merges_small_bands_up_to_the_copy_size():
+    from kosmos_bench.ce_plan import RS_PUSH_MIN_BYTES, build_rs
+
+    sch = S.build_schedule("gemm-rs", 8 * 4096, 1024, 8192, 8, 0, BN=256, fabric="host")
+    rs = build_rs(sch)
+    band = 128 * 1024 * 2
+    assert all(c.rows * 1024 * 2 >= RS_PUSH_MIN_BYTES or c.row0 + c.rows == 4096 for c in rs.pushes)
+    assert len(rs.pushes) == 7 * S.cdiv(4096 * 1024 * 2, max(band, RS_PUSH_MIN_BYTES))
+    with pytest.raises(ValueError):
+        build_rs(S.build_schedule("ag-gemm", 1024, 1024, 1024, 2, 0))
