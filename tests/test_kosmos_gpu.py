@@ -932,3 +932,17 @@ def test_sm90_rs_host_copy_engine_watchdog_no_hang():
         expect_bitwise(p, runner, A, B, calls=2)
     finally:
         runner.close()
+
+
+@pytest.mark.parametrize("W", [5, 6, 7])
+@pytest.mark.parametrize("policy", ["self", "predicted"])
+def test_local_awkward_rs_portable_bitwise_20(W, policy):
+    """The portable GEMM+RS on the awkward shapes of test_local_awkward_self_bitwise_20 at the world
+    sizes it skips (K rounded down to a multiple of W): odd N takes the scalar copy / reduce /
+    epilogue paths (where issue 30 saw calls differ at W = 5, 6, 7)."""
+    M, N, K = 3000 * W, 777 * W, W * (1000 // W)
+    p, ctx, inputs, A, B, runner = make("gemm-rs", W, M, N, K, policy=policy, seed=90 + W)
+    try:
+        expect_bitwise(p, runner, A, B, calls=20)
+    finally:
+        runner.close()

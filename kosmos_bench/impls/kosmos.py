@@ -94,9 +94,9 @@ def make_stream_pair(lib, dev_index: int, n: int = 2) -> list[int]:
 def plan_streams(lib, dev_index: int, n: int = 2) -> list[int]:
     """The CE plans' [copy stream, flag stream] handles on device dev_index (made on first use);
     n = 3 adds gemm-rs's push stream (device -> host copies, beside the host -> device ones)."""
-    have = _PLAN_STREAMS.setdefault(dev_index, [])
-    if len(have) < n:
-        have += make_stream_pair(lib, dev_index, n - len(have))
+    have = _PLAN_STREAMS.get(dev_index, [])
+    if len(have) < n:  # stored only once made (make_stream_pair leaves nothing behind on failure)
+        have = _PLAN_STREAMS[dev_index] = have + make_stream_pair(lib, dev_index, n - len(have))
     return have[:n]
 
 

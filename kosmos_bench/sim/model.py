@@ -248,6 +248,8 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     if cfg.mover == "ce" and (p.fabric != "host" or cfg.policy != "self"):
         raise Unsupported("mover ce is the host fabric with policy self only")
     builder = resolve_builder(p, prof, cfg)
+    if cfg.mover == "ce" and p.op == "gemm-rs" and builder != "sm90":
+        raise Unsupported("mover ce: gemm-rs copy-engine movers need the sm90 builder")
     sm90 = builder == "sm90"
     cfg = cfg.replace(mover=kb.mover_choice(cfg.mover, p.op, p.fabric, builder, policy=cfg.policy, world=p.world))  # auto
     ce = cfg.mover == "ce"
