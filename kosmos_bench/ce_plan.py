@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from . import schedule as S
 
 
@@ -195,17 +197,20 @@ def share_flags(plan: list[CeEntry]) -> tuple[list[CeEntry], dict[int, int]]:
 
 # ---- GEMM+RS (host fabric): pushes device -> host and the peers' contributions host -> device ----
 
-# A push copy takes consecutive bands of one destination until it moves at least this many bytes
-# (each copy costs the engine ~2.5 us of setup, and every push waits on one builder counter).
-RS_PUSH_MIN_BYTES = 1 << 20
+# Push copies: each copy costs the engine ~2.5 us of setup and needs every tile of its bands built
+# before it starts, so they ramp up from one band (the link starts after ~one band's tiles), double
+# up to this many bytes, and halve again toward the end (the work left after the last byte stays
+# about one band's when the builders are the slower side).
+RS_PUSH_MAX_BYTES = 16 << 20
 F_PEER, F_M0 = S.F["peer"], S.F["m0"]
 
 
 @dataclass(frozen=True)
 class RsPush:
-    """One device -> host copy: rows [row0, row0+rows) of destination band ``dest`` (staging rows
-    ``dest*m_loc + row0``, all N columns) into that rank's receive slot, after the builder
-    counter ``wait`` reaches ``tiles * epoch`` (every tile of the copy built)."""
+    """One device -> host copy: ``rows`` rows from row ``row0`` of destination band ``dest``
+    (staging rows ``dest*m_loc + row0 ...``, all N columns; it may run on into the next
+    destinations' bands) into the host buffer at the same place, after the builder counter
+    ``wait`` reaches ``tiles * epoch`` (every tile of the copy built)."""
 
     dest: int
     row0: int
@@ -235,8 +240,26 @@ class RsPlan:
     arrival_alias: dict
 
 
-def build_rs(sch, min_bytes: int = RS_PUSH_MIN_BYTES) -> RsPlan:
-    """The copy plan of one rank of a gemm-rs schedule built with ``fabric='host'``."""
+def ramp_sizes(n: int, cap: int) -> list[int]:
+    """n bands cut into copies of 1, 2, 4, ... bands up to ``cap``, then ``cap``-band copies,
+    then ..., 4, 2, 1 at the end (the middle takes the remainder, never more than ``cap``)."""
+    front, back, k, left = [], [], 1, n
+    while left > 0 and k < cap:
+        for side in (front, back):
+            if left > 0:
+                side.append(min(k, left))
+                left -= side[-1]
+        k *= 2
+    middle = [] if left == 0 else [len(x) for x in np.array_split(np.arange(left), -(-left // cap))]
+    return front + middle + back[::-1]
+
+
+def build_rs(sch, max_bytes: int = RS_PUSH_MAX_BYTES) -> RsPlan:
+    """The copy plan of one rank of a gemm-rs schedule built with ``fabric='host'``. Pushes run
+    over the bands of the other destinations in the builders' demand order; consecutive bands
+    that are contiguous in the staging buffer and in the host buffer (the next band of the same
+    destination, or band 0 of the next destination after a destination's last band) share a copy
+    (``ramp_sizes``, ``max_bytes``)."""
     if sch.op != "gemm-rs":
         raise ValueError(f"build_rs: a gemm-rs schedule, not {sch.op}")
     lay, W, r = sch.flags, sch.world, sch.rank
@@ -249,6 +272,9 @@ def build_rs(sch, min_bytes: int = RS_PUSH_MIN_BYTES) -> RsPlan:
     def arrived(s, j, nt):
         return lay.arrived + (s * nb + j) * nt_n + nt
 
+    def host_slot(d):  # the host fabric's send buffer: slot d - 1 for rank 0 (impls/kosmos.py)
+        return d - 1 if d > r else d
+
     # bands of other destinations in the order the builders reach their last tile
     tab = sch.builders.table
     seen, order = set(), []
@@ -258,32 +284,33 @@ def build_rs(sch, min_bytes: int = RS_PUSH_MIN_BYTES) -> RsPlan:
         if d != r and key not in seen:
             seen.add(key)
             order.append(key)
+
+    def follows(a, b):  # band b right after band a in staging rows and in the host buffer
+        return (b[0] == a[0] and b[1] == a[1] + 1) or (
+            b[0] == a[0] + 1 and a[1] == nb - 1 and b[1] == 0 and host_slot(b[0]) == host_slot(a[0]) + 1)
+
+    runs: list = []
+    for band in order:
+        if runs and follows(runs[-1][-1], band):
+            runs[-1].append(band)
+        else:
+            runs.append([band])
+    cap = max(1, max_bytes // (chunk * BM * N * S.ELEM_BYTES))
     pushes, alias, mult = [], {}, {}
-    run: list = []
-
-    def flush():
-        if not run:
-            return
-        d = run[0][0]
-        mts = [mt for _, j in run for mt in range(j * chunk, min(mt_n, (j + 1) * chunk))]
-        counter = built(d, mts[0], 0)
-        for mt in mts:
-            for nt in range(nt_n):
-                alias[built(d, mt, nt)] = counter
-        mult[counter] = len(mts) * nt_n
-        row0 = mts[0] * BM
-        rows = min(m_loc, (mts[-1] + 1) * BM) - row0
-        pushes.append(RsPush(d, row0, rows, counter, len(mts) * nt_n))
-        run.clear()
-
-    for d, j in order:
-        if run and (run[-1][0] != d or run[-1][1] + 1 != j):
-            flush()
-        run.append((d, j))
-        rows = min(m_loc, (run[-1][1] + 1) * chunk * BM) - run[0][1] * chunk * BM
-        if rows * N * S.ELEM_BYTES >= min_bytes:
-            flush()
-    flush()
+    for run in runs:
+        b = 0
+        for size in ramp_sizes(len(run), cap):
+            part, b = run[b:b + size], b + size
+            tiles = [(d, mt) for d, j in part for mt in range(j * chunk, min(mt_n, (j + 1) * chunk))]
+            counter = built(*tiles[0], 0)
+            for d, mt in tiles:
+                for nt in range(nt_n):
+                    alias[built(d, mt, nt)] = counter
+            mult[counter] = len(tiles) * nt_n
+            d0, mt0 = tiles[0]
+            d1, mt1 = tiles[-1]
+            rows = (d1 - d0) * m_loc + min(m_loc, (mt1 + 1) * BM) - mt0 * BM
+            pushes.append(RsPush(d0, mt0 * BM, rows, counter, len(tiles) * nt_n))
     proxies, arr = [], {}
     for s in [(r + i) % W for i in range(1, W)]:
         f = arrived(s, 0, 0)

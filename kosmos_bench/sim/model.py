@@ -160,8 +160,13 @@ def _rs_ce_copies(sch, rs, BM: int, move_offset: int, work: np.ndarray, nbytes: 
     for i in sch.movers.queue:
         k, d, mt = int(tab[i][S.F["kind"]]), int(tab[i][S.F["peer"]]), int(tab[i][S.F["m0"]]) // BM
         (push_of if k == S.RS_PUSH else proxy_of).setdefault((d, mt), []).append(move_offset + int(i))
+    lay, mt_n, nt_n = sch.flags, sch.meta["m_tiles"], sch.meta["n_tiles"]
+    tiles_of: dict = {}  # counter -> the (destination, M-tile) rows of its copy
+    for f, c in rs.built_alias.items():
+        d, rest = divmod(f - lay.built, mt_n * nt_n)
+        tiles_of.setdefault(c, set()).add((d, rest // nt_n))
     for n, e in enumerate(rs.pushes):
-        its = [it for mt in range(e.row0 // BM, S.cdiv(e.row0 + e.rows, BM)) for it in push_of.get((e.dest, mt), [])]
+        its = [it for key in sorted(tiles_of[e.wait]) for it in push_of.get(key, [])]
         if its:
             total = float(nbytes[its].sum())
             nbytes[its] = 0.0
