@@ -71,9 +71,14 @@ constexpr int kLoaderRegs = 88;
 constexpr int kMathRegs = 208;
 static_assert(128 * kLoaderRegs + 256 * kMathRegs <= 384 * 168, "setmaxnreg beyond the CTA's registers");
 
+// GEMM+RS: the scheduler hands build ids to warp 0 through this ring (one slot: warp 0 pops a
+// tile's id as it starts issuing its loads, so at most one tile waits there).
+using LoadRing = ItemRing<1, int>;
+
 struct AgShared {
   AgBuilder::SharedStorage builder;
   AgRing::SharedStorage ring;
+  LoadRing::SharedStorage load_ring;  // GEMM+RS only
   int cmd[3];  // scheduler -> loader: queue, item, all K-slices of its band in (no slice waits)
   // loader -> scheduler: a build tile's loads reached kAheadBlocks before its end (an mbarrier,
   // one arrival per tile: the scheduler sleeps in try_wait instead of polling a shared word;
@@ -308,19 +313,20 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
 // ------------------------------------------------------------------ GEMM+RS on the Hopper builder
 // The sm90 variant of gemm_rs.cu (same op, buffers, items, flags, claims -- decide<GEMM_RS> --,
 // watchdog, trace and entry/exit protocol); the block is the AG kernel's (384 threads, AgShared):
-//   scheduler (thread 32) : decide() -> smem.cmd; for a builder tile it decides the next item
-//                           while warp 0 issues the tile's loads (builders have no deps).
-//   warp 0 (loader WG)    : RS_BUILD: pushes the item into the tile ring and issues its TMA loads:
-//                           A_r viewed as (m_loc, K/W, W), batch = destination band d (a partial
-//                           tile reads zeros, never band d+1's rows), B_r columns n0...
-//   warps 0-3 (loader WG) : RS_PUSH / RS_PROXY: copy_tile by the 128 threads (as the portable
-//                           movers, ld.global.cg). RS_REDUCE: reduce_tile by the 128 threads:
+//   scheduler (thread 32) : decide() -> smem.cmd; a builder tile's id goes to warp 0 through a
+//                           one-slot ring (smem.load_ring; it blocks only while warp 0 has not
+//                           started the tile before), then it decides the next item.
+//   warp 0 (loader WG)    : only TMA: pops RS_BUILD ids, pushes each into the tile ring and issues
+//                           its loads: A_r viewed as (m_loc, K/W, W), batch = destination band d
+//                           (a partial tile reads zeros, never band d+1's rows), B_r columns n0...
+//   warps 1-3 (loader WG) : RS_PUSH / RS_PROXY: copy_tile by their 96 threads (as the portable
+//                           movers, ld.global.cg). RS_REDUCE: reduce_tile by the 96 threads:
 //                           the portable kernel's arithmetic (fp32 sum of slots 0..W-1 in rank
 //                           order, one bf16 rounding), so the result depends only on the partials,
-//                           never on arrival order. The loader warpgroup, not the math warps:
-//                           a reduce is memory-bound like a mover, the scheduling thread is
-//                           there, and the math warps keep computing the tiles already in the
-//                           ring meanwhile (a reduce in the ring would stall the MMAs behind it).
+//                           never on arrival order. Not warp 0: while a reduce or push runs, the
+//                           next tile's loads go on (with warp 0 in the copy, the math warps
+//                           starved once the ring's tiles were done); not the math warps: a
+//                           reduce in the tile ring would stall the MMAs behind it.
 //   warpgroups 1, 2       : pop RS_BUILD ids, wgmma over K/W, staged epilogue (bf16) into the
 //                           rank's own slot (d = rank) or the staging buffer (row d*m_loc + m0),
 //                           thread 128 releases the builder flag.
@@ -356,6 +362,7 @@ __global__ void __launch_bounds__(kAgThreads, 1) gemm_rs_sm90_kernel(const __gri
   const int lane = tid % 32;
   const auto role = AgBuilder::role_of(tid);
   AgRing ring(smem.ring, warp_idx == 0, role == AgBuilder::Role::kMath, AgBuilder::kNumMathThreads);
+  LoadRing load_ring(smem.load_ring, tid == kSched, warp_idx == 0, 32);
   AgBuilder builder(smem.builder, P.bp, role);
   const AgBuilder::Mainloop::Params& map = P.maps[ri];
   if (tid == 0) AgBuilder::Mainloop::prefetch_tma_descriptors(map);
@@ -367,8 +374,24 @@ __global__ void __launch_bounds__(kAgThreads, 1) gemm_rs_sm90_kernel(const __gri
 
   if (role == AgBuilder::Role::kLoader) {
     cutlass::arch::warpgroup_reg_dealloc<kRsLoaderRegs>();
-    if (!ra.skip) {
+    if (!ra.skip && warp_idx == 0) {
+      // TMA issuer: the build tiles the scheduler hands over, in its order. Nothing else runs
+      // on this warp, so a reduce or a push on warps 1-3 never holds back the next tile's loads.
       if (tid == 0) entry_signal(w);
+      for (;;) {
+        const int id = load_ring.pop();  // every lane
+        if (id < 0) break;
+        const Item it = load_item(ra.items[kQBuild], id);
+        if (lane == 0) ring.push(id);
+        __syncwarp();
+        builder.produce_at(map, m_loc, W, it.m0 / AgBuilder::kBM, it.n0 / AgBuilder::kBN, it.peer);
+      }
+    } else if (!ra.skip) {
+      // Warps 1-3: the scheduler (thread 32) decides; a build goes to warp 0's ring (blocking
+      // only while warp 0 has not started the one before), a mover or reduce runs here on the
+      // 96 threads while warp 0 keeps the math warps fed.
+      constexpr int kExec = kLoaderThreads - 32;
+      const int xt = tid - 32;
       bool counted = false;    // scheduler: the current mover holds an in-flight slot
       int pend[2] = {-1, -1};  // scheduler: claimed, not yet ready (policy self)
       auto decide_next = [&]() {
@@ -380,18 +403,13 @@ __global__ void __launch_bounds__(kAgThreads, 1) gemm_rs_sm90_kernel(const __gri
       };
       if (tid == kSched) decide_next();
       for (;;) {
-        named_bar_sync(kBarLoader, kLoaderThreads);  // cmd written
+        named_bar_sync(kBarLoader, kExec);  // cmd written
         const int q = smem.cmd[0], id = smem.cmd[1];
-        named_bar_sync(kBarLoader, kLoaderThreads);  // cmd read: the scheduler may write the next
+        named_bar_sync(kBarLoader, kExec);  // cmd read: the scheduler may write the next
         if (q < 0) break;
         const Item it = load_item(ra.items[q], id);
         if (it.kind == kRsBuild) {
-          if (warp_idx == 0) {
-            if (lane == 0) ring.push(id);
-            __syncwarp();
-            builder.produce_at(map, m_loc, W, it.m0 / AgBuilder::kBM, it.n0 / AgBuilder::kBN, it.peer);
-          }
-          // no barrier: the scheduler decides the next item while warp 0 issues the loads
+          if (tid == kSched) load_ring.push(id);
         } else {
           const uint64_t t0 = (tid == kSched) ? w.tr.now() : 0;
           if (it.kind == kRsReduce) {
@@ -399,20 +417,20 @@ __global__ void __launch_bounds__(kAgThreads, 1) gemm_rs_sm90_kernel(const __gri
 #pragma unroll
             for (int s = 0; s < KOSMOS_MAX_WORLD; ++s)
               srcs[s] = (s < W) ? static_cast<bf16*>(ra.slot[s]) + it.m0 * N + it.n0 : nullptr;
-            reduce_tile(static_cast<bf16*>(ra.C) + it.m0 * N + it.n0, N, srcs, N, W, it.rows, it.cols, tid,
-                        kLoaderThreads);
+            reduce_tile(static_cast<bf16*>(ra.C) + it.m0 * N + it.n0, N, srcs, N, W, it.rows, it.cols, xt, kExec);
           } else {
             const bool push = it.kind == kRsPush;
             const bf16* src = push ? static_cast<const bf16*>(ra.work) + (it.peer * int64_t(m_loc) + it.m0) * N + it.n0
                                    : static_cast<const bf16*>(ra.proxy_src[it.peer]) + it.m0 * N + it.n0;
             bf16* dst = static_cast<bf16*>(push ? ra.push_dst[it.peer] : ra.slot[it.peer]) + it.m0 * N + it.n0;
-            copy_tile(dst, N, src, N, it.rows, it.cols, tid, kLoaderThreads);
+            copy_tile(dst, N, src, N, it.rows, it.cols, xt, kExec);
           }
-          named_bar_sync(kBarLoader, kLoaderThreads);  // every copy / store of the item before its release
+          named_bar_sync(kBarLoader, kExec);  // every copy / store of the item before its release
           if (tid == kSched) finish_item(w, it, id, counted, t0);
         }
         if (tid == kSched) decide_next();
       }
+      if (tid == kSched) load_ring.push(-1);
     }
     loader_tail(builder, ring, warp_idx, lane);
   } else {
@@ -424,6 +442,18 @@ __global__ void __launch_bounds__(kAgThreads, 1) gemm_rs_sm90_kernel(const __gri
     });
   }
   __syncthreads();
+  // Host fabric with copy-engine pushes: the copy stream waits (cuStreamWaitValue32, no watchdog
+  // of its own) on builder counters. A call that aborted (or a rank told to skip) would leave them
+  // short and the stream blocked for good, so every builder flag gets this call's full count: the
+  // pushes then copy garbage of a call that is failed anyway, and the launch's streams drain.
+  if (p.static_peers && (ra.skip || aborted(w.sc))) {
+    const int tiles = W * ((m_loc + AgBuilder::kBM - 1) / AgBuilder::kBM) * int((N + AgBuilder::kBN - 1) / AgBuilder::kBN);
+    uint32_t* f = ra.flags[ra.rank];
+    for (int i = tid; i < tiles; i += kAgThreads) {
+      const int fl = 2 * W + i;  // schedule.FlagLayout: built = 2 * world
+      st_release(f + fl, w.sc.epoch * static_cast<uint32_t>(ra.flag_mult[fl]), false);
+    }
+  }
   if (tid == 0) exit_protocol(w);
 }
 

@@ -118,6 +118,25 @@ static int stream_write(void* stream, void* dev_ptr, uint32_t value, bool barrie
   return KOSMOS_OK;
 }
 
+// Stream memory operation: the stream waits until (int32)(*dev_ptr - value) >= 0 (the epoch
+// flags' comparison, CU_STREAM_WAIT_VALUE_GEQ). The copy-engine pushes of GEMM+RS wait so on the
+// builder counters the persistent kernel releases (no SM needed on this side either).
+typedef int (*StreamWaitValue32Fn)(void* stream, unsigned long long addr, unsigned int value, unsigned int flags);
+
+static int stream_wait(void* stream, void* dev_ptr, uint32_t value) {
+  static StreamWaitValue32Fn fn = nullptr;
+  if (!fn) {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    KOSMOS_CUDA(cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 12000, cudaEnableDefault, &q));
+    if (!p || q != cudaDriverEntryPointSuccess) return fail(KOSMOS_ERR_CUDA, "cuStreamWaitValue32 not available");
+    fn = reinterpret_cast<StreamWaitValue32Fn>(p);
+  }
+  const int rc = fn(stream, reinterpret_cast<unsigned long long>(dev_ptr), value, 0u /* GEQ */);
+  if (rc != 0) return fail(KOSMOS_ERR_CUDA, "cuStreamWaitValue32 failed: CUresult %d", rc);
+  return KOSMOS_OK;
+}
+
 int kosmos_stream_write_u32(void* stream, void* dev_ptr, uint32_t value) {
   return stream_write(stream, dev_ptr, value, true);
 }
@@ -140,7 +159,7 @@ int kosmos_stream_destroy(void* stream) {
   return KOSMOS_OK;
 }
 
-// Copy-engine mover plan (host fabric, ag-gemm; kosmos_bench/ce_plan.py), entries in mover
+// Copy-engine mover plan (host fabric, ag-gemm and gemm-rs; kosmos_bench/ce_plan.py), entries in mover
 // order: entry i copies height[i] rows of width[i] bytes (row pitch pitch[i] on both sides; one
 // cudaMemcpyAsync when width == pitch, else cudaMemcpy2DAsync, a K-slice of a band) and/or
 // releases *flag[i] = mult[i] * epoch - back[i]. Entries with width 0 release further flags
@@ -154,10 +173,14 @@ int kosmos_stream_destroy(void* stream) {
 // The copy stream first waits for the flag stream's earlier releases: a band's earlier
 // K-slice release still queued there would otherwise land after (and undo) its last one.
 // The arrays are copied in at creation, so a call costs the host two C calls around the
-// kernel launch (begin: entries [0, head), end: the rest).
+// kernel launch (begin: entries [0, head), end: the rest). flag[i] == 0: no release.
+// kosmos_ce_plan_set_waits (GEMM+RS pushes): before entry i's copy the copy stream waits until
+// *wait[i] >= wait_mult[i] * epoch (wait[i] == 0: no wait) -- a builder counter of the kernel,
+// so such a plan is enqueued after the kernel launch (head 0): nothing the kernel needs may
+// queue behind a wait on the kernel.
 struct CePlan {
-  std::vector<uint64_t> dst, src, width, height, pitch, flag;
-  std::vector<uint32_t> mult, back;
+  std::vector<uint64_t> dst, src, width, height, pitch, flag, wait;
+  std::vector<uint32_t> mult, back, wait_mult;
   int head = 0, inline_from = 0;
   cudaStream_t cs = nullptr, fs = nullptr;
   cudaEvent_t ready = nullptr, copies_done = nullptr, flags_done = nullptr, flags_before_inline = nullptr;
@@ -172,6 +195,8 @@ static int ce_enqueue(CePlan& P, int lo, int hi, uint32_t epoch) {
   for (int i = 0; i < lo; ++i) copy += P.width[i] > 0;
   for (int i = lo; i < hi; ++i) {
     if (P.width[i] > 0) {
+      if (!P.wait.empty() && P.wait[i])
+        if (int rc = stream_wait(cs, reinterpret_cast<void*>(P.wait[i]), P.wait_mult[i] * epoch)) return rc;
       void* d = reinterpret_cast<void*>(P.dst[i]);
       const void* s_ = reinterpret_cast<const void*>(P.src[i]);
       if (P.width[i] == P.pitch[i])
@@ -188,6 +213,7 @@ static int ce_enqueue(CePlan& P, int lo, int hi, uint32_t epoch) {
       KOSMOS_CUDA(cudaEventRecord(P.flags_before_inline, fs));
       KOSMOS_CUDA(cudaStreamWaitEvent(cs, P.flags_before_inline, 0));
     }
+    if (!P.flag[i]) continue;
     cudaStream_t rs = i < P.inline_from ? fs : cs;
     if (int rc = stream_write(rs, reinterpret_cast<void*>(P.flag[i]), P.mult[i] * epoch - P.back[i], true)) return rc;
   }
@@ -252,6 +278,17 @@ void* kosmos_ce_plan_create(void* copy_stream, void* flag_stream, int n, const u
     return nullptr;
   }
   return P;
+}
+
+// Waits before the copies (GEMM+RS pushes; see CePlan): n entries as at creation.
+int kosmos_ce_plan_set_waits(void* h, int n, const uint64_t* wait, const uint32_t* wait_mult) {
+  if (!h || !wait || !wait_mult) return fail(KOSMOS_ERR_INVALID, "null CE plan or waits");
+  CePlan& P = *static_cast<CePlan*>(h);
+  if (n != static_cast<int>(P.dst.size())) return fail(KOSMOS_ERR_INVALID, "CE plan waits: %d entries, plan has %d", n, int(P.dst.size()));
+  if (P.head != 0) return fail(KOSMOS_ERR_INVALID, "CE plan waits: a plan that waits on the kernel goes after its launch (head 0)");
+  P.wait.assign(wait, wait + n);
+  P.wait_mult.assign(wait_mult, wait_mult + n);
+  return KOSMOS_OK;
 }
 
 // Before the kernel launch on main_stream: the copy and flag streams wait for what precedes

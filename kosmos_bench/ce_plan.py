@@ -1,4 +1,5 @@
-"""Copy-engine movers (host fabric, ag-gemm, ``mover='ce'``): the copies and flag releases
+"""Copy-engine movers (host fabric, ``mover='ce'``; ag-gemm, and gemm-rs in ``build_rs`` at the
+end): the copies and flag releases
 that one call enqueues (``kosmos_ce_plan_begin``/``_end``, csrc/runtime.cu), derived from a rank's
 schedule. Pure: rows and columns, no pointers (the runner turns them into addresses).
 
@@ -28,6 +29,8 @@ schedule. Pure: rows and columns, no pointers (the runner turns them into addres
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from . import schedule as S
 
@@ -190,3 +193,130 @@ def share_flags(plan: list[CeEntry]) -> tuple[list[CeEntry], dict[int, int]]:
         if f not in own and all(r[0] == to and r[3] for r in rs) and [r[1:3] for r in rs] == own[to]:
             alias[f] = to
     return [e for e in plan if e.rows or e.flag not in alias], alias
+
+
+# ---- GEMM+RS (host fabric): pushes device -> host and the peers' contributions host -> device ----
+
+# Push copies: each copy costs the engine ~2.5 us of setup and needs every tile of its bands built
+# before it starts, so they ramp up from one band (the link starts after ~one band's tiles), double
+# up to this many bytes, and halve again toward the end (the work left after the last byte stays
+# about one band's when the builders are the slower side).
+RS_PUSH_MAX_BYTES = 16 << 20
+F_PEER, F_M0 = S.F["peer"], S.F["m0"]
+
+
+@dataclass(frozen=True)
+class RsPush:
+    """One device -> host copy: ``rows`` rows from row ``row0`` of destination band ``dest``
+    (staging rows ``dest*m_loc + row0 ...``, all N columns; it may run on into the next
+    destinations' bands) into the host buffer at the same place, after the builder counter
+    ``wait`` reaches ``tiles * epoch`` (every tile of the copy built)."""
+
+    dest: int
+    row0: int
+    rows: int
+    wait: int
+    tiles: int
+
+
+@dataclass
+class RsPlan:
+    """The copy engine's part of a GEMM+RS call on the host fabric (rank r's view).
+
+    * ``pushes``: device -> host, in the builders' demand order (destination r+1, r+2, ...,
+      band-major), each after its builder counter; no release (peers do not execute).
+    * ``proxies``: host -> device, peers' contributions to band r (RS_PROXY's traffic) as
+      ``CeEntry`` copies (peer, rows, all N columns), one per peer in ring order, each
+      releasing the arrival flag of its first band (every reduce reads whole bands).
+    * ``built_alias``: {builder flag: counter flag} for the tiles of other destinations (the
+      builders of one push add to its first tile's flag); ``flag_mult``: {counter: tiles}.
+    * ``arrival_alias``: {arrival flag: the flag its proxy copy releases} (reduce deps).
+    """
+
+    pushes: list
+    proxies: list
+    built_alias: dict
+    flag_mult: dict
+    arrival_alias: dict
+
+
+def ramp_sizes(n: int, cap: int) -> list[int]:
+    """n bands cut into copies of 1, 2, 4, ... bands up to ``cap``, then ``cap``-band copies,
+    then ..., 4, 2, 1 at the end (the middle takes the remainder, never more than ``cap``)."""
+    front, back, k, left = [], [], 1, n
+    while left > 0 and k < cap:
+        for side in (front, back):
+            if left > 0:
+                side.append(min(k, left))
+                left -= side[-1]
+        k *= 2
+    middle = [] if left == 0 else [len(x) for x in np.array_split(np.arange(left), -(-left // cap))]
+    return front + middle + back[::-1]
+
+
+def build_rs(sch, max_bytes: int = RS_PUSH_MAX_BYTES) -> RsPlan:
+    """The copy plan of one rank of a gemm-rs schedule built with ``fabric='host'``. Pushes run
+    over the bands of the other destinations in the builders' demand order; consecutive bands
+    that are contiguous in the staging buffer and in the host buffer (the next band of the same
+    destination, or band 0 of the next destination after a destination's last band) share a copy
+    (``ramp_sizes``, ``max_bytes``)."""
+    if sch.op != "gemm-rs":
+        raise ValueError(f"build_rs: a gemm-rs schedule, not {sch.op}")
+    lay, W, r = sch.flags, sch.world, sch.rank
+    mt_n, nt_n, nb = sch.meta["m_tiles"], sch.meta["n_tiles"], sch.meta["num_bands"]
+    m_loc, BM, chunk, N = sch.meta["m_loc"], sch.BM, sch.chunk, sch.N
+
+    def built(d, mt, nt):
+        return lay.built + (d * mt_n + mt) * nt_n + nt
+
+    def arrived(s, j, nt):
+        return lay.arrived + (s * nb + j) * nt_n + nt
+
+    def host_slot(d):  # the host fabric's send buffer: slot d - 1 for rank 0 (impls/kosmos.py)
+        return d - 1 if d > r else d
+
+    # bands of other destinations in the order the builders reach their last tile
+    tab = sch.builders.table
+    seen, order = set(), []
+    for i in sch.builders.queue:
+        d, m0 = int(tab[i, F_PEER]), int(tab[i, F_M0])
+        key = (d, m0 // BM // chunk)
+        if d != r and key not in seen:
+            seen.add(key)
+            order.append(key)
+
+    def follows(a, b):  # band b right after band a in staging rows and in the host buffer
+        return (b[0] == a[0] and b[1] == a[1] + 1) or (
+            b[0] == a[0] + 1 and a[1] == nb - 1 and b[1] == 0 and host_slot(b[0]) == host_slot(a[0]) + 1)
+
+    runs: list = []
+    for band in order:
+        if runs and follows(runs[-1][-1], band):
+            runs[-1].append(band)
+        else:
+            runs.append([band])
+    cap = max(1, max_bytes // (chunk * BM * N * S.ELEM_BYTES))
+    pushes, alias, mult = [], {}, {}
+    for run in runs:
+        b = 0
+        for size in ramp_sizes(len(run), cap):
+            part, b = run[b:b + size], b + size
+            tiles = [(d, mt) for d, j in part for mt in range(j * chunk, min(mt_n, (j + 1) * chunk))]
+            counter = built(*tiles[0], 0)
+            for d, mt in tiles:
+                for nt in range(nt_n):
+                    alias[built(d, mt, nt)] = counter
+            mult[counter] = len(tiles) * nt_n
+            d0, mt0 = tiles[0]
+            d1, mt1 = tiles[-1]
+            rows = (d1 - d0) * m_loc + min(m_loc, (mt1 + 1) * BM) - mt0 * BM
+            pushes.append(RsPush(d0, mt0 * BM, rows, counter, len(tiles) * nt_n))
+    proxies, arr = [], {}
+    for s in [(r + i) % W for i in range(1, W)]:
+        f = arrived(s, 0, 0)
+        proxies.append(CeEntry(s, 0, m_loc, 0, N, f, 1, 0))
+        for j in range(nb):
+            for nt in range(nt_n):
+                arr[arrived(s, j, nt)] = f
+    return RsPlan(pushes, proxies, alias, mult, arr)
+

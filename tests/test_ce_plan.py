@@ -245,3 +245,58 @@ def test_share_flags_keeps_a_release_it_cannot_fold():
     shared, alias = ce_plan.share_flags(plan)
     assert alias == {11: 10}
     assert [e.flag for e in shared] == [10, 10, 20, 21, 30, 21]
+
+
+# ---- gemm-rs (ce_plan.build_rs) ----
+
+@pytest.mark.parametrize("W,M,N,K,chunk", [(8, 8192, 8192, 8192, 1), (8, 8000, 1064, 1600, 1), (3, 3000, 520, 999, 2),
+                                           (5, 5000, 4096, 1000, 1), (8, 16384, 8192, 28672, 1)])
+def test_build_rs_covers_every_tile_once_in_demand_order(W, M, N, K, chunk):
+    """Pushes: the other destinations' staging rows [m_loc, M) in demand order, each row in exactly
+    one copy; every partial tile of another destination aliased to the counter of the copy holding
+    its rows, each counter's multiplicity its tile count; copies ramp 1, 2, 4, ... bands and stay
+    within RS_PUSH_MAX_BYTES. Proxies: one per peer, whole band r, every arrival flag of the peer
+    aliased to its flag."""
+    from kosmos_bench.ce_plan import RS_PUSH_MAX_BYTES, build_rs
+
+    sch = S.build_schedule("gemm-rs", M, N, K, W, 0, BN=256, chunk=chunk, fabric="host")
+    rs = build_rs(sch)
+    lay, mt_n, nt_n = sch.flags, sch.meta["m_tiles"], sch.meta["n_tiles"]
+    m_loc, band = M // W, 128 * chunk
+    g = m_loc
+    for c in rs.pushes:  # global staging rows, back to back
+        g0 = c.dest * m_loc + c.row0
+        assert g0 == g and c.rows > 0 and c.row0 % band == 0
+        g = g0 + c.rows
+        assert c.rows * N * 2 <= max(RS_PUSH_MAX_BYTES, band * N * 2)
+        mine = [f for f, to in rs.built_alias.items() if to == c.wait]
+        assert rs.flag_mult[c.wait] == c.tiles == len(mine)
+        for f in mine:
+            d, rest = divmod(f - lay.built, mt_n * nt_n)
+            row = d * m_loc + rest // nt_n * 128
+            assert g0 <= row < g
+    assert g == M
+    assert len(rs.built_alias) == (W - 1) * mt_n * nt_n
+    assert rs.pushes[0].rows == min(band, m_loc)  # the link starts after one band's tiles
+    assert [e.peer for e in rs.proxies] == list(range(1, W))
+    assert all(e.rows == m_loc and e.cols == N and e.mult == 1 and e.back == 0 for e in rs.proxies)
+    assert len(rs.arrival_alias) == (W - 1) * sch.meta["num_bands"] * nt_n
+    assert set(rs.arrival_alias.values()) == {e.flag for e in rs.proxies}
+
+
+def test_ramp_sizes():
+    from kosmos_bench.ce_plan import ramp_sizes
+
+    assert ramp_sizes(56, 8) == [1, 2, 4, 7, 7, 7, 7, 7, 7, 4, 2, 1]
+    assert ramp_sizes(1, 8) == [1] and ramp_sizes(3, 1) == [1, 1, 1]
+    for n in range(1, 80):
+        for cap in (1, 2, 5, 8, 64):
+            sz = ramp_sizes(n, cap)
+            assert sum(sz) == n and max(sz) <= max(cap, 1) and sz[0] == 1
+
+
+def test_build_rs_refuses_ag_gemm():
+    from kosmos_bench.ce_plan import build_rs
+
+    with pytest.raises(ValueError):
+        build_rs(S.build_schedule("ag-gemm", 1024, 1024, 1024, 2, 0))

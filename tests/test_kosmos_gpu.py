@@ -825,3 +825,124 @@ def test_sm90_rs_agrees_with_portable_kernel():
         d = (outs["mma"][r] - outs["sm90"][r]).abs().max().item()
         scale = outs["mma"][r].abs().max().item()
         assert d <= 0.02 * scale, (r, d, scale)
+
+
+# ---- Determinism of both ops, both builders, every policy, W = 2..8 with uneven shapes (issue 30) ----
+
+def uneven(op: str, W: int) -> tuple[int, int, int]:
+    """m_loc = 1000 (not a multiple of 128), no dimension a multiple of its tile; both builders
+    take it (sm90: K/W resp. K, N resp. N/W multiples of 8)."""
+    return rs_uneven(W) if op == "gemm-rs" else (1000 * W, 136 * W, 1000)
+
+
+def bitwise_diff(first: dict, cur: dict, BM: int = 128, BN: int = 128) -> str:
+    """'' when equal, else where the outputs differ: per rank the count and the distinct
+    (tile row, tile col) of the first differing elements (what locates a race)."""
+    out = []
+    for r in first:
+        a, b = first[r], cur[r]
+        ne = ~((a == b) | (torch.isnan(a) & torch.isnan(b)))
+        n = int(ne.sum())
+        if n:
+            idx = ne.nonzero()[:4096].cpu().tolist()
+            tiles = sorted({(i // BM, j // BN) for i, j in idx})[:12]
+            out.append(f"rank {r}: {n} differ, rows {idx[0][0]}..{idx[-1][0]}, tiles {tiles}")
+    return "; ".join(out)
+
+
+def expect_bitwise(p, runner, A, B, calls=20):
+    """Correct on the first call and bitwise identical over `calls` calls (a failure names the tiles)."""
+    o = get_op(p.op)
+    first = None
+    for c in range(calls):
+        for out in runner.outputs.values():
+            out.fill_(float("nan"))
+        runner.run()
+        runner.check()
+        cur = {r: t.clone() for r, t in runner.outputs.items()}
+        if first is None:
+            first = cur
+            for r, out in cur.items():
+                wrong, err = check_output(out, o.reference(A, B, r, p.world), p.dtype)
+                assert wrong == 0, f"rank {r}: {wrong} wrong, max_rel_err {err:.3g}"
+        else:
+            d = bitwise_diff(first, cur)
+            assert not d, f"call {c} differs from call 0: {d}"
+
+
+@pytest.mark.parametrize("op", ["ag-gemm", "gemm-rs"])
+@pytest.mark.parametrize("builder", ["mma", "sm90"])
+@pytest.mark.parametrize("W", [2, 3, 4, 5, 6, 7, 8])
+@pytest.mark.parametrize("policy", ["self", "fixed:k", "predicted"])
+def test_local_uneven_every_policy_bitwise_20(op, builder, W, policy):
+    if builder == "sm90" and _sm90_ready() is not None:
+        pytest.skip(str(_sm90_ready()))
+    M, N, K = uneven(op, W)
+    p, ctx, inputs, A, B, runner = make(op, W, M, N, K, policy=_rs_policy(policy, W), builder=builder, seed=80 + W)
+    try:
+        assert runner.info["builder"] == builder
+        expect_bitwise(p, runner, A, B, calls=20)
+    finally:
+        runner.close()
+
+
+# ---- GEMM+RS copy-engine movers (host fabric, sm90 builder): pushes D2H after builder counters ----
+
+@sm90
+@pytest.mark.parametrize("shape", [(8 * 1024, 2048, 4096), rs_uneven(8), (8 * 1024, 8192, 8192)])
+def test_sm90_rs_host_copy_engine_movers(shape):
+    """mover ce: every CTA builds and reduces, the copy engine pushes partial bands D2H (stream
+    waits on builder counters) and brings the peers' contributions H2D (releases): correct and
+    bitwise stable over 20 calls, epochs in step after a traced call (no MOVE records)."""
+    W = 8
+    M, N, K = shape
+    p, ctx, inputs, A, B, runner = make("gemm-rs", W, M, N, K, fabric="host", builder="sm90", mover="ce", seed=61)
+    try:
+        assert runner.info["mover"] == "ce" and runner.ce_push_plan and runner.ce_plan
+        assert runner.info["ce_copies"] == len(runner.plan.rs_ce.pushes) + (W - 1)
+        expect_bitwise(p, runner, A, B, calls=20)
+        df = runner.run_traced()
+        assert (df.role == "MOVE").sum() == 0
+        assert (df.role == "BUILD").sum() == len(runner.scheds[0].builders)
+        expect_bitwise(p, runner, A, B, calls=2)
+    finally:
+        runner.close()
+
+
+@sm90
+def test_sm90_rs_host_copy_engine_watchdog_no_hang():
+    """A proxy release held back (its flag one short): the reduces time out -> WatchdogError, the
+    kernel fills the builder counters so the pushes' stream waits drain (no hang); the runner is
+    correct again once the release is restored."""
+    W, timeout_s = 8, 0.5
+    M, N, K = 8 * 1024, 2048, 4096
+    p, ctx, inputs, A, B, runner = make("gemm-rs", W, M, N, K, fabric="host", builder="sm90", mover="ce",
+                                        timeout_s=timeout_s, seed=62)
+    try:
+        runner.ce_back[-1] = 1
+        runner._ce_commit()
+        t0 = time.perf_counter()
+        runner.run()
+        with pytest.raises(WatchdogError) as ei:
+            runner.check()
+        assert time.perf_counter() - t0 < timeout_s + 5.0
+        assert "reduce" in str(ei.value).lower() or "flag" in str(ei.value), str(ei.value)
+        runner.ce_back[-1] = 0
+        runner._ce_commit()
+        expect_bitwise(p, runner, A, B, calls=2)
+    finally:
+        runner.close()
+
+
+@pytest.mark.parametrize("W", [5, 6, 7])
+@pytest.mark.parametrize("policy", ["self", "predicted"])
+def test_local_awkward_rs_portable_bitwise_20(W, policy):
+    """The portable GEMM+RS on the awkward shapes of test_local_awkward_self_bitwise_20 at the world
+    sizes it skips (K rounded down to a multiple of W): odd N takes the scalar copy / reduce /
+    epilogue paths (where issue 30 saw calls differ at W = 5, 6, 7)."""
+    M, N, K = 3000 * W, 777 * W, W * (1000 // W)
+    p, ctx, inputs, A, B, runner = make("gemm-rs", W, M, N, K, policy=policy, seed=90 + W)
+    try:
+        expect_bitwise(p, runner, A, B, calls=20)
+    finally:
+        runner.close()

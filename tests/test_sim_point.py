@@ -366,7 +366,7 @@ def test_sim_backend_runs_sm90_and_copy_engine_points():
     assert row["status"] == "skipped" and "mover ce" in row["error"]
 
 
-@pytest.mark.parametrize("kw,why", [(dict(op="gemm-rs"), "mover ce"), (dict(policy="fixed:8"), "mover ce"),
+@pytest.mark.parametrize("kw,why", [(dict(op="gemm-rs", builder="mma"), "mover ce"), (dict(policy="fixed:8"), "mover ce"),
                                     (dict(fabric="nvlink"), "mover ce")])
 def test_copy_engine_movers_unsupported_elsewhere(kw, why):
     base = dict(M=8192, N=8192, K=8192, fabric="host", mover="ce")
@@ -526,3 +526,27 @@ def test_sm90_mover_moves_half_a_wg():
         f, tl = simulate_point(pt(M=8192, N=8192, K=4096, policy="fixed:1", builder=b))
         times[b] = f["t_median_us"]
     assert 1.7 < times["sm90"] / times["mma"] < 2.1
+
+
+@pytest.mark.parametrize("shape", [(8192, 8192, 8192), (4096, 16384, 53248)])
+def test_gemm_rs_copy_engine_movers_two_engines_every_cta_builds_and_reduces(shape):
+    """gemm-rs, mover ce (host): two agents off the SMs (sm -1), pushes D2H one copy at a time on
+    one, the peers' contributions H2D on the other, concurrently; every CTA only builds, reduces
+    or waits; the call is no shorter than the pushes' bytes at the D2H rate and beats SM movers."""
+    M, N, K = shape
+    p = pt(op="gemm-rs", M=M, N=N, K=K, fabric="host", builder="sm90", mover="ce")
+    f, tr = run_point(p)
+    prof = profiles.load("h200-host-pcie")
+    assert f["mover"] == "ce"
+    ce = tr[tr.sm == -1]
+    assert set(ce.role) <= {"MOVE", "WAIT"} and ce.wg.nunique() == 2  # the push engine waits on builders
+    ce = ce[ce.role == "MOVE"]
+    assert set(tr[tr.sm >= 0].role) <= {"BUILD", "REDUCE", "WAIT"}
+    for _, g in ce.groupby("wg"):
+        g = g.sort_values("t0_ns")
+        assert (g.t0_ns.to_numpy()[1:] >= g.t1_ns.to_numpy()[:-1] - 1e-6).all(), "one copy at a time per engine"
+    a, b = (g for _, g in ce.groupby("wg"))
+    assert a.t0_ns.min() < b.t1_ns.max() and b.t0_ns.min() < a.t1_ns.max(), "both directions at once"
+    d2h_us = 7 * (M // 8) * N * 2 / (prof["copy_engine_GBps"]["d2h"] * 1e3)
+    assert f["t_median_us"] > d2h_us
+    assert f["t_median_us"] < run_point(p.replace(mover="sm"))[0]["t_median_us"]

@@ -150,9 +150,13 @@ def test_mover_ce_is_skipped_with_a_reason_where_it_does_not_apply():
     impl = KosmosImpl()
     base = Point("ag-gemm", "kosmos", 8192, 4096, 2048, 8, fabric="host", policy="self", mover="ce")
     assert impl.unsupported(base) is None
-    assert "host-fabric ag-gemm only" in impl.unsupported(base.replace(fabric="local"))
-    assert "host-fabric ag-gemm only" in impl.unsupported(base.replace(op="gemm-rs"))
+    assert "host-fabric only" in impl.unsupported(base.replace(fabric="local"))
+    rs = base.replace(op="gemm-rs")
+    assert impl.unsupported(rs) is None  # gemm-rs: copy-engine pushes and proxies (sm90 builder)
+    assert "sm90 builder" in impl.unsupported(rs.replace(builder="mma"))
+    assert "host-fabric only" in impl.unsupported(rs.replace(fabric="nvlink"))
     assert "role policies do not apply" in impl.unsupported(base.replace(policy="fixed:8"))
+    assert "role policies do not apply" in impl.unsupported(rs.replace(policy="predicted"))
 
 
 def test_default_sweeps_run_mover_auto_beside_sm_movers():

@@ -118,6 +118,7 @@ void* kosmos_ce_plan_create(void* copy_stream, void* flag_stream, int n, const u
                             const uint64_t* width, const uint64_t* height, const uint64_t* pitch,
                             const uint64_t* flag, const uint32_t* mult, const uint32_t* back, int head,
                             int inline_from);
+int kosmos_ce_plan_set_waits(void* plan, int n, const uint64_t* wait, const uint32_t* wait_mult);
 int kosmos_ce_plan_begin(void* plan, void* main_stream, uint32_t epoch);
 int kosmos_ce_plan_end(void* plan, void* main_stream, uint32_t epoch);
 void kosmos_ce_plan_destroy(void* plan);

@@ -92,11 +92,13 @@ def make_stream_pair(lib, dev_index: int, n: int = 2) -> list[int]:
     return made
 
 
-def plan_streams(lib, dev_index: int) -> list[int]:
-    """The CE plans' [copy stream, flag stream] handles on device dev_index (made on first use)."""
-    if dev_index not in _PLAN_STREAMS:
-        _PLAN_STREAMS[dev_index] = make_stream_pair(lib, dev_index)
-    return _PLAN_STREAMS[dev_index]
+def plan_streams(lib, dev_index: int, n: int = 2) -> list[int]:
+    """The CE plans' [copy stream, flag stream] handles on device dev_index (made on first use);
+    n = 3 adds gemm-rs's push stream (device -> host copies, beside the host -> device ones)."""
+    have = _PLAN_STREAMS.get(dev_index, [])
+    if len(have) < n:  # stored only once made (make_stream_pair leaves nothing behind on failure)
+        have = _PLAN_STREAMS[dev_index] = have + make_stream_pair(lib, dev_index, n - len(have))
+    return have[:n]
 
 
 class WatchdogError(RuntimeError):
@@ -163,8 +165,11 @@ class KosmosImpl:
             return why
         pol = cfg.policy
         if cfg.mover == "ce":
-            if point.fabric != "host" or point.op != "ag-gemm":
-                return f"mover ce: copy-engine movers are host-fabric ag-gemm only (fabric={point.fabric}, op={point.op})"
+            if point.fabric != "host":
+                return f"mover ce: copy-engine movers are host-fabric only (fabric={point.fabric})"
+            if point.op == "gemm-rs" and (cfg.builder == "mma" or kb.validate(point.M, point.N, point.K, point.world,
+                                                                             op=point.op)):
+                return "mover ce: gemm-rs copy-engine movers need the sm90 builder (its kernel frees blocked pushes)"
             if pol != "self":
                 return f"mover ce: the copy engine does every move, so WG role policies do not apply (policy={pol})"
         kind, k = parse_policy(pol)
@@ -253,6 +258,7 @@ class KosmosRunner:
         self.sm90_rs = False  # the sm90 handle is a GEMM+RS one (kosmos_sm90_rs_*)
         self.ahead_blocks = None  # sm90 builder: the lookahead claim (configuration ahead_blocks)
         self.ce_plan = None  # C handle (kosmos_ce_plan_create) when the copy engine moves
+        self.ce_push_plan = None  # gemm-rs: the device -> host pushes (waits on builder counters)
         try:
             self._setup(point, ctx, inputs, **kw)
         except BaseException:
@@ -303,10 +309,10 @@ class KosmosRunner:
         # mma builder has no slice wait: it always gets whole bands. kosmos.plan (below, once the
         # CTA count is known) resolves slices, merging and groups as the simulator does.
         # mover auto (None): the faster mover for this fabric, op and builder (kb.mover_choice)
-        self.mover = kb.mover_choice(cfg.mover, op, fabric, self.builder, cfg.policy)
+        self.mover = kb.mover_choice(cfg.mover, op, fabric, self.builder, cfg.policy, W)
         cfg = self.config = cfg.replace(mover=self.mover)
-        if self.mover == "ce" and (fabric != "host" or op != "ag-gemm"):
-            raise ValueError("mover='ce' is implemented for ag-gemm on the host fabric only")
+        if self.mover == "ce" and (fabric != "host" or (op == "gemm-rs" and self.builder != "sm90")):
+            raise ValueError("mover='ce' is implemented on the host fabric only (gemm-rs: with the sm90 builder)")
         self.spin_ns = cfg.spin_ns
         self.calls = 0  # completed launches since the last reset (epoch of the next = calls + 1)
         dev_index = self.dev.index if self.dev.index is not None else torch.cuda.current_device()
@@ -415,6 +421,10 @@ class KosmosRunner:
                 self.outputs[r] = Cr
                 d = dict(A=A[r].data_ptr(), B=B[r].data_ptr(), C=Cr.data_ptr(), work=work.data_ptr(),
                          push_dst=[0] * W, slot=[0] * W, proxy_src=[0] * W)
+                if W == 1:  # a sum of one partial: build into C_r, no reduce pass (the builder at world 1)
+                    d["slot"][0] = Cr.data_ptr()
+                    per_rank[r] = d
+                    continue
                 if fabric == "local":
                     for q in range(W):
                         d["push_dst"][q] = recv[q].data_ptr() + r * slot_bytes
@@ -429,10 +439,13 @@ class KosmosRunner:
                         d["slot"][q] = own.data_ptr() + q * slot_bytes
                         if q != r:
                             d["push_dst"][q] = send_dev + (q - 1) * slot_bytes
+                    self._rs_send, self._rs_proxy_host = send, {}
                     for s in range(1, W):  # peers' static contributions to band 0
                         part = (A[s][:m_loc].float() @ B[s].float()).to(dt)
-                        d["proxy_src"][s] = self._pinned(part)
+                        d["proxy_src"][s], self._rs_proxy_host[s] = self._pinned(part, host=True)
                         del part
+                    if self.mover == "ce":
+                        self._rs_ce_plans(work, flags[r], d, m_loc, N)
                 else:
                     for q in range(W):
                         d["push_dst"][q] = sym_ptrs[q] + off_data + r * slot_bytes
@@ -445,15 +458,28 @@ class KosmosRunner:
         for i, (r, sch) in enumerate(zip(ranks, self.scheds)):
             a = ra_arr[i]
             arrs = sch.arrays()
+            if self.mover == "ce" and op == "gemm-rs":  # ce_plan.build_rs: builder counters, proxy copies' flags
+                rs = self.plan.rs_ce
+                arrs["flag_mult"] = arrs["flag_mult"].copy()
+                for f, m in rs.flag_mult.items():
+                    arrs["flag_mult"][f] = m
+                bi = arrs["builder_items"].reshape(-1, S.ITEM_STRIDE).copy()
+                col = bi[:, S.F["rel_flag"]]
+                bi[:, S.F["rel_flag"]] = [  # the builders of a push add to its counter
+                    rs.built_alias.get(int(f), int(f)) for f in col]
+                arrs["builder_items"] = bi.reshape(-1)
+                arrs["deps"] = np.array([rs.arrival_alias.get(int(f), int(f)) for f in arrs["deps"]], dtype=np.int32)
             for q, name in enumerate(("builder", "mover", "reduce")):
                 queue = arrs[f"{name}_queue"]
                 if q == S.Q_MOVE and self.mover == "ce":  # the copy engine moves; every WG builds
+                    queue = queue[:0]
+                if q == S.Q_REDUCE and W == 1:  # the builders write C_r itself (its one slot)
                     queue = queue[:0]
                 ti, tq = _i32(self.dev, arrs[f"{name}_items"]), _i32(self.dev, np.ascontiguousarray(queue))
                 self._keep += [ti, tq]
                 a.items[q], a.queue[q] = ti.data_ptr(), tq.data_ptr()
                 a.count[q] = len(queue)
-            if self.mover == "ce":  # band flags count the copy engine's releases (ce_plan.build)
+            if self.mover == "ce" and op == "ag-gemm":  # band flags count the copy engine's releases (ce_plan.build)
                 arrs["flag_mult"] = arrs["flag_mult"].copy()
                 for f, m in self.ce_flag_mult.items():
                     arrs["flag_mult"][f] = m
@@ -546,10 +572,11 @@ class KosmosRunner:
                    "kosmos_host_device_ptr")
         return int(out.value)
 
-    def _pinned(self, t) -> int:
+    def _pinned(self, t, host: bool = False):
+        """t copied to pinned host memory: its device pointer (and, host=True, the host tensor)."""
         h = t.detach().to("cpu").contiguous().pin_memory()
         self._keep.append(h)
-        return self._dev_ptr(h)
+        return (self._dev_ptr(h), h) if host else self._dev_ptr(h)
 
     def _barrier(self) -> None:
         import torch.distributed as dist
@@ -723,6 +750,50 @@ class KosmosRunner:
             raise RuntimeError(f"kosmos_ce_plan_create failed: {kernels.last_error(self.lib)}")
         self.ce_plan = h
 
+    def _rs_ce_plans(self, work, flag_base: int, d: dict, m_loc: int, N: int) -> None:
+        """gemm-rs copy-engine movers (ce_plan.build_rs): the peers' contributions host -> device
+        on the plan's copy stream, each releasing its arrival flag (the ag-gemm plan's machinery),
+        and the pushes device -> host on a third stream, each after a stream wait on its builder
+        counter, so both PCIe directions run at once and no SM moves."""
+        import torch
+
+        rs = self.plan.rs_ce
+        row = N * 2
+        handles = plan_streams(self.lib, self.dev_index, 3)
+        self.ce_streams = [torch.cuda.ExternalStream(h, device=self.dev) for h in handles]
+        pr = rs.proxies
+        self.ce_entries = pr
+        self.ce_cols = [np.ascontiguousarray(np.array(c, dtype=np.uint64)) for c in (
+            [int(d["slot"][e.peer]) + e.row0 * row for e in pr],
+            [self._rs_proxy_host[e.peer].data_ptr() + e.row0 * row for e in pr],
+            [row] * len(pr), [e.rows for e in pr], [row] * len(pr), [flag_base + 4 * e.flag for e in pr])]
+        self.ce_mult = np.array([e.mult for e in pr], dtype=np.uint32)
+        self.ce_back = np.array([e.back for e in pr], dtype=np.uint32)
+        self.ce_head = 1 if len(pr) > 1 else len(pr)
+        self.ce_inline_from = len(pr) - 1
+        self._ce_commit()
+        pu = rs.pushes
+        send = self._rs_send.data_ptr()
+        cols = [np.ascontiguousarray(np.array(c, dtype=np.uint64)) for c in (
+            [send + ((e.dest - 1) * m_loc + e.row0) * row for e in pu],  # host fabric: rank 0, slot d-1
+            [work.data_ptr() + (e.dest * m_loc + e.row0) * row for e in pu],
+            [row] * len(pu), [e.rows for e in pu], [row] * len(pu), [0] * len(pu))]
+        zeros = np.zeros(len(pu), dtype=np.uint32)
+        u64, u32 = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+        push_stream = ctypes.c_void_p(self.ce_streams[2].cuda_stream)
+        h = self.lib.kosmos_ce_plan_create(push_stream, push_stream, len(pu), *(a.ctypes.data_as(u64) for a in cols),
+                                           zeros.ctypes.data_as(u32), zeros.ctypes.data_as(u32), 0, len(pu))
+        if not h:
+            from .. import kernels
+
+            raise RuntimeError(f"kosmos_ce_plan_create (pushes) failed: {kernels.last_error(self.lib)}")
+        self.ce_push_plan = h
+        waits = np.array([flag_base + 4 * e.wait for e in pu], dtype=np.uint64)
+        tiles = np.array([e.tiles for e in pu], dtype=np.uint32)
+        self._call(self.lib.kosmos_ce_plan_set_waits(h, len(pu), waits.ctypes.data_as(u64), tiles.ctypes.data_as(u32)),
+                   "kosmos_ce_plan_set_waits")
+        self.ce_copies = len(pr) + len(pu)
+
     def _launch(self, params) -> None:
         import torch
 
@@ -735,6 +806,8 @@ class KosmosRunner:
             # enqueueing a whole plan from Python used to delay the first band by ~100 us.
             if self.ce_plan:
                 self._call(self.lib.kosmos_ce_plan_begin(self.ce_plan, main, epoch), "kosmos_ce_plan_begin")
+            if self.ce_push_plan:  # its streams wait for what precedes the kernel; all of it after the launch
+                self._call(self.lib.kosmos_ce_plan_begin(self.ce_push_plan, main, epoch), "kosmos_ce_plan_begin")
             if self.sm90 is not None:
                 fn = "kosmos_sm90_rs_launch" if self.sm90_rs else "kosmos_sm90_ag_launch"
                 self._call(getattr(self.sm90, fn)(self.sm90_handle, ctypes.byref(params), main), fn)
@@ -742,6 +815,8 @@ class KosmosRunner:
                 self._call(self.lib.kosmos_launch(ctypes.byref(params), main), "kosmos_launch")
             if self.ce_plan:
                 self._call(self.lib.kosmos_ce_plan_end(self.ce_plan, main, epoch), "kosmos_ce_plan_end")
+            if self.ce_push_plan:  # last: its waits on the kernel queue behind everything the kernel needs
+                self._call(self.lib.kosmos_ce_plan_end(self.ce_push_plan, main, epoch), "kosmos_ce_plan_end")
         self.calls += 1
 
     def run_ce_plan_alone(self, epoch: int = 1) -> None:
@@ -750,6 +825,8 @@ class KosmosRunner:
         import torch
 
         main = torch.cuda.current_stream(self.dev).cuda_stream
+        if self.ce_push_plan:
+            raise RuntimeError("gemm-rs copy-engine pushes wait on the kernel's builders: no plan without it")
         self._call(self.lib.kosmos_ce_plan_begin(self.ce_plan, main, epoch), "kosmos_ce_plan_begin")
         self._call(self.lib.kosmos_ce_plan_end(self.ce_plan, main, epoch), "kosmos_ce_plan_end")
 
@@ -878,9 +955,10 @@ class KosmosRunner:
             fn = "kosmos_sm90_rs_destroy" if self.sm90_rs else "kosmos_sm90_ag_destroy"
             getattr(self.sm90, fn)(ctypes.c_void_p(self.sm90_handle))
             self.sm90_handle = None
-        if self.ce_plan:
-            self.lib.kosmos_ce_plan_destroy(self.ce_plan)
-            self.ce_plan = None
+        for name in ("ce_plan", "ce_push_plan"):
+            if getattr(self, name):
+                self.lib.kosmos_ce_plan_destroy(getattr(self, name))
+                setattr(self, name, None)
         self._keep.clear()
         self.outputs = {}
 

@@ -84,12 +84,13 @@ def declare(lib: C.CDLL) -> C.CDLL:
     U32 = C.POINTER(C.c_uint32)
     lib.kosmos_ce_plan_create.argtypes = [P, P, C.c_int, U64, U64, U64, U64, U64, U64, U32, U32, C.c_int, C.c_int]
     lib.kosmos_ce_plan_create.restype = P
+    lib.kosmos_ce_plan_set_waits.argtypes = [P, C.c_int, U64, U32]
     lib.kosmos_ce_plan_begin.argtypes = [P, P, C.c_uint32]
     lib.kosmos_ce_plan_end.argtypes = [P, P, C.c_uint32]
     lib.kosmos_ce_plan_destroy.argtypes = [P]
     lib.kosmos_ce_plan_destroy.restype = None
     for f in ("kosmos_max_wgs", "kosmos_launch", "kosmos_host_device_ptr", "kosmos_alloc_mapped",
               "kosmos_free_mapped", "kosmos_smem_bytes", "kosmos_stream_write_u32", "kosmos_stream_create",
-              "kosmos_stream_destroy", "kosmos_ce_plan_begin", "kosmos_ce_plan_end"):
+              "kosmos_stream_destroy", "kosmos_ce_plan_set_waits", "kosmos_ce_plan_begin", "kosmos_ce_plan_end"):
         getattr(lib, f).restype = C.c_int
     return lib

@@ -106,7 +106,12 @@ def builder_choice(builder: str | None, op: str = "ag-gemm", shape: tuple[int, i
     return "sm90" if (library_ok or _sm90_library_ok)() else "mma"
 
 
-def mover_choice(mover: str | None, op: str, fabric: str, builder: str, policy: str = "self") -> str:
+# Ops whose auto mover is the copy engine on the host fabric (sm90 builder, policy self).
+CE_AUTO_OPS = ("ag-gemm",)
+
+
+def mover_choice(mover: str | None, op: str, fabric: str, builder: str, policy: str = "self",
+                 world: int | None = None) -> str:
     """The mover to use: the argument (the configuration's ``mover``), else (``auto``) the one
     measured faster for the fabric, op and (resolved) builder: 'ce' (the copy engine moves,
     every CTA builds) for ag-gemm on the host fabric with the sm90 builder under policy self;
@@ -122,7 +127,9 @@ def mover_choice(mover: str | None, op: str, fabric: str, builder: str, policy: 
         if mover not in MOVERS:
             raise ValueError(f"mover={mover!r}: expected one of {', '.join(MOVERS)} or auto")
         return mover
-    ce = op == "ag-gemm" and fabric == "host" and builder == "sm90" and policy == "self"
+    if world == 1:  # nothing moves
+        return "sm"
+    ce = op in CE_AUTO_OPS and fabric == "host" and builder == "sm90" and policy == "self"
     return "ce" if ce else "sm"
 
 

@@ -21,7 +21,8 @@ class Plan:
     """What one point executes. ``scheds``: {rank: RankSchedule} of the ranks asked for;
     ``schedule(rank, num_wgs)`` builds (or fetches) any other rank's with the same keywords.
     Copy-engine movers: ``ce_entries`` / ``ce_flag_mult`` (ce_plan.build of the first rank's
-    schedule), ``ce_shared`` / ``ce_alias`` (after ce_plan.share_flags: one release per copy)."""
+    schedule), ``ce_shared`` / ``ce_alias`` (after ce_plan.share_flags: one release per copy);
+    gemm-rs: ``rs_ce`` (ce_plan.build_rs)."""
 
     config: KosmosConfig
     resolved: Resolved
@@ -34,6 +35,7 @@ class Plan:
     ce_flag_mult: dict = field(default_factory=dict)
     ce_shared: list | None = None
     ce_alias: dict = field(default_factory=dict)
+    rs_ce: ce_plan.RsPlan | None = None  # gemm-rs copy-engine plan (ce_plan.build_rs)
     cached: bool = True
 
     def schedule(self, rank: int, num_wgs: int) -> S.RankSchedule:
@@ -66,9 +68,9 @@ def plan(point, cfg: KosmosConfig, sizes: dict[int, int], *, builder: str, fabri
     fabric = fabric or point.fabric
     sm90 = builder == "sm90"
     BN = BN or (B.BN if sm90 else 128)
-    cfg = cfg.replace(mover=B.mover_choice(cfg.mover, op, fabric, builder, cfg.policy))  # auto -> sm | ce
+    cfg = cfg.replace(mover=B.mover_choice(cfg.mover, op, fabric, builder, cfg.policy, W))  # auto -> sm | ce
     ce = cfg.mover == "ce"
-    res = resolve(cfg, N // W, int(min(sizes.values())), ce and sm90, fabric == "host")
+    res = resolve(cfg, N // W, int(min(sizes.values())), ce and sm90 and op == "ag-gemm", fabric == "host")
     model = B.schedule_model(fabric) if sm90 else None
     kw = dict(BM=BM, BN=BN, chunk=cfg.chunk, policy=policy or cfg.policy, queue_order=cfg.queue_order,
               seed=point.seed, local_first=cfg.local_first, fabric=fabric,
@@ -82,6 +84,8 @@ def plan(point, cfg: KosmosConfig, sizes: dict[int, int], *, builder: str, fabri
         pl.ce_entries, pl.ce_flag_mult = ce_plan.build(sch, K, pl.ce_slices, bk=B.BK,
                                                        split=res.split if res.k_stream else None, merge=res.merge)
         pl.ce_shared, pl.ce_alias = ce_plan.share_flags(pl.ce_entries)
+    if ce and op == "gemm-rs":
+        pl.rs_ce = ce_plan.build_rs(pl.scheds[next(iter(sizes))])
     return pl
 
 

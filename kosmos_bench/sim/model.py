@@ -46,6 +46,12 @@ LOOP_RULES = {
     # copy-engine movers: every CTA builds under decide() with no mover: the builder head,
     # waiting for it when it is not ready
     "ce-builder": [(_B, E.ANY)],
+    # gemm-rs with copy-engine movers: decide<gemm-rs> with no mover (a ready reduce, else a
+    # builder, else wait for the next reduce); the two engines take the pushes (queue 1, D2H) and
+    # the proxies (queue 3, H2D) in order
+    "ce-rs-builder": [(_R, E.READY), (_B, E.ANY), (_R, E.ANY)],
+    "ce-rs-push": [(_M, E.ANY)],
+    "ce-rs-proxy": [(3, E.ANY)],
 }
 
 _ROLE_OF_KIND = {S.AG_PULL: E.MOVE, S.AG_BUILD: E.BUILD, S.RS_BUILD: E.BUILD,
@@ -140,6 +146,43 @@ def _ce_copies(sch, plan: list, K: int, slices: int, BM: int, move_offset: int, 
     return sliced
 
 
+def _rs_ce_copies(sch, rs, BM: int, move_offset: int, work: np.ndarray, nbytes: np.ndarray, setup_ns: float,
+                  start_ns: float) -> None:
+    """gemm-rs copy-engine movers (ce_plan.build_rs) as the engine sees them: the push items
+    (per tile) of one push copy move the copy's bytes with the last of them in queue order (the
+    engine takes the pushes in order, so it has waited for every tile of the copy: the stream
+    wait on the builder counter); a proxy copy's bytes travel with its peer's first proxy item
+    (the later ones release right after it: one release per copy). Every copy beyond one per
+    direction costs ``setup_ns``; the first of each direction starts ``start_ns`` late."""
+    tab = sch.movers.table
+    push_of, proxy_of = {}, {}
+    pos = {move_offset + int(i): n for n, i in enumerate(sch.movers.queue)}
+    for i in sch.movers.queue:
+        k, d, mt = int(tab[i][S.F["kind"]]), int(tab[i][S.F["peer"]]), int(tab[i][S.F["m0"]]) // BM
+        (push_of if k == S.RS_PUSH else proxy_of).setdefault((d, mt), []).append(move_offset + int(i))
+    lay, mt_n, nt_n = sch.flags, sch.meta["m_tiles"], sch.meta["n_tiles"]
+    tiles_of: dict = {}  # counter -> the (destination, M-tile) rows of its copy
+    for f, c in rs.built_alias.items():
+        d, rest = divmod(f - lay.built, mt_n * nt_n)
+        tiles_of.setdefault(c, set()).add((d, rest // nt_n))
+    for n, e in enumerate(rs.pushes):
+        its = [it for key in sorted(tiles_of[e.wait]) for it in push_of.get(key, [])]
+        if its:
+            total = float(nbytes[its].sum())
+            nbytes[its] = 0.0
+            last = max(its, key=pos.__getitem__)
+            nbytes[last] = total
+            work[last] += setup_ns if n else start_ns
+    for n, e in enumerate(rs.proxies):
+        its = [it for (s, _), v in proxy_of.items() if s == e.peer for it in v]
+        if its:
+            total = float(nbytes[its].sum())
+            nbytes[its] = 0.0
+            first = min(its, key=pos.__getitem__)
+            nbytes[first] = total
+            work[first] += setup_ns if n else start_ns
+
+
 def _ce_stream(sch, slices: int, BM: int, rate: float, elem_scale: float, setup_ns: float = 0.0,
                extra: dict | None = None, start_ns: float = 0.0, split: tuple = ()) -> tuple[dict, list[int]]:
     """The copy engine's K-sliced tail (impls/kosmos.py's defaults, ce_plan.build): the bands of
@@ -207,11 +250,13 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
         cfg = KosmosConfig.from_point(p)
     except ValueError as e:
         raise Unsupported(str(e)) from None
-    if cfg.mover == "ce" and (p.fabric != "host" or p.op != "ag-gemm" or cfg.policy != "self"):
-        raise Unsupported("mover ce is ag-gemm on the host fabric with policy self only")
+    if cfg.mover == "ce" and (p.fabric != "host" or cfg.policy != "self"):
+        raise Unsupported("mover ce is the host fabric with policy self only")
     builder = resolve_builder(p, prof, cfg)
+    if cfg.mover == "ce" and p.op == "gemm-rs" and builder != "sm90":
+        raise Unsupported("mover ce: gemm-rs copy-engine movers need the sm90 builder")
     sm90 = builder == "sm90"
-    cfg = cfg.replace(mover=kb.mover_choice(cfg.mover, p.op, p.fabric, builder, policy=cfg.policy))  # auto
+    cfg = cfg.replace(mover=kb.mover_choice(cfg.mover, p.op, p.fabric, builder, policy=cfg.policy, world=p.world))  # auto
     ce = cfg.mover == "ce"
     if sm90:
         b = prof.get("builder_sm90")
@@ -289,7 +334,12 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     wg_hbm = float(prof["wg_hbm_GBps"])  # bytes/ns
     links, cap = _links(p, prof, ranks, symmetric)
     cap *= kb.mover_share(builder)  # an sm90 mover is the loader warpgroup: half a WG's bytes in flight
-    if ce:  # one DMA engine: no per-WG drive limit, no many-reader collapse
+    rs_ce = ce and p.op == "gemm-rs"
+    if rs_ce:  # two DMA engines, one per PCIe direction: pushes D2H, proxies H2D
+        eng = prof["copy_engine_GBps"]
+        links, cap = _LinkMap([float(eng["h2d"]), float(eng.get("d2h") or eng["h2d"])],
+                              lambda r, kind, peer: (1,) if kind == S.RS_PUSH else (0,)), math.inf
+    elif ce:  # one DMA engine: no per-WG drive limit, no many-reader collapse
         links, cap = _LinkMap([float(prof["copy_engine_GBps"]["h2d"])], lambda r, kind, peer: (0,)), math.inf
     for r in ranks:
         for qi, t in enumerate(_tables(scheds[r])):
@@ -317,8 +367,10 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
 
     setup_ns = float(prof.get("copy_engine_setup_ns", 0.0))
     start_ns = float(prof.get("copy_engine_start_ns", 0.0))
+    if rs_ce:
+        _rs_ce_copies(scheds[ranks[0]], pl.rs_ce, BM, offset[ranks[0], S.Q_MOVE], work, nbytes, setup_ns, start_ns)
     sliced_extra = _ce_copies(scheds[ranks[0]], pl.ce_entries, p.K, ce_slices, BM, offset[ranks[0], S.Q_MOVE], work,
-                              nbytes, setup_ns, start_ns) if ce else {}
+                              nbytes, setup_ns, start_ns) if ce and not rs_ce else {}
 
     # ---- dependencies: every dependency flag -> all items that release it
     remote_lat = float(prof["flag_latency_ns"]["remote"])
@@ -405,7 +457,9 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
 
     # ---- queues and WG rules
     queues, wg_rules, sm = [], [], []
-    if num_movers is None and not ce:
+    if rs_ce:
+        rule_sets = [LOOP_RULES["ce-rs-builder"], LOOP_RULES["ce-rs-push"], LOOP_RULES["ce-rs-proxy"]]
+    elif num_movers is None and not ce:
         rule_sets = [LOOP_RULES[p.op, "self"]]
     else:
         rule_sets = [LOOP_RULES["mover"], LOOP_RULES["ce-builder" if ce else "builder"]]
@@ -413,6 +467,15 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
         queues.append([E.Queue(name, np.asarray(t.queue, dtype=np.int64) + offset[r, qi])
                        for qi, (name, t) in enumerate(zip(("builder", "mover", "reduce"), _tables(scheds[r])))])
         g = sizes[r]
+        if rs_ce:  # G CTAs (build, reduce), then the push engine (D2H) and the proxy engine (H2D)
+            mv = scheds[r].movers
+            kinds = mv.table[np.asarray(mv.queue, dtype=np.int64), S.F["kind"]]
+            ids = np.asarray(mv.queue, dtype=np.int64) + offset[r, S.Q_MOVE]
+            queues[-1][S.Q_MOVE] = E.Queue("push", ids[kinds == S.RS_PUSH])
+            queues[-1].append(E.Queue("proxy", ids[kinds == S.RS_PROXY]))
+            wg_rules.append(np.concatenate([np.zeros(g, dtype=np.int64), [1, 2]]))
+            sm.append(np.concatenate([np.arange(g) + starts[r], [-1, -1]]))
+            continue
         if ce:  # G builders, then the copy engine
             wg_rules.append(np.append(np.ones(g, dtype=np.int64), 0))
             sm.append(np.append(np.arange(g) + starts[r], -1))
