@@ -51,7 +51,12 @@
 namespace kosmos {
 namespace sm90 {
 
-using AgBuilder = BuilderSm90<128, 256, 64, 4, true>;
+// KOSMOS_SM90_B_TRANSPOSED (a build flag of each library, kernels/libs.py): 1 in kosmos_ag_sm90_bt,
+// where B_r is read transposed, K contiguous (the backward dgrad GEMMs: W_r^T in place); every
+// kernel and ABI entry is otherwise the same.
+using AgBuilder = BuilderSm90<128, 256, 64, 4, true, 1,
+                              cute::conditional_t<KOSMOS_SM90_B_TRANSPOSED != 0, cutlass::layout::ColumnMajor,
+                                                  cutlass::layout::RowMajor>>;
 constexpr int kAgRingDepth = 4;
 using AgRing = ItemRing<kAgRingDepth, int>;  // builder item id, -1 = no more work
 constexpr int kAgThreads = AgBuilder::kNumThreads;
@@ -550,6 +555,9 @@ using kosmos::sm90::AgSm90Params;
 using kosmos::sm90::RsSm90Params;
 
 const char* kosmos_sm90_last_error(void) { return kosmos::g_err; }
+
+// 1 when this library reads B_r transposed (K contiguous), else 0.
+int kosmos_sm90_b_transposed(void) { return KOSMOS_SM90_B_TRANSPOSED != 0; }
 
 // "" when (M, N, K, world) are supported, else why not. No GPU needed.
 const char* kosmos_sm90_ag_validate(int M, int N, int K, int W) {

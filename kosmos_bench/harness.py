@@ -16,10 +16,10 @@ import torch
 
 from . import sharing, timing
 from .impls import get_impl
+from .impls import layer
 from .impls import nccl as nccl_impls
 from .impls.base import RankCtx, SkipPoint
 from .ops import get_op
-from .ops.base import check_output
 from .point import Point
 from .runtime import nvml
 
@@ -52,7 +52,7 @@ def skip_reason(p: Point) -> str | None:
     ok, why = impl.available(p.backend)
     if not ok:
         return why
-    why = impl.unsupported(p)
+    why = layer.unsupported(p, impl) if p.op == "layer" else impl.unsupported(p)
     if why:
         return why
     if p.backend == "cpu" and op.flops(p) > CPU_MAX_FLOPS:
@@ -171,13 +171,15 @@ def run_point(p: Point, *, rank: int, procs: int) -> tuple[dict, object]:
     try:
         ranks = list(range(p.world)) if p.fabric in ("local", "host") else [rank]
         inputs, state = op.setup(p, ranks, device, seed_for(p))
-        runner = impl.prepare(p, ctx, inputs)
+        runner = layer.prepare(p, ctx, inputs) if p.op == "layer" else impl.prepare(p, ctx, inputs)
         wrong, err, same, extra = _check(runner, p, ctx, inputs, state)
         row.update(wrong=wrong, max_rel_err=err, deterministic=same, **extra)
         row.update(op.columns(p, state))
         del state
         # The fused op, its GEMM alone and its collective alone, timed interleaved.
         alone = op.alone(p, ctx, inputs)
+        if p.op == "layer":  # the step with no collectives / its collectives alone (impls/layer.py)
+            alone = ({"gemm": layer.gemm_alone(p, ctx, inputs), "comm": layer.comm_alone(p, ctx, inputs)}, {})
         if alone is None:
             gemm, comm = nccl_impls.gemm_alone(p, ctx, inputs), nccl_impls.comm_alone(p, ctx, inputs)
         else:

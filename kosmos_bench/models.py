@@ -48,6 +48,35 @@ MODELS: dict[str, Model] = {m.name: m for m in (
 LAYER_OPS = {"qkv": "ag-gemm", "fc1": "ag-gemm", "out-proj": "gemm-rs", "fc2": "gemm-rs"}
 
 
+# The backward ops of each layer (ops/backward.py): row-parallel layers' dgrad is an AG+GEMM,
+# column-parallel layers' dgrad a GEMM+RS; every layer's wgrad an all-gather along tokens.
+BWD_LAYER_OPS = {"ag-gemm-dgrad": ("out-proj", "fc2"), "gemm-rs-dgrad": ("qkv", "fc1"),
+                 "ag-wgrad": ("qkv", "fc1", "out-proj", "fc2")}
+
+
+def layers_for(op: str) -> list[str]:
+    """The layers whose GEMM op `op` is (forward or backward)."""
+    if op in BWD_LAYER_OPS:
+        return list(BWD_LAYER_OPS[op])
+    if op == "layer":  # the whole step (ops/layer.py): M = tokens, N = hidden, K = FFN width
+        return ["layer"]
+    return [l for l, o in LAYER_OPS.items() if o == op]
+
+
+def op_shape(model: Model, layer: str, tokens: int, op: str) -> tuple[int, int, int]:
+    """Global (M, N, K) of op `op` on `layer`: the forward GEMM's (layer_shape), or the GEMM of
+    its backward op: dgrad (T, K_fwd, N_fwd); wgrad (K_fwd, N_fwd, T) for a column-parallel
+    layer, (N_fwd, K_fwd, T) for a row-parallel one (it computes dW_r transposed)."""
+    if op == "layer":
+        return tokens, model.hidden, model.ffn
+    M, N, K = layer_shape(model, layer, tokens)
+    if op in ("ag-gemm-dgrad", "gemm-rs-dgrad"):
+        return M, K, N
+    if op == "ag-wgrad":
+        return (K, N, M) if LAYER_OPS[layer] == "ag-gemm" else (N, K, M)
+    return M, N, K
+
+
 def get_model(name: str) -> Model:
     try:
         return MODELS[name]

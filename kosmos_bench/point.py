@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from .kosmos.decide import parse_policy  # noqa: F401 - re-exported: the one policy parser
 
-OPS = ("ag-gemm", "gemm-rs", "gemm", "moe")
+OPS = ("ag-gemm", "gemm-rs", "gemm", "moe", "ag-gemm-dgrad", "gemm-rs-dgrad", "ag-wgrad", "layer")
 DTYPES = ("bf16", "fp16", "fp32")
 FABRICS = ("nvlink", "local", "host", "gloo")
 BACKENDS = ("gpu", "cpu", "sim")
@@ -34,6 +34,12 @@ class Point:
     * moe: the expert layer of preset `moe` (ops/moe_math.py) with M = tokens per rank, N = the
       expert FFN width and K = the hidden size (both the preset's), `experts` per rank and
       `routing`; ops/moe.py's moe_shape(point) is the layer's shape.
+    * ag-gemm-dgrad / gemm-rs-dgrad (backward, ops/backward.py): ag-gemm / gemm-rs with B_r
+      held transposed (the layer weight W_r as stored: N/W x K, resp. N x K/W, row-major).
+    * ag-wgrad: all-gather along K (tokens): rank r holds rows r*K/W.. of At (K x M) and B_r
+      (K x N/W); outputs C_r = At^T @ B_r (M x N/W).
+    * layer (ops/layer.py): one TP+SP transformer layer step, forward and backward; M = tokens,
+      N = the model's hidden size, K = its FFN width (the model preset names the rest).
     """
 
     op: str

@@ -416,6 +416,38 @@ def clock_limits(df: pd.DataFrame) -> list[str]:
     return ["# clock held below max by (op, points): " + " | ".join(parts)]
 
 
+# The end-to-end training-step speedups the paper reports for its fused kernels over NCCL + cuBLAS.
+PAPER_E2E = (1.10, 1.28)
+FABRIC_WORDS = {"host": "host fabric (one GPU, the rank-0 view: peers' shards and partial sums precomputed, "
+                        "moved over PCIe; the peers' compute is not run)",
+                "nvlink": "nvlink fabric", "local": "local fabric (emulated ranks on one GPU)",
+                "gloo": "gloo (CPU processes)"}
+
+
+def layer_summary(df: pd.DataFrame) -> list[str]:
+    """Footer lines of op `layer` rows: per problem, each variant's step time, tokens/s, exposed
+    communication share and speedup over nccl-seq, beside the paper's end-to-end range."""
+    if "op" not in df.columns:
+        return []
+    ok = df[(df["op"].astype(str) == "layer") & (df["status"].astype(str) == "ok")]
+    if ok.empty:
+        return []
+    lines = []
+    for (M, N, K, W, fab), g in ok.groupby(["M", "N", "K", "world", "fabric"], sort=False):
+        parts = []
+        for _, r in g.sort_values("variant").iterrows():
+            sp = r.get("speedup_vs_seq")
+            exp = r.get("exposed_comm_share")
+            parts.append(f"{r['variant']} {r['t_median_us'] / 1e3:.2f} ms, {r.get('tokens_per_s', float('nan')) / 1e3:.0f}k tok/s"
+                         + (f", exposed comm {exp:.0%}" if _isnum(exp) else "")
+                         + (f", {sp:.2f}x vs nccl-seq" if _isnum(sp) and r["impl"] != SEQ_IMPL else ""))
+        lines.append(f"# layer T={int(M)} H={int(N)} F={int(K)} W={int(W)}: " + " | ".join(parts))
+    fabs = sorted(set(ok["fabric"].astype(str)))
+    lines.append(f"# layer speedups vs nccl-seq: the paper reports {PAPER_E2E[0]:.2f}-{PAPER_E2E[1]:.2f}x end to end "
+                 f"(multi-GPU NVLink); these rows: {'; '.join(FABRIC_WORDS.get(f, f) for f in fabs)}")
+    return lines
+
+
 def footer_text(df: pd.DataFrame) -> str:
     """Footer lines: verdict counts, geometric-mean speedups per variant, best point, result.
 
@@ -439,6 +471,7 @@ def footer_text(df: pd.DataFrame) -> str:
         if bw.notna().any():
             lines.append(f"# avg busbw (ok points): {bw.mean():.2f} GB/s")
     lines += overlap_summary(df)
+    lines += layer_summary(df)
     lines += alone_spread(df)
     lines += clock_limits(df)
     for col, what in (("trace_dropped", "trace records dropped (per-WG buffer overflow)"),

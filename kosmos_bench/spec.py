@@ -34,7 +34,7 @@ from pathlib import Path
 
 import yaml
 
-from .models import LAYER_OPS, MODELS, get_model, layer_shape
+from .models import LAYER_OPS, MODELS, get_model, layers_for, op_shape
 from .point import DTYPES, FABRICS, OPS, Point
 
 KNOWN_KEYS = {"op", "impls", "world", "dtype", "fabric", "shapes", "models", "kosmos", "timing", "description", "profile",
@@ -157,13 +157,13 @@ def parse_sweep(data, src: str, name: str = "sweep") -> Sweep:
             raise SpecError(f"{src}: models: expected a mapping with names, tokens and optional layers")
         names = _as_list(models["names"], src, "models.names", str, list(MODELS))
         tokens = _as_list(models["tokens"], src, "models.tokens", int)
-        default_layers = [l for l, o in LAYER_OPS.items() if o == op]
-        layers = _as_list(models.get("layers", default_layers), src, "models.layers", str, list(LAYER_OPS))
+        default_layers = layers_for(op)
+        layers = _as_list(models.get("layers", default_layers), src, "models.layers", str, [*LAYER_OPS, "layer"])
         for l in layers:
-            if LAYER_OPS[l] != op:
-                raise SpecError(f"{src}: models.layers: {l!r} is a {LAYER_OPS[l]} layer, not {op}")
+            if l not in default_layers:
+                raise SpecError(f"{src}: models.layers: {l!r} is a {LAYER_OPS.get(l, l)} layer, not {op}")
         for n, t, l in itertools.product(names, tokens, layers):
-            M, N, K = layer_shape(get_model(n), l, t)
+            M, N, K = op_shape(get_model(n), l, t, op)
             shapes.append(Shape(M, N, K, n, l, t))
     if (op == "moe") != ("moe" in data):
         raise SpecError(f"{src}: moe: " + ("op moe takes its layers from a moe: section" if op == "moe" else

@@ -81,7 +81,7 @@ def test_registry_exposes_optional_families():
         assert impl.fabrics == (("nvlink",) if name != "liger-moe" else ("nvlink", "local", "host"))
         for attr in ("available", "unsupported", "prepare", "version"):
             assert callable(getattr(impl, attr)), (name, attr)
-    assert IMPLS["symm-mem"].ops == ("ag-gemm", "gemm-rs")
+    assert IMPLS["symm-mem"].ops == ("ag-gemm", "gemm-rs", "ag-gemm-dgrad", "gemm-rs-dgrad")
     assert IMPLS["te-ub"].ops == ("ag-gemm", "gemm-rs")
     assert IMPLS["flux"].ops == ("ag-gemm", "gemm-rs")
     assert IMPLS["deepep"].ops == ("moe",)

@@ -1,7 +1,9 @@
 // builder_sm90.cuh — Hopper (sm_90a) builder: one C tile of C = A @ B per call.
 //
 //   A (M x K) bf16 row-major, B (K x N) bf16 row-major (N contiguous, i.e. MN-major for the
-//   tensor cores), C (M x N) bf16 row-major, fp32 accumulation.
+//   tensor cores), C (M x N) bf16 row-major, fp32 accumulation. LayoutB_ = ColumnMajor: B is
+//   read transposed, K contiguous (a K x N view of an N x K row-major tensor: the backward
+//   dgrad GEMMs' W^T, read in place); the TMA descriptor and the wgmma descriptor take it.
 //
 // Mainloop: TMA (cp.async.bulk.tensor) -> kNumStages-deep shared-memory ring guarded by
 // mbarriers -> wgmma (HGMMA m64nNk16, both operands from shared memory, B transposed by the
@@ -113,8 +115,11 @@ struct ItemRing {
 // The caller must then (a) hand both CTAs tiles of the same column in the same order, (b)
 // cluster-sync after constructing the builder, (c) call produce_tail() before exiting.
 template <int kBM_ = 128, int kBN_ = 256, int kBK_ = 64, int kNumStages_ = 4, bool kStagedEpilogue_ = true,
-          int kClusterM_ = 1>
+          int kClusterM_ = 1, class LayoutB_ = cutlass::layout::RowMajor>
 struct BuilderSm90 {
+  using LayoutB = LayoutB_;
+  static constexpr bool kBColMajor = cute::is_same_v<LayoutB, cutlass::layout::ColumnMajor>;
+  static_assert(kBColMajor || cute::is_same_v<LayoutB, cutlass::layout::RowMajor>, "B row- or column-major");
   static constexpr int kClusterM = kClusterM_;
   static_assert(kClusterM == 1 || kClusterM == 2, "clusters of 1 or 2 CTAs along M");
   static constexpr bool kStagedEpilogue = kStagedEpilogue_;
@@ -134,7 +139,7 @@ struct BuilderSm90 {
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
       dtype_t, cutlass::layout::RowMajor, 8,   // A: M x K, K contiguous
-      dtype_t, cutlass::layout::RowMajor, 8,   // B: K x N, N contiguous
+      dtype_t, LayoutB, 8,                     // B: K x N, N contiguous (row-major) or K contiguous
       float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCount<kNumStages>,
       cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
@@ -146,7 +151,18 @@ struct BuilderSm90 {
   using PipelineState = typename Mainloop::PipelineState;
 
   static_assert(cute::is_same_v<StrideA, cute::Stride<int64_t, cute::Int<1>, int64_t>>, "A row-major");
-  static_assert(cute::is_same_v<StrideB, cute::Stride<cute::Int<1>, int64_t, int64_t>>, "B row-major (N contiguous)");
+  static_assert(kBColMajor ? cute::is_same_v<StrideB, cute::Stride<int64_t, cute::Int<1>, int64_t>>
+                           : cute::is_same_v<StrideB, cute::Stride<cute::Int<1>, int64_t, int64_t>>,
+                "B row-major (N contiguous) or column-major (K contiguous)");
+
+  // B viewed as (N, K, L): (1, N, K*N) row-major, (K, 1, N*K) column-major.
+  static StrideB stride_b(int N, int K) {
+    if constexpr (kBColMajor) {
+      return cute::make_stride(int64_t(K), cute::Int<1>{}, int64_t(N) * K);
+    } else {
+      return cute::make_stride(cute::Int<1>{}, int64_t(N), int64_t(K) * N);
+    }
+  }
   static_assert(cute::size(TiledMma{}) == kNumMathThreads, "cooperative schedule: 2 math warpgroups");
 
   // Epilogue staging (kStagedEpilogue): per math warp, one 16 x 64 bf16 sub-tile with rows
@@ -188,9 +204,9 @@ struct BuilderSm90 {
   // Builds the TMA descriptors (host; calls the driver through cudaGetDriverEntryPoint).
   static Params make_params(const void* A, const void* B, void* C, int M, int N, int K) {
     auto problem = cute::make_shape(M, N, K, 1);
-    // A viewed as (M, K, L) with strides (K, 1, M*K); B viewed as (N, K, L) with strides (1, N, K*N).
+    // A viewed as (M, K, L) with strides (K, 1, M*K); B viewed as (N, K, L): stride_b.
     StrideA dA = cute::make_stride(int64_t(K), cute::Int<1>{}, int64_t(M) * K);
-    StrideB dB = cute::make_stride(cute::Int<1>{}, int64_t(N), int64_t(K) * N);
+    StrideB dB = stride_b(N, K);
     typename Mainloop::Arguments args{static_cast<const dtype_t*>(A), dA, static_cast<const dtype_t*>(B), dB};
     Params p;
     p.mainloop = Mainloop::to_underlying_arguments(problem, args, nullptr);
@@ -389,13 +405,13 @@ struct BuilderSm90 {
   }
 
   // Host: the mainloop params (TMA descriptors) for A viewed as (rows_a, K, batches_a) with
-  // batch stride batch_stride elements (row stride K), and B (K x N row-major). For
+  // batch stride batch_stride elements (row stride K), and B (K x N in LayoutB). For
   // produce_at. Same requirements as validate(), plus batch_stride % 8 == 0.
   static typename Mainloop::Params make_mainloop_params(const void* A, int rows_a, int batches_a,
                                                         int64_t batch_stride, const void* B, int N, int K) {
     auto problem = cute::make_shape(rows_a, N, K, batches_a);
     StrideA dA = cute::make_stride(int64_t(K), cute::Int<1>{}, batch_stride);
-    StrideB dB = cute::make_stride(cute::Int<1>{}, int64_t(N), int64_t(K) * N);  // only batch 0 is read
+    StrideB dB = stride_b(N, K);  // only batch 0 is read
     typename Mainloop::Arguments args{static_cast<const dtype_t*>(A), dA, static_cast<const dtype_t*>(B), dB};
     return Mainloop::to_underlying_arguments(problem, args, nullptr);
   }

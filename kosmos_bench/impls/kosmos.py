@@ -110,7 +110,7 @@ class KosmosImpl:
     # op gemm (world 1) is the builder role alone: the Hopper wgmma/TMA builder's standalone
     # persistent kernel (kernels/sm90_gemm.py), measured against cuBLAS by sweeps/builder.yaml.
     # op moe: the expert layer's forward kernel, impls/kosmos_moe.py (skipped when not built in)
-    ops = ("ag-gemm", "gemm-rs", "gemm", "moe")
+    ops = ("ag-gemm", "gemm-rs", "gemm", "moe", "ag-gemm-dgrad", "gemm-rs-dgrad", "layer")
     fabrics = ("local", "host", "nvlink")
 
     def available(self, backend: str) -> tuple[bool, str]:
@@ -136,6 +136,12 @@ class KosmosImpl:
     def unsupported(self, point: Point) -> str | None:
         why = common_unsupported(self, point)
         if why:
+            return why
+        if point.op in DGRAD_OPS:  # the forward kernel, B_r read transposed: the sm90 builder only
+            fwd = _forward_point(point)
+            why = self.unsupported(fwd)
+            if why is None and KosmosConfig.from_point(fwd).builder not in (None, "sm90"):
+                why = f"{point.op}: B_r read transposed needs the sm90 builder (TMA), not {KosmosConfig.from_point(fwd).builder}"
             return why
         if point.dtype != "bf16":
             return f"kosmos kernels are bf16 only (dtype={point.dtype})"
@@ -184,6 +190,8 @@ class KosmosImpl:
             return importlib.import_module(f"{__package__}.kosmos_moe").prepare_moe(point, ctx, inputs, **kw)
         if point.op == "gemm":
             return _prepare_gemm(point, ctx, inputs, **kw)
+        if point.op in DGRAD_OPS:
+            return KosmosRunner(_forward_point(point), ctx, inputs, b_transposed=True, **kw)
         return KosmosRunner(point, ctx, inputs, **kw)
 
 
@@ -198,6 +206,17 @@ def _moe_unsupported(point: Point) -> str | None:
         return "the kosmos moe kernel is not in this build (kosmos_bench.impls.kosmos_moe has no prepare_moe)"
     check = getattr(mod, "unsupported_moe", None)
     return check(point) if check is not None else None
+
+
+# The backward dgrad ops: the forward kernels (same schedule, protocol, movers) with B_r read
+# transposed in place (ops/backward.py; library kosmos_ag_sm90_bt).
+DGRAD_OPS = ("ag-gemm-dgrad", "gemm-rs-dgrad")
+
+
+def _forward_point(point: Point) -> Point:
+    from ..ops import get_op
+
+    return point.replace(op=get_op(point.op).base)
 
 
 def _prepare_gemm(point: Point, ctx, inputs, *, gemm_kernel: str | None = None, **kw):
@@ -268,7 +287,8 @@ class KosmosRunner:
     def _setup(self, point: Point, ctx, inputs, *, config: KosmosConfig | None = None, num_wgs: int | None = None,
                timeout_s: float | None = None, debug_skip_rank: int | None = None,
                trace_cap: int = DEFAULT_TRACE_CAP, max_inflight: int | None = None, mover_bulk: bool | None = None,
-               mover: str | None = None, builder: str | None = None, ce_slices: int | str | tuple | None = None):
+               mover: str | None = None, builder: str | None = None, ce_slices: int | str | tuple | None = None,
+               b_transposed: bool = False):
         import torch
 
         from .. import kernels
@@ -295,7 +315,14 @@ class KosmosRunner:
                 raise ValueError(why)
             if cfg.mover_bulk:
                 raise ValueError("builder='sm90' has no mover_bulk path (no shared memory beside the builder)")
-            self.sm90 = ag_sm90.load()
+            self.sm90 = ag_sm90.load(b_transposed=b_transposed)
+        elif b_transposed:
+            raise ValueError(f"B_r read transposed needs the sm90 builder (builder={self.builder})")
+        if b_transposed:  # B_r must be the transposed view of a contiguous W_r (ops/backward.py)
+            for b in inputs.B.values():
+                if b.dim() != 2 or not b.t().is_contiguous():
+                    raise ValueError(f"b_transposed: B_r {tuple(b.shape)} is not a transposed view of a contiguous tensor")
+        self.b_transposed = b_transposed
         self.mover_bulk = cfg.mover_bulk
         self.abi = abi
         op, W, M, N, K = point.op, point.world, point.M, point.N, point.K
@@ -375,6 +402,7 @@ class KosmosRunner:
         self.flag_tensors = [t for t in self._keep]  # zeroed after an abort
 
         self.outputs: dict[int, torch.Tensor] = {}
+        self.gathered: dict[int, torch.Tensor] = {}
         A, B = inputs.A, inputs.B
         per_rank: dict[int, dict] = {}
         if op == "ag-gemm":
@@ -403,6 +431,7 @@ class KosmosRunner:
                 work = torch.empty(M, K, dtype=dt, device=self.dev)
                 self._keep += [C, work]
                 self.outputs[r] = C
+                self.gathered[r] = work  # peers' bands after a call (own band: read from A_r, not here)
                 if self.mover == "ce":
                     self._ce_plan(work, flags[r], m_loc, K)
                 per_rank[r] = dict(A=A[r].data_ptr(), B=B[r].data_ptr(), C=C.data_ptr(), work=work.data_ptr(),

@@ -118,12 +118,22 @@ def host_peers(p: Point, ctx: RankCtx, inputs) -> _HostPeers:
     return cached
 
 
+def _base(p: Point) -> str:
+    """The forward op a point runs as (ag-gemm, gemm-rs), or ag-wgrad (ops/backward.py)."""
+    return get_op(p.op).base
+
+
+def _gathered_shape(p: Point) -> tuple[int, int]:
+    """The all-gathered tensor: A (M x K) for ag-gemm, At (K x M, tokens x features) for ag-wgrad."""
+    return (p.K, p.M) if _base(p) == "ag-wgrad" else (p.M, p.K)
+
+
 def _make_host_peers(p: Point, inputs) -> _HostPeers:
     W = p.world
     shards, contrib, outbox = [None] * W, [None] * W, [None] * W
     m = p.M // W
     for q in range(1, W):
-        if p.op == "ag-gemm":
+        if _base(p) in ("ag-gemm", "ag-wgrad"):
             shards[q] = inputs.A[q].cpu().pin_memory()
         else:
             contrib[q] = (inputs.A[q][:m] @ inputs.B[q]).cpu().pin_memory()
@@ -181,6 +191,71 @@ def _ag_gemm(p: Point, ctx: RankCtx, inputs, overlap: bool):
 
     if W == 1:
         return FnRunner(lambda: torch.matmul(A_r, B_r, out=out), {r: out})
+    runner = FnRunner(ring if overlap else seq, {r: out}, info={"collective": _collective_name(p)})
+    runner.gathered = {r: gathered}  # the layer step's wgrad reuses the gathered A
+    return runner
+
+
+# ---------------------------------------------------------------------------------------
+# ag-wgrad: all-gather along the GEMM's K (tokens); C_r = At^T @ B_r
+# ---------------------------------------------------------------------------------------
+def _ag_wgrad(p: Point, ctx: RankCtx, inputs, overlap: bool, out: torch.Tensor | None = None):
+    """out: where C_r goes (the layer step's packed weight gradient), else a new tensor."""
+    r, W = ctx.rank, ctx.world
+    A_r, B_r = inputs.A[r], inputs.B[r]  # At_r (K/W x M), B_r (K x N/W)
+    k = A_r.shape[0]
+    gathered = torch.empty((p.K, p.M), dtype=A_r.dtype, device=ctx.device)
+    if out is None:
+        out = torch.empty((p.M, B_r.shape[1]), dtype=A_r.dtype, device=ctx.device)
+    sync = _Sync(ctx)
+    host = host_peers(p, ctx, inputs) if p.fabric == "host" else None
+
+    def seq():
+        if host is None:
+            _all_gather(gathered, A_r, ctx.group)
+        else:
+            gathered[:k].copy_(A_r)
+            for q in range(1, W):
+                gathered[q * k:(q + 1) * k].copy_(host.shards[q], non_blocking=True)
+        torch.matmul(gathered.t(), B_r, out=out)
+
+    def ring():
+        # Step s adds band (r - s)'s K-slice while band (r - s - 1) is in flight: every rank sums
+        # its bands in one fixed order (own first), so the result is bitwise the same each call.
+        bufs = [gathered[q * k:(q + 1) * k] for q in range(W)]
+        bufs[r].copy_(A_r)
+        pending, ev = [], None
+        for s in range(W):
+            src = (r - s) % W
+            if s + 1 < W:
+                nxt = (r - s - 1) % W
+                if s == 0:
+                    sync.side_waits_main()
+                with sync.side_ctx():
+                    if host is None:
+                        pending = _ring_exchange(bufs[src], bufs[nxt], ctx)
+                    else:
+                        bufs[nxt].copy_(host.shards[nxt], non_blocking=True)
+                    for req in pending:
+                        req.wait()
+                    ev = sync.event()
+            # each band's partial rounded once to bf16, summed in fp32 (bf16 addmm_ chains W
+            # roundings of the running sum: measured outside the bf16 tolerance at W=8)
+            torch.matmul(bufs[src].t(), B_r[src * k:(src + 1) * k], out=part)
+            if s == 0:
+                acc.copy_(part)
+            else:
+                acc.add_(part)
+            if s + 1 < W:
+                sync.wait(ev)
+        out.copy_(acc)
+        sync.main_waits_side()
+
+    if overlap and W > 1:
+        part = torch.empty_like(out)
+        acc = torch.empty(out.shape, dtype=torch.float32, device=ctx.device)
+    if W == 1:
+        return FnRunner(lambda: torch.matmul(A_r.t(), B_r, out=out), {r: out})
     return FnRunner(ring if overlap else seq, {r: out}, info={"collective": _collective_name(p)})
 
 
@@ -271,7 +346,11 @@ def gemm_alone(p: Point, ctx: RankCtx, inputs):
     """The rank's whole GEMM with no communication: the compute floor of the fused op."""
     r = ctx.rank
     A_r, B_r = inputs.A[r], inputs.B[r]
-    if p.op == "ag-gemm":
+    if _base(p) == "ag-wgrad":
+        At = A_r.repeat(p.world, 1)[: p.K].contiguous()
+        out = torch.empty((p.M, B_r.shape[1]), dtype=A_r.dtype, device=ctx.device)
+        return lambda: torch.matmul(At.t(), B_r, out=out)
+    if _base(p) == "ag-gemm":
         A = torch.empty((p.M, p.K), dtype=A_r.dtype, device=ctx.device)
         A.copy_(A_r.repeat(p.world, 1)[: p.M])
         out = torch.empty((p.M, B_r.shape[1]), dtype=A_r.dtype, device=ctx.device)
@@ -304,10 +383,13 @@ def comm_alone(p: Point, ctx: RankCtx, inputs):
         return None
     r, W, m = ctx.rank, p.world, p.M // p.world
     dt = inputs.A[r].dtype
+    gathered = _base(p) in ("ag-gemm", "ag-wgrad")
+    if gathered:
+        m = _gathered_shape(p)[0] // W
     if p.fabric == "host":
         host = host_peers(p, ctx, inputs)
-        if p.op == "ag-gemm":
-            dst = torch.empty((p.M, p.K), dtype=dt, device=ctx.device)
+        if gathered:
+            dst = torch.empty(_gathered_shape(p), dtype=dt, device=ctx.device)
             return lambda: [dst[q * m:(q + 1) * m].copy_(host.shards[q], non_blocking=True) for q in range(1, W)]
         src = torch.randn((p.M, p.N), device=ctx.device).to(dt)
         dst = torch.empty((p.M, p.N), dtype=dt, device=ctx.device)
@@ -322,8 +404,8 @@ def comm_alone(p: Point, ctx: RankCtx, inputs):
                 dst[q * m:(q + 1) * m].copy_(host.contrib[q], non_blocking=True)
             torch.cuda.current_stream().wait_stream(side)
         return rs_copies
-    if p.op == "ag-gemm":
-        dst = torch.empty((p.M, p.K), dtype=dt, device=ctx.device)
+    if gathered:
+        dst = torch.empty(_gathered_shape(p), dtype=dt, device=ctx.device)
         return lambda: _all_gather(dst, inputs.A[r], ctx.group)
     full = torch.randn((p.M, p.N), device=ctx.device).to(dt)
     dst = torch.empty((m, p.N), dtype=dt, device=ctx.device)
@@ -331,7 +413,7 @@ def comm_alone(p: Point, ctx: RankCtx, inputs):
 
 
 class NcclBaseline:
-    ops = ("ag-gemm", "gemm-rs")
+    ops = ("ag-gemm", "gemm-rs", "ag-gemm-dgrad", "gemm-rs-dgrad", "ag-wgrad", "layer")
     fabrics = FABRICS
 
     def __init__(self, name: str, overlap: bool):
@@ -355,7 +437,7 @@ class NcclBaseline:
         return get_op(p.op).validate(p)
 
     def prepare(self, p: Point, ctx: RankCtx, inputs):
-        fn = _ag_gemm if p.op == "ag-gemm" else _gemm_rs
+        fn = {"ag-gemm": _ag_gemm, "gemm-rs": _gemm_rs, "ag-wgrad": _ag_wgrad}[_base(p)]
         return fn(p, ctx, inputs, self.overlap)
 
 

@@ -107,7 +107,7 @@ def workspace_bytes(point: Point) -> int:
     """
     e = ELEM_BYTES[point.dtype]
     rows = point.M // point.world
-    if point.op == "ag-gemm":
+    if get_op(point.op).base == "ag-gemm":
         return rows * point.K * e
     return 2 * rows * point.N * e
 
@@ -141,7 +141,9 @@ def fused_call(op: str, A: torch.Tensor, B: torch.Tensor, group_name: str, out: 
 
 class SymmMemImpl:
     name = "symm-mem"
-    ops = ("ag-gemm", "gemm-rs")
+    # the dgrad ops are the same fused ops with B_r a transposed view (ops/backward.py): torch's
+    # matmul reads it in place; torch has no fused all-gather along K (ag-wgrad)
+    ops = ("ag-gemm", "gemm-rs", "ag-gemm-dgrad", "gemm-rs-dgrad")
     fabrics = MULTI_GPU_FABRICS
     module = "torch.distributed._symmetric_memory"
     # shared-GPU mode (sharing.py): the workspace rendezvous runs over the gloo group with
@@ -200,7 +202,7 @@ class SymmMemImpl:
         else:
             symm.get_symm_mem_workspace(group_name, min_size=workspace_bytes(point))
 
-        fn = fused_call(point.op, A, B, group_name, out)
+        fn = fused_call(op.base, A, B, group_name, out)
         info = {
             "extra_copy_bytes": out.numel() * out.element_size(),
             "impl_note": "torch async-TP op returns a new tensor; copy into the output buffer is timed",

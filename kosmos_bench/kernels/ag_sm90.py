@@ -46,6 +46,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
 
     P, I = ctypes.c_void_p, ctypes.c_int
     lib.kosmos_sm90_last_error.restype = ctypes.c_char_p
+    lib.kosmos_sm90_b_transposed.restype = I
     lib.kosmos_sm90_ag_validate.argtypes = [I, I, I, I]
     lib.kosmos_sm90_ag_validate.restype = ctypes.c_char_p
     lib.kosmos_sm90_ag_smem_bytes.restype = I
@@ -76,9 +77,13 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
-def load() -> ctypes.CDLL:
-    """The loaded library (built on first use when no cached build matches the sources)."""
-    return LIB.load(declare=_declare)
+def load(b_transposed: bool = False) -> ctypes.CDLL:
+    """The loaded library (built on first use when no cached build matches the sources);
+    ``b_transposed``: the build that reads B_r transposed (libs.AG_SM90_BT, the dgrad ops)."""
+    lib = (libs.AG_SM90_BT if b_transposed else LIB).load(declare=_declare)
+    if bool(lib.kosmos_sm90_b_transposed()) != b_transposed:
+        raise BuildError(f"{lib._name}: B layout is not the one asked for (b_transposed={b_transposed})")
+    return lib
 
 
 def last_error(lib: ctypes.CDLL) -> str:

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 from .ag_gemm import OP as AG_GEMM
+from .backward import AG_GEMM_DGRAD, AG_WGRAD, GEMM_RS_DGRAD
 from .base import Op
 from .gemm import OP as GEMM
 from .gemm_rs import OP as GEMM_RS
+from .layer import OP as LAYER
 from .moe import OP as MOE
 
-OPS: dict[str, Op] = {o.name: o for o in (AG_GEMM, GEMM_RS, GEMM, MOE)}
+OPS: dict[str, Op] = {o.name: o for o in (AG_GEMM, GEMM_RS, GEMM, MOE, AG_GEMM_DGRAD, GEMM_RS_DGRAD, AG_WGRAD, LAYER)}
 
 
 def get_op(name: str) -> Op:

@@ -13,6 +13,7 @@ from .base import Op, divides
 
 class AgGemm(Op):
     name = "ag-gemm"
+    base = "ag-gemm"
     collective = "all_gather"
 
     def validate(self, p: Point) -> str | None:

@@ -78,6 +78,9 @@ class Op:
     """Base for op modules. Subclasses define the shapes; counts and checks are shared."""
 
     name: str = ""
+    # The forward op whose kernels and baselines run this one (itself for the forward ops;
+    # the backward ops of ops/backward.py name theirs).
+    base: str = ""
     # Which collective this op fuses, for bus bandwidth (nccl-tests' factor (W-1)/W).
     collective: str = ""
 
@@ -114,13 +117,22 @@ class Op:
     def out_shape(self, p: Point) -> tuple[int, int]:
         raise NotImplementedError
 
+    def check(self, out: torch.Tensor, ref, dtype: str, B=None) -> tuple[int, float]:
+        """(wrong, max_rel_err) of one rank's output against reference() (B: inputs()' third value)."""
+        return check_output(out, ref, dtype)
+
+    def own(self, t: torch.Tensor, which: str) -> torch.Tensor:
+        """A shard as this process keeps it (which: 'A' or 'B'): contiguous, unless the op's
+        layout says otherwise (the dgrad ops keep B_r as a transposed view of W_r)."""
+        return t.contiguous()
+
     def inputs(self, p: Point, ranks: list[int], device, seed: int) -> tuple[RankInputs, torch.Tensor, torch.Tensor]:
         """This process's shards plus the global tensors (kept for the reference)."""
         A, B = self.make_global(p, device, seed)
         As, Bs = {}, {}
         for r in ranks:
             a, b = self.shard(A, B, r, p.world)
-            As[r], Bs[r] = a.contiguous(), b.contiguous()
+            As[r], Bs[r] = self.own(a, "A"), self.own(b, "B")
         return RankInputs(As, Bs), A, B
 
     # ---- harness hooks: what the harness does with every op (ops/moe.py overrides them) ----
@@ -144,7 +156,7 @@ class Op:
         A, B = state
         wrong, err = 0, 0.0
         for r in ranks:
-            w, e = check_output(snap["out"][r], self.reference(A, B, r, p.world), p.dtype)
+            w, e = self.check(snap["out"][r], self.reference(A, B, r, p.world), p.dtype, B)
             wrong, err = wrong + w, max(err, e)
         return {"wrong": wrong, "max_rel_err": err}
 

@@ -11,6 +11,7 @@ from .base import Op
 
 class Gemm(Op):
     name = "gemm"
+    base = "gemm"
     collective = ""
 
     def validate(self, p: Point) -> str | None:

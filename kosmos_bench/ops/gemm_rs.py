@@ -13,6 +13,7 @@ from .base import ELEM_BYTES, Op, divides
 
 class GemmRs(Op):
     name = "gemm-rs"
+    base = "gemm-rs"
     collective = "reduce_scatter"
 
     def validate(self, p: Point) -> str | None:

@@ -74,10 +74,29 @@ def check_memory(point: Point, prof: dict) -> None:
                           f"profile {prof['name']} has {cap:g} GB")
 
 
+def as_forward(point: Point) -> Point:
+    """A backward op (ops/backward.py) as the forward op with the same schedule, bytes and FLOPs:
+    the dgrad ops are their forward kernels (B_r's layout is not modelled); ag-wgrad gathers At
+    (K x M) as ag-gemm gathers A (M x K): the baselines' rings and copies are the same, the
+    GEMM the same size (kosmos has no ag-wgrad kernel: Unsupported)."""
+    if point.op in ("ag-gemm-dgrad", "gemm-rs-dgrad"):
+        return point.replace(op=point.op.removesuffix("-dgrad"))
+    if point.op == "ag-wgrad":
+        if point.impl == "kosmos":
+            raise Unsupported("kosmos ag-wgrad: the K-dim all-gather kernel is not built")
+        return point.replace(op="ag-gemm", M=point.K, K=point.M)
+    return point
+
+
 def simulate_point(point: Point, prof: dict | None = None, num_movers: int | None = None, full: bool | None = None):
     """(fields, SimResult or None) of one point. `num_movers` overrides the policy's k."""
     from . import engine, model
 
+    if point.op == "layer":
+        from .layer import simulate_layer
+
+        return simulate_layer(point, prof or profile_for(point)), None
+    point = as_forward(point)
     prof = prof or profile_for(point)
     if point.op == "moe":  # its own closed-form model (sim/moe.py)
         from . import moe
