@@ -235,18 +235,24 @@ def test_ctrl_c_says_what_is_saved_and_how_to_resume(tmp_path):
 
     n = len(expand(load_sweep("ag-gemm"), backend="sim", fabric="nvlink"))  # the main job's points
     out = tmp_path / "res"
+    # The sim runs 72 points in seconds: a one-page stderr pipe read without read-ahead makes the
+    # sweep block on its progress lines long before the end, so the interrupt always lands mid-run.
     p = subprocess.Popen([sys.executable, "-m", "kosmos_bench.cli", "sweep", "ag-gemm", "--backend", "sim", "-o", str(out)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, env=_env(), cwd=tmp_path)
+    if sys.platform == "linux":
+        import fcntl
+
+        fcntl.fcntl(p.stderr.fileno(), 1031, 4096)  # F_SETPIPE_SZ
     seen = []
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        line = p.stderr.readline()
+        line = p.stderr.readline().decode()  # raw file: byte by byte, nothing read ahead
         seen.append(line)
         if line.startswith(f"progress: 2/{n}") or not line:
             break
     assert seen[-1].startswith(f"progress: 2/{n}"), "".join(seen)
     p.send_signal(signal.SIGINT)
-    stdout, stderr = p.communicate(timeout=120)
+    stdout, stderr = (b.decode() for b in p.communicate(timeout=120))
     assert p.returncode == 130, stdout + stderr
     run = run_dir(out)
     saved = len(list((run / "points").glob("*.parquet")))
