@@ -362,7 +362,7 @@ def _front(s, x, Wr, bias):
 
 
 class TorchMoe:
-    ops = ("moe", "moe-bwd", "moe-step")  # the backward ops: autograd, impls/torch_moe_grad.py
+    ops = ("moe", "moe-bwd", "moe-step")  # the backward ops: impls/torch_moe_grad.py registers the family
     fabrics = ("local", "host", "nvlink", "gloo")
 
     def __init__(self, name: str, mode: str):
@@ -397,10 +397,6 @@ class TorchMoe:
         return None
 
     def prepare(self, p: Point, ctx: RankCtx, inputs) -> MoeRunner:
-        if p.op != "moe":
-            from .torch_moe_grad import MoeGradRunner
-
-            return MoeGradRunner(p, ctx, inputs, self.mode)
         return MoeRunner(p, ctx, inputs, self.mode)
 
 

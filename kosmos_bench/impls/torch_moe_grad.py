@@ -31,7 +31,8 @@ from ..ops.moe import moe_shape
 from ..ops.moe_bwd import grad_buffers
 from ..point import Point
 from .base import RankCtx
-from .torch_moe import MoeRunner, gather_rows, regroup_perm
+from . import torch_moe
+from .torch_moe import MoeRunner, TorchMoe, gather_rows, regroup_perm
 
 
 def _leaf(t: torch.Tensor) -> torch.Tensor:
@@ -201,3 +202,13 @@ class FnGradRunner:
 
     def close(self) -> None:
         self.saved = None
+
+
+class TorchMoeFamily(TorchMoe):
+    """The torch-moe family as registered (impls/__init__.py): op moe's runner, or the gradient one."""
+
+    def prepare(self, p: Point, ctx: RankCtx, inputs):
+        return MoeGradRunner(p, ctx, inputs, self.mode) if p.op != "moe" else super().prepare(p, ctx, inputs)
+
+
+IMPLS = [TorchMoeFamily(i.name, i.mode) for i in torch_moe.IMPLS]
