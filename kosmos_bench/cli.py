@@ -175,7 +175,7 @@ class _Progress:
 
     @staticmethod
     def label(p) -> str:
-        what = f"{p.moe} T={p.M} {p.routing}" if p.op == "moe" else f"{p.M}x{p.N}x{p.K}"
+        what = f"{p.moe} T={p.M} {p.routing}" if p.moe else f"{p.M}x{p.N}x{p.K}"
         return f"{p.op} {p.variant} W={p.world} {what}"
 
     def start(self, p) -> None:
@@ -302,7 +302,7 @@ def run_and_report(store, title: str, points, backend: str, *, total: int, as_js
     if not as_json:
         out.print(report.header_text(store.manifest(), f"{title}: {len(points)} points, backend={backend}, "
                                      f"fabric={','.join(fabrics)}{note}"), markup=False)
-        out.print(report.column_header("moe" if {p.op for p in points} == {"moe"} else None), markup=False)
+        out.print(report.column_header("moe" if points and all(p.moe for p in points) else None), markup=False)
         table = _Table(prior, store.run_id)
     try:
         execute(points, store, as_json=as_json, timeout_s=timeout_s, isolate=isolate, table=table)

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 
 from .kosmos.decide import parse_policy  # noqa: F401 - re-exported: the one policy parser
 
-OPS = ("ag-gemm", "gemm-rs", "gemm", "moe", "ag-gemm-dgrad", "gemm-rs-dgrad", "ag-wgrad", "layer")
+OPS = ("ag-gemm", "gemm-rs", "gemm", "moe", "ag-gemm-dgrad", "gemm-rs-dgrad", "ag-wgrad", "layer", "moe-bwd", "moe-step")
+# The MoE expert layer's ops (ops/moe.py, ops/moe_bwd.py): a preset, not a GEMM shape, in Point.moe
+MOE_OPS = ("moe", "moe-bwd", "moe-step")
 DTYPES = ("bf16", "fp16", "fp32")
 FABRICS = ("nvlink", "local", "host", "gloo")
 BACKENDS = ("gpu", "cpu", "sim")
@@ -33,7 +35,8 @@ class Point:
       along K, B_r (K/W x N); rank r outputs band r (M/W x N) of sum_r A_r @ B_r.
     * moe: the expert layer of preset `moe` (ops/moe_math.py) with M = tokens per rank, N = the
       expert FFN width and K = the hidden size (both the preset's), `experts` per rank and
-      `routing`; ops/moe.py's moe_shape(point) is the layer's shape.
+      `routing`; ops/moe.py's moe_shape(point) is the layer's shape. moe-bwd (its backward, the
+      output gradient given) and moe-step (forward + backward) take the same fields.
     * ag-gemm-dgrad / gemm-rs-dgrad (backward, ops/backward.py): ag-gemm / gemm-rs with B_r
       held transposed (the layer weight W_r as stored: N/W x K, resp. N x K/W, row-major).
     * ag-wgrad: all-gather along K (tokens): rank r holds rows r*K/W.. of At (K x M) and B_r

@@ -28,11 +28,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .point import MOE_OPS
 from .store import load_manifest, load_rows
 
 SEQ_IMPL = "nccl-seq"
 # The op without communication (gemm) is measured against plain cuBLAS instead.
-BASELINE_IMPL = {"gemm": "torch", "moe": "torch-moe"}
+BASELINE_IMPL = {"gemm": "torch", "moe": "torch-moe", "moe-bwd": "torch-moe", "moe-step": "torch-moe"}
 
 
 def baseline_impl(op) -> str:
@@ -154,7 +155,7 @@ def _fit(s, width: int, align: str) -> str:
 # op moe: what a MoE user reads (layer, tokens/s, fraction of the dense-GEMM compute bound, bytes
 # rank 0 dispatches per call, tokens per expert max/mean, compile time of compiled baselines)
 _MOE_COLS = [
-    ("op", 4, "<"), ("variant", 30, "<"), ("world", 5, ">"), ("fabric", 6, "<"), ("preset", 15, "<"), ("T", 6, ">"),
+    ("op", 8, "<"), ("variant", 30, "<"), ("world", 5, ">"), ("fabric", 6, "<"), ("preset", 15, "<"), ("T", 6, ">"),
     ("routing", 9, "<"), ("time(us)", 10, ">"), ("tokens/s", 9, ">"), ("TFLOP/s", 8, ">"), ("bound", 5, ">"),
     ("speedup", 8, ">"), ("disp(MB)", 8, ">"), ("tok/exp max/mean", 16, ">"), ("compile_s", 9, ">"),
     ("wrong", 6, ">"), ("status", 8, "<"),
@@ -163,7 +164,7 @@ _MOE_COLS = [
 
 def column_header(op: str | None = None) -> str:
     """The fixed-width column titles, '#'-prefixed like nccl-tests (op moe: its own columns)."""
-    cols = _MOE_COLS if op == "moe" else _COLS
+    cols = _MOE_COLS if op in MOE_OPS else _COLS
     return ("#" + " ".join(_fit(t, w - (1 if i == 0 else 0), a) for i, (t, w, a) in enumerate(cols))).rstrip()
 
 
@@ -173,7 +174,7 @@ def _moe_row_text(row: dict) -> str:
     mx, mean = g("tok_per_expert_max"), g("tok_per_expert_mean")
     disp = g("dispatch_bytes")
     vals = [
-        "moe", g("variant") or g("impl") or "-", int(g("world")) if _isnum(g("world")) else "-", g("fabric") or "-",
+        g("op") or "moe", g("variant") or g("impl") or "-", int(g("world")) if _isnum(g("world")) else "-", g("fabric") or "-",
         g("moe") or "-", int(g("M")) if _isnum(g("M")) else "-", g("routing") or "-",
         _num(t, ".1f" if _isnum(t) and float(t) >= 1e4 else ".2f"), _num(g("tokens_per_s"), ".3g"),
         _num(g("tflops"), ".1f"), _num(g("frac_bound"), ".2f"), _num(g("speedup_vs_seq"), ".2f", "x"),
@@ -195,7 +196,7 @@ def _clocks(op, gemm) -> str:
 def row_text(row: dict) -> str:
     """One fixed-width line for a result row (a dict with RESULT_COLUMNS; derived ones may be missing)."""
     g = row.get
-    if g("op") == "moe":
+    if g("op") in MOE_OPS:
         line = _moe_row_text(row)
         err = g("error")
         if g("status") not in (None, "ok") and isinstance(err, str) and err:
@@ -584,7 +585,7 @@ def report(run_dirs: list[Path], *, as_json: bool = False, compare: tuple[Path, 
         out(f"# run: {d}")
         out(header_text(man, points_summary(df)))
         out("#")
-        moe = df["op"].astype(str) == "moe"
+        moe = df["op"].astype(str).isin(MOE_OPS)
         for part, op in ((df[~moe], None), (df[moe], "moe")):  # moe rows under their own columns
             if len(part):
                 out(column_header(op))

@@ -35,7 +35,7 @@ from pathlib import Path
 import yaml
 
 from .models import LAYER_OPS, MODELS, get_model, layers_for, op_shape
-from .point import DTYPES, FABRICS, OPS, Point
+from .point import DTYPES, FABRICS, MOE_OPS, OPS, Point
 
 KNOWN_KEYS = {"op", "impls", "world", "dtype", "fabric", "shapes", "models", "kosmos", "timing", "description", "profile",
               "moe"}
@@ -165,12 +165,12 @@ def parse_sweep(data, src: str, name: str = "sweep") -> Sweep:
         for n, t, l in itertools.product(names, tokens, layers):
             M, N, K = op_shape(get_model(n), l, t, op)
             shapes.append(Shape(M, N, K, n, l, t))
-    if (op == "moe") != ("moe" in data):
-        raise SpecError(f"{src}: moe: " + ("op moe takes its layers from a moe: section" if op == "moe" else
-                                           f"a moe: section belongs to op moe, not {op}"))
-    if op == "moe":
+    if (op in MOE_OPS) != ("moe" in data):
+        raise SpecError(f"{src}: moe: " + (f"op {op} takes its layers from a moe: section" if op in MOE_OPS else
+                                           f"a moe: section belongs to op {'/'.join(MOE_OPS)}, not {op}"))
+    if op in MOE_OPS:
         if shapes:
-            raise SpecError(f"{src}: shapes/models: op moe takes its layers from the moe: section only")
+            raise SpecError(f"{src}: shapes/models: op {op} takes its layers from the moe: section only")
         shapes = parse_moe(data["moe"], src)
     if not shapes:
         raise SpecError(f"{src}: shapes/models: no shapes given; expected shapes: [{{M:, N:, K:}}] or models: {{names:, tokens:}}")
@@ -306,7 +306,7 @@ def _same_as(p: Point) -> Point:
     fabric, gemm-rs, policies fixed / predicted, the mma builder), so ``mover: [auto, sm]``
     yields one point there and two (auto = ce with the sm90 builder, and sm) for host ag-gemm
     under policy self. The first listed is kept (auto keeps the default's key)."""
-    if p.impl not in KNOB_IMPLS or p.mover is not None or p.op in ("gemm", "moe"):
+    if p.impl not in KNOB_IMPLS or p.mover is not None or p.op in ("gemm", *MOE_OPS):
         return p
     from .kosmos.builder import mover_choice
 

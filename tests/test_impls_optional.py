@@ -84,7 +84,7 @@ def test_registry_exposes_optional_families():
     assert IMPLS["symm-mem"].ops == ("ag-gemm", "gemm-rs", "ag-gemm-dgrad", "gemm-rs-dgrad")
     assert IMPLS["te-ub"].ops == ("ag-gemm", "gemm-rs")
     assert IMPLS["flux"].ops == ("ag-gemm", "gemm-rs")
-    assert IMPLS["deepep"].ops == ("moe",)
+    assert IMPLS["deepep"].ops == ("moe", "moe-bwd", "moe-step")
 
 
 def test_optional_status_shape():

@@ -5,10 +5,10 @@ is imported at module level); each family reports its own availability.
 """
 from __future__ import annotations
 
-from . import deepep, flux, kosmos, liger_moe, nccl, symm_mem, te, torch_gemm, torch_moe
+from . import deepep, flux, kosmos, liger_moe, nccl, symm_mem, te, torch_gemm, torch_moe_grad
 from .base import Impl, RankCtx, Runner  # noqa: F401
 
-_FAMILIES = (nccl, torch_gemm, torch_moe, kosmos, symm_mem, te, flux, deepep, liger_moe)
+_FAMILIES = (nccl, torch_gemm, torch_moe_grad, kosmos, symm_mem, te, flux, deepep, liger_moe)
 IMPLS: dict[str, Impl] = {impl.name: impl for mod in _FAMILIES for impl in mod.IMPLS}
 
 

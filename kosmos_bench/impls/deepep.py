@@ -21,7 +21,7 @@ _MODULE = "deep_ep"
 
 class DeepEpImpl:
     name = "deepep"
-    ops: tuple[str, ...] = ("moe",)
+    ops: tuple[str, ...] = ("moe", "moe-bwd", "moe-step")
     fabrics = MULTI_GPU_FABRICS
     module = _MODULE
 

@@ -109,8 +109,9 @@ class KosmosImpl:
     name = "kosmos"
     # op gemm (world 1) is the builder role alone: the Hopper wgmma/TMA builder's standalone
     # persistent kernel (kernels/sm90_gemm.py), measured against cuBLAS by sweeps/builder.yaml.
-    # op moe: the expert layer's forward kernel, impls/kosmos_moe.py (skipped when not built in)
-    ops = ("ag-gemm", "gemm-rs", "gemm", "moe", "ag-gemm-dgrad", "gemm-rs-dgrad", "layer")
+    # op moe: the expert layer's forward kernel, impls/kosmos_moe.py (skipped when not built in);
+    # moe-bwd / moe-step: skipped with the reason (no backward kernel yet)
+    ops = ("ag-gemm", "gemm-rs", "gemm", "moe", "ag-gemm-dgrad", "gemm-rs-dgrad", "layer", "moe-bwd", "moe-step")
     fabrics = ("local", "host", "nvlink")
 
     def available(self, backend: str) -> tuple[bool, str]:
@@ -137,6 +138,8 @@ class KosmosImpl:
         why = common_unsupported(self, point)
         if why:
             return why
+        if point.op in ("moe-bwd", "moe-step"):
+            return "the KOSMOS MoE backward kernel is not built yet"
         if point.op in DGRAD_OPS:  # the forward kernel, B_r read transposed: the sm90 builder only
             fwd = _forward_point(point)
             why = self.unsupported(fwd)

@@ -6,6 +6,8 @@ down_proj E x H x F) and runs routing metadata -> gather + gate/up GEMM + SwiGLU
 accumulators) -> down GEMM -> weighted token aggregation. Around it: the same router as
 torch-moe (fp32 logits, moe_math's selection) and the shared expert. It computes local experts
 only (no dispatch), so it runs at world 1. Wheel: liger-kernel (pure Python + Triton, ~1 MB).
+Ops moe-bwd / moe-step: the Function's own backward through autograd (impls/torch_moe_grad.py's
+FnGradRunner), where the installed version has one; else skipped with the reason.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ _MODULE = "liger_kernel.ops.fused_moe"
 
 class LigerMoe:
     name = "liger-moe"
-    ops = ("moe",)
+    ops = ("moe", "moe-bwd", "moe-step")
     fabrics = ("nvlink", "local", "host")
     module = _MODULE
 
@@ -46,6 +48,11 @@ class LigerMoe:
             return why
         if p.world != 1:
             return f"liger-moe computes local experts only (no dispatch): world 1, not {p.world}"
+        if p.op != "moe":
+            mod, why = probe_import(_MODULE)
+            fn = getattr(mod, "LigerFusedMoEFunction", None)
+            if fn is None or "backward" not in vars(fn):
+                return f"liger-moe {p.op}: LigerFusedMoEFunction has no backward (liger-kernel {self.version()})"
         return None
 
     def prepare(self, p: Point, ctx, inputs):
@@ -67,7 +74,19 @@ class LigerMoe:
                 out.copy_(y)
                 routes.copy_(idx)
 
-        runner = FnRunner(run, {r: out}, info={"library": f"liger-kernel {self.version()}"})
+        info = {"library": f"liger-kernel {self.version()}"}
+        if p.op != "moe":
+            from .torch_moe_grad import FnGradRunner
+
+            def layer(x, Wr, W1, W2, *sh):  # the router's combine weights carry the gradient to Wr
+                idx, w = route(s, x, Wr, inputs.bias)
+                y = LigerFusedMoEFunction.apply(x, W1, W2, idx.to(torch.int32), w)
+                if sh:
+                    y = (y.float() + shared_ffn(x, sh).float()).to(y.dtype)
+                return y, idx
+
+            return FnGradRunner(p, ctx, inputs, layer, info)
+        runner = FnRunner(run, {r: out}, info=info)
         runner.routes = {r: routes}
         run()  # Triton autotuning and compilation happen here, outside the timing
         return runner

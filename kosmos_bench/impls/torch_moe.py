@@ -40,11 +40,47 @@ from .base import RankCtx, common_unsupported
 # ----------------------------------------------------------------------------- the steps
 
 
+class GatherRows(torch.autograd.Function):
+    """rows[i] = x[order[i] // k] for a permutation `order` of the T*k (token, choice) rows: the
+    forward is a gather; so is the backward (the inverse permutation, then a sum over each
+    token's k rows in fixed order), where autograd's own would scatter-add (atomics on CUDA)."""
+
+    @staticmethod
+    def forward(ctx, x, order, k: int):
+        ctx.save_for_backward(order)
+        ctx.k = k
+        return x.index_select(0, order // k if k > 1 else order)
+
+    @staticmethod
+    def backward(ctx, g):
+        (order,) = ctx.saved_tensors
+        gx = g.index_select(0, torch.argsort(order))
+        if ctx.k > 1:
+            gx = gx.view(-1, ctx.k, g.shape[1]).sum(1, dtype=torch.float32).to(g.dtype)
+        return gx, None, None
+
+
+def gather_rows(x, order, k: int = 1):
+    return GatherRows.apply(x, order, k)
+
+
+def combine_weights(s: mm.MoeShape, logits, idx):
+    """mm.weights_for's weights; under autograd the chosen scores are picked by a one-hot
+    product (its backward is a sum with one nonzero term: exact, no scatter), not by a gather."""
+    if not (torch.is_grad_enabled() and logits.requires_grad):
+        return mm.weights_for(s, logits, idx)
+    lg = logits.float()
+    probs = torch.softmax(lg, dim=-1) if s.scoring == "softmax" else torch.sigmoid(lg)
+    w = (Fn.one_hot(idx, s.E).to(probs.dtype) * probs.unsqueeze(1)).sum(-1)
+    w = w / w.sum(-1, keepdim=True)
+    return w if s.scoring == "softmax" else w * s.scale
+
+
 def route(s: mm.MoeShape, x, Wr, bias):
     """(idx T x k, w T x k fp32): moe_math.route's selection and weights."""
     logits = x.float() @ Wr.float().t()
-    idx = mm.selection_keys(s, logits, bias).topk(s.topk, dim=-1).indices
-    return idx, mm.weights_for(s, logits, idx)
+    idx = mm.selection_keys(s, logits.detach(), bias).topk(s.topk, dim=-1).indices
+    return idx, combine_weights(s, logits, idx)
 
 
 def permute(s: mm.MoeShape, x, idx):
@@ -52,7 +88,7 @@ def permute(s: mm.MoeShape, x, idx):
     by (expert, token, j)), order[i] = the flat choice t*k+j of row i; counts (E,) per expert."""
     flat = idx.flatten()
     order = torch.argsort(flat, stable=True)
-    return order, x[order // s.topk], torch.bincount(flat, minlength=s.E)
+    return order, gather_rows(x, order, s.topk), torch.bincount(flat, minlength=s.E)
 
 
 def ffn(rows, counts, W1, W2):
@@ -148,7 +184,7 @@ class MoeRunner:
         s, inp = self.s, self.inp
         if s.world == 1:
             r = self.ranks[0]
-            y, idx = self._w1(inp.x[r], inp.Wr, inp.bias, inp.W1[r], inp.W2[r], inp.shared)
+            y, idx = self._w1(inp.x[r], self._wr(r), inp.bias, inp.W1[r], inp.W2[r], self._sh(r))
             self._store(r, y, idx)
         elif self.ctx.fabric == "local":
             self._local()
@@ -161,6 +197,14 @@ class MoeRunner:
         self.outputs[r].copy_(y)
         self.routes[r].copy_(idx)
 
+    def _wr(self, r):
+        """Rank r's router weights (the same tensor for every rank; the gradient runner gives each
+        rank its own leaf, impls/torch_moe_grad.py); _sh(r): likewise the shared expert."""
+        return self.inp.Wr
+
+    def _sh(self, r):
+        return self.inp.shared
+
     def _segments(self, counts_cpu):
         """Per destination rank q: (start, end) of its rows in a rank's permuted buffer."""
         n = counts_cpu.view(self.s.world, self.s.E_loc).sum(1).tolist()
@@ -171,7 +215,7 @@ class MoeRunner:
 
     def _local(self) -> None:
         s, inp, W, El = self.s, self.inp, self.s.world, self.s.E_loc
-        front = {r: self._front(inp.x[r], inp.Wr, inp.bias) for r in range(W)}  # idx, w, order, xs, counts
+        front = {r: self._front(inp.x[r], self._wr(r), inp.bias) for r in range(W)}  # idx, w, order, xs, counts
         counts = torch.stack([front[r][4] for r in range(W)]).cpu()  # one host sync: the split sizes
         seg = {r: self._segments(counts[r]) for r in range(W)}
         ccnt = {r: front[r][4].view(W, El) for r in range(W)}
@@ -181,7 +225,7 @@ class MoeRunner:
                 recv = torch.cat([front[r][3][seg[r][q][0]:seg[r][q][1]] for r in range(W)])  # dispatch
                 perm, cnt = regroup_perm([ccnt[r][q] for r in range(W)], El, recv.device)
                 yrecv = torch.empty_like(recv)
-                yrecv[perm] = self._ffn(recv[perm], cnt, inp.W1[q], inp.W2[q])
+                yrecv[perm] = self._ffn(gather_rows(recv, perm), cnt, inp.W1[q], inp.W2[q])
                 off = 0
                 for r in range(W):  # combine
                     a, b = seg[r][q]
@@ -191,7 +235,7 @@ class MoeRunner:
             self._local_overlap(front, seg, ccnt, ys)
         for r in range(W):
             idx, w, order, _, _ = front[r]
-            self._store(r, self._fold(order, ys[r], w, inp.x[r], inp.shared), idx)
+            self._store(r, self._fold(order, ys[r], w, inp.x[r], self._sh(r)), idx)
 
     def _local_overlap(self, front, seg, ccnt, ys) -> None:
         """Chunk (source r, expert rank q): its rows copied on the copy stream while the
@@ -221,7 +265,7 @@ class MoeRunner:
 
     def _host(self) -> None:
         s, inp, vw, El = self.s, self.inp, self.view, self.s.E_loc
-        idx, w, order, xs, counts = self._front(inp.x[0], inp.Wr, inp.bias)
+        idx, w, order, xs, counts = self._front(inp.x[0], self._wr(0), inp.bias)
         seg = self._segments(counts.cpu())  # the split sizes: one host sync
         for p_ in vw.peers:
             if seg[p_][1] - seg[p_][0] != vw.send_rows[p_].shape[0]:
@@ -236,7 +280,7 @@ class MoeRunner:
             recv = torch.cat([xs[a0:b0]] + [self.recv_dev[p_] for p_ in vw.peers])
             perm, cnt = regroup_perm([own] + [self.recv_cnt[p_] for p_ in vw.peers], El, recv.device)
             yrecv = torch.empty_like(recv)
-            yrecv[perm] = self._ffn(recv[perm], cnt, inp.W1[0], inp.W2[0])
+            yrecv[perm] = self._ffn(gather_rows(recv, perm), cnt, inp.W1[0], inp.W2[0])
             self.ys[a0:b0].copy_(yrecv[:b0 - a0])
             off = b0 - a0
             for p_ in vw.peers:  # combine: the peers' outputs back, rank 0's from the peers in
@@ -246,7 +290,7 @@ class MoeRunner:
                 self.ys[seg[p_][0]:seg[p_][1]].copy_(vw.send_out[p_], non_blocking=True)
         else:
             self._host_overlap(xs, seg, own)
-        self._store(0, self._fold(order, self.ys, w, inp.x[0], inp.shared), idx)
+        self._store(0, self._fold(order, self.ys, w, inp.x[0], self._sh(0)), idx)
 
     def _host_overlap(self, xs, seg, own) -> None:
         """H2D pulls (peers' rows, then the peers' outputs) on one copy stream, D2H pushes on
@@ -285,19 +329,24 @@ class MoeRunner:
 
         s, inp, r, W, El = self.s, self.inp, self.ctx.rank, self.s.world, self.s.E_loc
         g = self.ctx.group
-        idx, w, order, xs, counts = self._front(inp.x[r], inp.Wr, inp.bias)
+        idx, w, order, xs, counts = self._front(inp.x[r], self._wr(r), inp.bias)
         send_c = counts.view(W, El).contiguous()
         recv_c = torch.empty_like(send_c)
         dist.all_to_all_single(recv_c, send_c, group=g)
         both = torch.stack([send_c.sum(1), recv_c.sum(1)]).cpu().tolist()  # the split sizes: one host sync
-        recv = xs.new_empty((sum(both[1]), s.H))
-        dist.all_to_all_single(recv, xs, both[1], both[0], group=g)
+        recv = self._a2a(xs.new_empty((sum(both[1]), s.H)), xs, both[1], both[0])
         perm, cnt = regroup_perm(list(recv_c), El, recv.device)
         yrecv = torch.empty_like(recv)
-        yrecv[perm] = self._ffn(recv[perm], cnt, inp.W1[r], inp.W2[r])
-        ys = torch.empty_like(xs)
-        dist.all_to_all_single(ys, yrecv, both[0], both[1], group=g)
-        self._store(r, self._fold(order, ys, w, inp.x[r], inp.shared), idx)
+        yrecv[perm] = self._ffn(gather_rows(recv, perm), cnt, inp.W1[r], inp.W2[r])
+        ys = self._a2a(torch.empty_like(xs), yrecv, both[0], both[1])
+        self._store(r, self._fold(order, ys, w, inp.x[r], self._sh(r)), idx)
+
+    def _a2a(self, out, inp, out_splits, in_splits):
+        """all_to_all_single of rows (the gradient runner's is differentiable)."""
+        import torch.distributed as dist
+
+        dist.all_to_all_single(out, inp, out_splits, in_splits, group=self.ctx.group)
+        return out
 
     def close(self) -> None:
         pass
@@ -313,7 +362,7 @@ def _front(s, x, Wr, bias):
 
 
 class TorchMoe:
-    ops = ("moe",)
+    ops = ("moe", "moe-bwd", "moe-step")  # the backward ops: impls/torch_moe_grad.py registers the family
     fabrics = ("local", "host", "nvlink", "gloo")
 
     def __init__(self, name: str, mode: str):
@@ -337,6 +386,9 @@ class TorchMoe:
                 return f"torch-moe-overlap pipelines device/host copies: host and local fabrics (fabric={p.fabric})"
             if p.backend != "gpu":
                 return "torch-moe-overlap needs CUDA streams (backend gpu)"
+            if p.op != "moe" and p.fabric == "host":
+                return (f"torch-moe-overlap {p.op} on the host fabric: its pipelined pinned copies have no autograd "
+                        "path (torch-moe's serial host exchange has one)")
         if p.fabric == "nvlink" and p.backend == "gpu" and p.world > 1:
             from .. import sharing
 

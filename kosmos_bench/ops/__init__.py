@@ -8,8 +8,9 @@ from .gemm import OP as GEMM
 from .gemm_rs import OP as GEMM_RS
 from .layer import OP as LAYER
 from .moe import OP as MOE
+from .moe_bwd import MOE_BWD, MOE_STEP
 
-OPS: dict[str, Op] = {o.name: o for o in (AG_GEMM, GEMM_RS, GEMM, MOE, AG_GEMM_DGRAD, GEMM_RS_DGRAD, AG_WGRAD, LAYER)}
+OPS: dict[str, Op] = {o.name: o for o in (AG_GEMM, GEMM_RS, GEMM, MOE, AG_GEMM_DGRAD, GEMM_RS_DGRAD, AG_WGRAD, LAYER, MOE_BWD, MOE_STEP)}
 
 
 def get_op(name: str) -> Op:

@@ -72,13 +72,13 @@ class Moe(Op):
 
     def validate(self, p: Point) -> str | None:
         if p.moe is None:
-            return "op moe needs a preset (Point.moe; sweep key moe: {presets: [...]})"
+            return f"op {self.name} needs a preset (Point.moe; sweep key moe: {{presets: [...]}})"
         try:
             s = moe_shape(p)
         except (KeyError, ValueError) as e:
             return str(e.args[0])
         if p.dtype != "bf16":
-            return f"op moe is bf16 only (dtype={p.dtype})"
+            return f"op {self.name} is bf16 only (dtype={p.dtype})"
         if (p.N, p.K) != (s.F, s.H):
             return f"moe preset {p.moe}: N, K must be its FFN width {s.F} and hidden size {s.H}, got {p.N}, {p.K}"
         return s.validate()

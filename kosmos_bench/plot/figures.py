@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from ..point import MOE_OPS  # noqa: E402
 from ..report import SEQ_IMPL  # noqa: E402
 from ..store import load_traces, trace_files  # noqa: E402
 from ..trace.analysis import idle_windows, summarize  # noqa: E402
@@ -120,7 +121,7 @@ def _palette(variants: list[str]) -> dict[str, str]:
 
 def fig_speedup(df: pd.DataFrame, run_dir: Path):
     d = _ok(df)
-    base = "torch-moe" if set(d["op"].astype(str)) == {"moe"} else SEQ_IMPL  # report.BASELINE_IMPL
+    base = "torch-moe" if set(d["op"].astype(str)) <= set(MOE_OPS) else SEQ_IMPL  # report.BASELINE_IMPL
     d = d[(d["impl"] != base) & d["speedup_vs_seq"].notna()]
     d = d[(d["impl"] != "kosmos") | is_default_kosmos(d)]
     if d.empty:

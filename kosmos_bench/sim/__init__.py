@@ -13,7 +13,7 @@ import time
 
 import pandas as pd
 
-from ..point import Point
+from ..point import MOE_OPS, Point
 from . import baselines, profiles
 from .model import Unsupported
 
@@ -98,7 +98,7 @@ def simulate_point(point: Point, prof: dict | None = None, num_movers: int | Non
         return simulate_layer(point, prof or profile_for(point)), None
     point = as_forward(point)
     prof = prof or profile_for(point)
-    if point.op == "moe":  # its own closed-form model (sim/moe.py)
+    if point.op in MOE_OPS:  # their own closed-form model (sim/moe.py)
         from . import moe
 
         _check_fabric(point, prof)

@@ -23,6 +23,11 @@ profile (every row says so in `sim_model`):
   source rank (the first chunk's transfer exposed); kosmos runs one launch where movers
   overlap builders (policy self: movers take the WGs the link needs while data moves;
   fixed:k keeps k WGs movers for the whole call). Queue order is not modelled here.
+* ops moe-bwd / moe-step (the torch pipelines through autograd): the backward is the forward's
+  account with every GEMM twice (dgrad + wgrad: router, expert grouped GEMMs, shared expert),
+  BWD_MEM times its memory passes and launches, and the same transfers (the output gradients
+  out, the input gradients back); moe-step = forward + backward. kosmos has no backward kernel:
+  skipped with that reason.
 """
 from __future__ import annotations
 
@@ -40,6 +45,7 @@ IMPLS = ("kosmos", "torch-moe", "torch-moe-compiled", "torch-moe-overlap")
 ROUTE_SAMPLE = 1024  # tokens of rank 0 routed on the CPU to estimate the expert loads
 MEM_EFFICIENCY = 0.7  # elementwise / gather passes reach ~70% of peak HBM bandwidth
 EAGER_KERNELS = 30  # kernel launches of the eager pipeline per rank (router .. fold)
+BWD_MEM = 2.0  # autograd's elementwise backward reads the saved activations and the gradient, writes one
 MODEL = "moe closed-form (sim/moe.py): per-expert tiles, fabric bytes, HBM passes; queue order not modelled"
 
 
@@ -113,7 +119,11 @@ def _transfer_us(p: Point, prof: dict, s: mm.MoeShape, ld: Loads, *, movers: boo
 
 def simulate(p: Point, prof: dict) -> dict:
     if p.impl not in IMPLS:
-        raise Unsupported(f"the simulator models op moe for {', '.join(IMPLS)}, not {p.impl}")
+        raise Unsupported(f"the simulator models op {p.op} for {', '.join(IMPLS)}, not {p.impl}")
+    if p.impl == "kosmos" and p.op != "moe":
+        raise Unsupported(f"kosmos {p.op}: the KOSMOS MoE backward kernel is not built yet")
+    if p.impl == "torch-moe-overlap" and p.op != "moe" and p.fabric == "host":
+        raise Unsupported(f"torch-moe-overlap {p.op} on the host fabric: its pipelined copies have no autograd path")
     if p.impl == "torch-moe-overlap" and (p.world == 1 or p.fabric not in ("host", "local")):
         raise Unsupported("torch-moe-overlap runs on the host and local fabrics at world > 1")
     from ..ops.moe import moe_shape
@@ -145,19 +155,29 @@ def simulate(p: Point, prof: dict) -> dict:
         fold = _mem_us(prof, 2 * n_rows * H + 2 * len(ranks) * s.T * H)  # each output row read once
         t = launch + router + shared + max(compute, disp + comb) + fold
         return _fields(p, prof, s, ld, t, {"sim_movers": movers})
-    compute = sum(grouped_us(prof, s, ld.rows[q]) for q in ranks)
+    fwd = {"router": router, "shared": shared, "disp": disp + comb}
+    t = 0.0
+    if p.op in ("moe", "moe-step"):
+        t += _torch_us(p, prof, s, ld, ranks, fwd, gemm=1, mem=1.0)
+    if p.op in ("moe-bwd", "moe-step"):
+        t += _torch_us(p, prof, s, ld, ranks, fwd, gemm=2, mem=BWD_MEM)
+    return _fields(p, prof, s, ld, t, {})
+
+
+def _torch_us(p: Point, prof: dict, s: mm.MoeShape, ld: Loads, ranks: list, fwd: dict, *, gemm: int, mem: float) -> float:
+    """One pass of a torch pipeline: the forward's (gemm 1, mem 1) or the backward's (every GEMM
+    `gemm` times, the memory passes and launches `mem` times; the same transfers)."""
+    n_rows, H, F = s.T * s.topk * len(ranks), s.H, s.F
     compiled = p.impl == "torch-moe-compiled"
     act = (6 if compiled else 40) * n_rows * F  # fp32 activation temporaries unless fused
-    mem = _mem_us(prof, 4 * n_rows * H + act + 6 * n_rows * H + (8 if compiled else 16) * len(ranks) * s.T * H)
-    launches = (0.2 if compiled else 1.0) * EAGER_KERNELS * len(ranks) * launch
+    mem_t = mem * _mem_us(prof, 4 * n_rows * H + act + 6 * n_rows * H + (8 if compiled else 16) * len(ranks) * s.T * H)
+    launches = mem * (0.2 if compiled else 1.0) * EAGER_KERNELS * len(ranks) * prof["launch_overhead_us"]
+    base = gemm * (fwd["router"] + fwd["shared"]) + mem_t + launches
     if p.impl == "torch-moe-overlap":
         chunks = [[r / s.world for r in ld.rows[q]] for q in ranks for _ in range(s.world)]
-        compute = sum(grouped_us(prof, s, c) for c in chunks)
-        first = (disp + comb) / s.world
-        t = router + shared + mem + launches + first + max(compute, disp + comb)
-    else:
-        t = router + shared + mem + launches + compute + disp + comb
-    return _fields(p, prof, s, ld, t, {})
+        compute = gemm * sum(grouped_us(prof, s, c) for c in chunks)
+        return base + fwd["disp"] / s.world + max(compute, fwd["disp"])
+    return base + gemm * sum(grouped_us(prof, s, ld.rows[q]) for q in ranks) + fwd["disp"]
 
 
 def _policy(policy: str | None) -> tuple[str, int]:
@@ -167,12 +187,13 @@ def _policy(policy: str | None) -> tuple[str, int]:
 
 
 def _fields(p: Point, prof: dict, s: mm.MoeShape, ld: Loads, t: float, extra: dict) -> dict:
-    from ..ops.moe import OP
+    from ..ops import get_op
 
+    op = get_op(p.op)
     rows = s.T * (p.world if p.fabric == "local" else 1)
-    n = max(256, round(OP.bound_flops(p) / (2 * rows * s.H) / 256) * 256)
+    n = max(256, round(op.bound_flops(p) / (2 * rows * s.H) / 256) * 256)
     t_gemm = baselines.cublas_us(prof, "bf16", rows, n, s.H)
-    row = s.H * 2
+    row = s.H * 2 * (2 if p.op == "moe-step" else 1)  # per pass, as the GPU rows
     return {"profile": prof["name"], "sim_model": MODEL, "t_median_us": t, "t_min_us": t, "t_p99_us": t, "cv": 0.0,
             "t_gemm_us": t_gemm, "gemm_flops": 2.0 * rows * n * s.H, "t_comm_us": None,
             "dispatch_bytes": (ld.sent + ld.recv) * row, "combine_bytes": (ld.sent + ld.recv) * row,

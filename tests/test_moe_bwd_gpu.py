@@ -1,0 +1,90 @@
+"""ops moe-bwd / moe-step on a GPU: the baselines' gradients are right (wrong == 0 against the fp32
+reference) and bitwise identical over 20 calls, on the real presets at world 1 (uniform and zipf
+routing) and on the local (W 2, 4) and host (W 8) fabrics. Skipped without a CUDA GPU."""
+import pytest
+import torch
+
+from kosmos_bench import harness
+from kosmos_bench.impls import get_impl
+from kosmos_bench.impls.base import RankCtx
+from kosmos_bench.ops import get_op
+from kosmos_bench.ops.moe import preset_point_dims
+from kosmos_bench.point import Point
+
+pytestmark = pytest.mark.gpu
+CALLS = 20
+
+
+def _point(op, impl, preset, T, world, fabric, routing):
+    return Point(op, impl, world=world, fabric=fabric, backend="gpu", moe=preset, routing=routing,
+                 warmup=1, reps=3, **preset_point_dims(preset, T))
+
+
+def _bitwise(p):
+    """CALLS calls of the runner: every gradient (and routes, y) bitwise equal to the first's."""
+    op = get_op(p.op)
+    ranks = list(range(p.world)) if p.fabric in ("local", "host") else [0]
+    dev = torch.device("cuda", 0)
+    inputs, _ = op.setup(p, ranks, dev, harness.seed_for(p))
+    ctx = RankCtx(0, p.world, 1, dev, p.fabric, "gpu")
+    runner = get_impl(p.impl).prepare(p, ctx, inputs)
+    first = None
+    try:
+        for call in range(CALLS):
+            runner.run()
+            torch.cuda.synchronize()
+            snap = op.snapshot(runner)
+            if first is None:
+                first = snap
+                continue
+            diff = [(n, r) for n, ts in snap.items() for r, t in ts.items() if not torch.equal(t, first[n][r])]
+            assert not diff, f"{p.impl} {p.op}: call {call} differs from call 0 in {diff[:4]}"
+    finally:
+        runner.close()
+
+
+def _run(op, impl, preset, T, world, fabric, routing="uniform"):
+    p = _point(op, impl, preset, T, world, fabric, routing)
+    row, _ = harness.run_point(p, rank=0, procs=1)
+    assert row["status"] == "ok" and row["wrong"] == 0 and row["deterministic"], \
+        (op, impl, preset, T, world, fabric, routing, row.get("error"), row.get("max_rel_err"))
+    print(f"{op} {impl} {preset} T={T} W={world} {fabric} {routing}: {row['t_median_us']:.0f} us, "
+          f"frac_bound {row['frac_bound']:.2f}, max_rel_err dx {row['max_rel_err_dx']:.3g} dWr "
+          f"{row['max_rel_err_dWr']:.3g} dW {row['max_rel_err_dW']:.3g} dWs {row['max_rel_err_dWs']:.3g}")
+    assert 0 < row["frac_bound"] < 1.5 and row["tokens_per_s"] > 0
+    _bitwise(p)
+    return row
+
+
+@pytest.mark.parametrize("routing", ["uniform", "zipf:1.2"])
+@pytest.mark.parametrize("preset", ["deepseek-v3", "qwen3-235b-a22b"])
+def test_world1_presets(preset, routing):
+    _run("moe-bwd", "torch-moe", preset, 2048, 1, "nvlink", routing)
+
+
+def test_world1_compiled_and_step():
+    _run("moe-bwd", "torch-moe-compiled", "qwen3-235b-a22b", 2048, 1, "nvlink", "zipf:1.2")
+    _run("moe-step", "torch-moe", "deepseek-v3", 2048, 1, "nvlink", "zipf:1.2")
+
+
+@pytest.mark.parametrize("impl", ["torch-moe", "torch-moe-overlap"])
+@pytest.mark.parametrize("world", [2, 4])
+def test_local_fabric(impl, world):
+    row = _run("moe-bwd", impl, "qwen3-235b-a22b", 1024, world, "local", "zipf:1.2")
+    assert row["dispatch_bytes"] > 0
+
+
+@pytest.mark.parametrize("preset", ["deepseek-v3", "qwen3-235b-a22b"])
+def test_host_fabric(preset):
+    row = _run("moe-bwd", "torch-moe", preset, 1024, 8, "host", "zipf:1.2")
+    assert row["dispatch_bytes"] > 0 and row["t_comm_us"] > 0
+
+
+def test_liger_backward_or_its_reason():
+    p = _point("moe-bwd", "liger-moe", "qwen3-235b-a22b", 2048, 1, "nvlink", "uniform")
+    row, _ = harness.run_point(p, rank=0, procs=1)
+    print(f"liger-moe moe-bwd: {row['status']} {row.get('error') or ''} wrong={row.get('wrong')} "
+          f"deterministic={row.get('deterministic')} t={row.get('t_median_us')}")
+    assert row["status"] in ("ok", "skipped", "wrong"), row.get("error")
+    if row["status"] == "skipped":
+        assert "liger" in row["error"]
