@@ -4,6 +4,8 @@
 //   tensor cores), C (M x N) bf16 row-major, fp32 accumulation. LayoutB_ = ColumnMajor: B is
 //   read transposed, K contiguous (a K x N view of an N x K row-major tensor: the backward
 //   dgrad GEMMs' W^T, read in place); the TMA descriptor and the wgmma descriptor take it.
+//   LayoutA_ = ColumnMajor: A is read transposed, M contiguous (an M x K view of a K x M
+//   row-major tensor: the wgrad GEMMs' X^T with tokens as K, read in place).
 //
 // Mainloop: TMA (cp.async.bulk.tensor) -> kNumStages-deep shared-memory ring guarded by
 // mbarriers -> wgmma (HGMMA m64nNk16, both operands from shared memory, B transposed by the
@@ -115,9 +117,12 @@ struct ItemRing {
 // The caller must then (a) hand both CTAs tiles of the same column in the same order, (b)
 // cluster-sync after constructing the builder, (c) call produce_tail() before exiting.
 template <int kBM_ = 128, int kBN_ = 256, int kBK_ = 64, int kNumStages_ = 4, bool kStagedEpilogue_ = true,
-          int kClusterM_ = 1, class LayoutB_ = cutlass::layout::RowMajor>
+          int kClusterM_ = 1, class LayoutB_ = cutlass::layout::RowMajor, class LayoutA_ = cutlass::layout::RowMajor>
 struct BuilderSm90 {
+  using LayoutA = LayoutA_;
   using LayoutB = LayoutB_;
+  static constexpr bool kAColMajor = cute::is_same_v<LayoutA, cutlass::layout::ColumnMajor>;
+  static_assert(kAColMajor || cute::is_same_v<LayoutA, cutlass::layout::RowMajor>, "A row- or column-major");
   static constexpr bool kBColMajor = cute::is_same_v<LayoutB, cutlass::layout::ColumnMajor>;
   static_assert(kBColMajor || cute::is_same_v<LayoutB, cutlass::layout::RowMajor>, "B row- or column-major");
   static constexpr int kClusterM = kClusterM_;
@@ -138,7 +143,7 @@ struct BuilderSm90 {
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
-      dtype_t, cutlass::layout::RowMajor, 8,   // A: M x K, K contiguous
+      dtype_t, LayoutA, 8,                     // A: M x K, K contiguous (row-major) or M contiguous
       dtype_t, LayoutB, 8,                     // B: K x N, N contiguous (row-major) or K contiguous
       float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCount<kNumStages>,
@@ -150,11 +155,22 @@ struct BuilderSm90 {
   using MainloopPipeline = typename Mainloop::MainloopPipeline;
   using PipelineState = typename Mainloop::PipelineState;
 
-  static_assert(cute::is_same_v<StrideA, cute::Stride<int64_t, cute::Int<1>, int64_t>>, "A row-major");
+  static_assert(kAColMajor ? cute::is_same_v<StrideA, cute::Stride<cute::Int<1>, int64_t, int64_t>>
+                           : cute::is_same_v<StrideA, cute::Stride<int64_t, cute::Int<1>, int64_t>>,
+                "A row-major (K contiguous) or column-major (M contiguous)");
   static_assert(kBColMajor ? cute::is_same_v<StrideB, cute::Stride<int64_t, cute::Int<1>, int64_t>>
                            : cute::is_same_v<StrideB, cute::Stride<cute::Int<1>, int64_t, int64_t>>,
                 "B row-major (N contiguous) or column-major (K contiguous)");
 
+  // A viewed as (M, K, L), batch stride `batch` elements: (K, 1, batch) row-major,
+  // (1, M, batch) column-major (element (m, k) at k*M + m: the K x M row-major storage).
+  static StrideA stride_a(int M, int K, int64_t batch) {
+    if constexpr (kAColMajor) {
+      return cute::make_stride(cute::Int<1>{}, int64_t(M), batch);
+    } else {
+      return cute::make_stride(int64_t(K), cute::Int<1>{}, batch);
+    }
+  }
   // B viewed as (N, K, L): (1, N, K*N) row-major, (K, 1, N*K) column-major.
   static StrideB stride_b(int N, int K) {
     if constexpr (kBColMajor) {
@@ -196,6 +212,7 @@ struct BuilderSm90 {
     if (M <= 0 || N <= 0 || K <= 0) return "sm90 builder: M, N, K must be positive";
     if (K % 8 != 0) return "sm90 builder: K must be a multiple of 8 (TMA: A's row stride must be 16-byte aligned)";
     if (N % 8 != 0) return "sm90 builder: N must be a multiple of 8 (TMA: B's and C's row stride must be 16-byte aligned)";
+    if (kAColMajor && M % 8 != 0) return "sm90 builder: M must be a multiple of 8 (TMA: A^T's row stride must be 16-byte aligned)";
     if ((reinterpret_cast<uintptr_t>(A) | reinterpret_cast<uintptr_t>(B) | reinterpret_cast<uintptr_t>(C)) % 16 != 0)
       return "sm90 builder: A, B and C must be 16-byte aligned";
     return nullptr;
@@ -204,8 +221,8 @@ struct BuilderSm90 {
   // Builds the TMA descriptors (host; calls the driver through cudaGetDriverEntryPoint).
   static Params make_params(const void* A, const void* B, void* C, int M, int N, int K) {
     auto problem = cute::make_shape(M, N, K, 1);
-    // A viewed as (M, K, L) with strides (K, 1, M*K); B viewed as (N, K, L): stride_b.
-    StrideA dA = cute::make_stride(int64_t(K), cute::Int<1>{}, int64_t(M) * K);
+    // A viewed as (M, K, L): stride_a; B viewed as (N, K, L): stride_b.
+    StrideA dA = stride_a(M, K, int64_t(M) * K);
     StrideB dB = stride_b(N, K);
     typename Mainloop::Arguments args{static_cast<const dtype_t*>(A), dA, static_cast<const dtype_t*>(B), dB};
     Params p;
@@ -379,7 +396,7 @@ struct BuilderSm90 {
   static typename Mainloop::Params make_grouped_params(const void* A, int rows_a, int batches_a,
                                                        int64_t a_batch_stride, const void* B, int N, int K,
                                                        int batches_b) {
-    StrideA dA = cute::make_stride(int64_t(K), cute::Int<1>{}, a_batch_stride);
+    StrideA dA = stride_a(rows_a, K, a_batch_stride);
     StrideB dB = cute::make_stride(cute::Int<1>{}, int64_t(N), int64_t(K) * N);
     // the mainloop builds both descriptors with one batch count: build each with its own
     typename Mainloop::Arguments args{static_cast<const dtype_t*>(A), dA, static_cast<const dtype_t*>(B), dB};
@@ -410,7 +427,7 @@ struct BuilderSm90 {
   static typename Mainloop::Params make_mainloop_params(const void* A, int rows_a, int batches_a,
                                                         int64_t batch_stride, const void* B, int N, int K) {
     auto problem = cute::make_shape(rows_a, N, K, batches_a);
-    StrideA dA = cute::make_stride(int64_t(K), cute::Int<1>{}, batch_stride);
+    StrideA dA = stride_a(rows_a, K, batch_stride);
     StrideB dB = stride_b(N, K);  // only batch 0 is read
     typename Mainloop::Arguments args{static_cast<const dtype_t*>(A), dA, static_cast<const dtype_t*>(B), dB};
     return Mainloop::to_underlying_arguments(problem, args, nullptr);
