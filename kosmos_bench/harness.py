@@ -18,7 +18,7 @@ from . import sharing, timing
 from .impls import get_impl
 from .impls import layer
 from .impls import nccl as nccl_impls
-from .impls.base import RankCtx, SkipPoint
+from .impls.base import RankCtx, SkipPoint, close_quietly
 from .ops import get_op
 from .point import Point
 from .runtime import nvml
@@ -223,11 +223,7 @@ def run_point(p: Point, *, rank: int, procs: int) -> tuple[dict, object]:
         msg = (str(e).strip().splitlines() or [""])[0]
         row.update(status="failed", error=f"{type(e).__name__}: {msg}{where}")
     finally:
-        if runner is not None:
-            try:
-                runner.close()
-            except Exception:  # noqa: BLE001
-                pass
+        close_quietly(runner)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return row, trace

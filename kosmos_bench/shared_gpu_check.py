@@ -43,6 +43,7 @@ def _case(point, ctx, seed: int, calls: int = 3, late_sleep_s: float = 0.0, **kw
     import torch
 
     from .impls import get_impl
+    from .impls.base import SkipPoint, close_quietly
     from .ops import get_op
     from .ops.base import check_output
 
@@ -75,18 +76,12 @@ def _case(point, ctx, seed: int, calls: int = 3, late_sleep_s: float = 0.0, **kw
                 "deterministic": same, "peer_memory": info.get("peer_memory"),
                 "peer_memory_why": info.get("peer_memory_why"), "builder_used": info.get("builder")}
     except Exception as e:  # noqa: BLE001 - reported
-        from .impls.base import SkipPoint
-
         if isinstance(e, SkipPoint):
             return {**out, "status": "skipped", "error": str(e)}
         return {**out, "status": "failed", "error": f"{type(e).__name__}: {e}",
                 "trace": traceback.format_exc(limit=6)}
     finally:
-        if runner is not None:
-            try:
-                runner.close()
-            except Exception:  # noqa: BLE001
-                pass
+        close_quietly(runner)
 
 
 def _rank_main(rank: int, world: int, port: int, q, scenarios: tuple[str, ...]) -> None:

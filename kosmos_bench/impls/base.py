@@ -71,6 +71,17 @@ class Runner(Protocol):
     def close(self) -> None: ...
 
 
+def close_quietly(runner: Runner | None) -> None:
+    """Release a runner after its point ended (ok or not): a failing close never hides the
+    point's own result."""
+    if runner is None:
+        return
+    try:
+        runner.close()
+    except Exception:  # noqa: BLE001
+        pass
+
+
 @dataclass
 class FnRunner:
     """A Runner from a plain callable; most baselines need nothing more."""

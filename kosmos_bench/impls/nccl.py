@@ -141,6 +141,45 @@ def _make_host_peers(p: Point, inputs) -> _HostPeers:
     return _HostPeers(shards, contrib, outbox)
 
 
+def _gather(gathered: torch.Tensor, A_r: torch.Tensor, ctx: RankCtx, host) -> None:
+    """All-gather the row shards A_r (rows = A_r's rows) into gathered: NCCL/gloo, or the host
+    fabric's copies of the peers' pinned shards."""
+    if host is None:
+        _all_gather(gathered, A_r, ctx.group)
+        return
+    rows = A_r.shape[0]
+    gathered[:rows].copy_(A_r)
+    for q in range(1, ctx.world):
+        gathered[q * rows:(q + 1) * rows].copy_(host.shards[q], non_blocking=True)
+
+
+def _ring(gathered: torch.Tensor, A_r: torch.Tensor, ctx: RankCtx, sync: "_Sync", host, step) -> None:
+    """The stream-overlapped all-gather: step(s, src, band) computes with rank src's row shard
+    (src = r - s) on the main stream while shard r - s - 1 is in flight on the side stream."""
+    r, W, rows = ctx.rank, ctx.world, A_r.shape[0]
+    bufs = [gathered[q * rows:(q + 1) * rows] for q in range(W)]
+    bufs[r].copy_(A_r)
+    pending, ev = [], None
+    for s in range(W):
+        src = (r - s) % W
+        if s + 1 < W:
+            nxt = (r - s - 1) % W
+            if s == 0:  # later sends forward what the side stream itself received
+                sync.side_waits_main()
+            with sync.side_ctx():
+                if host is None:
+                    pending = _ring_exchange(bufs[src], bufs[nxt], ctx)
+                else:
+                    bufs[nxt].copy_(host.shards[nxt], non_blocking=True)
+                for req in pending:
+                    req.wait()
+                ev = sync.event()
+        step(s, src, bufs[src])
+        if s + 1 < W:
+            sync.wait(ev)
+    sync.main_waits_side()
+
+
 # ---------------------------------------------------------------------------------------
 # ag-gemm
 # ---------------------------------------------------------------------------------------
@@ -153,41 +192,13 @@ def _ag_gemm(p: Point, ctx: RankCtx, inputs, overlap: bool):
     sync = _Sync(ctx)
     host = host_peers(p, ctx, inputs) if p.fabric == "host" else None
 
-    def gather_all():
-        if host is None:
-            _all_gather(gathered, A_r, ctx.group)
-        else:
-            gathered[:m].copy_(A_r)
-            for q in range(1, W):
-                gathered[q * m:(q + 1) * m].copy_(host.shards[q], non_blocking=True)
-
     def seq():
-        gather_all()
+        _gather(gathered, A_r, ctx, host)
         torch.matmul(gathered, B_r, out=out)
 
     def ring():
-        # Step s multiplies the shard of rank (r - s) while shard (r - s - 1) is in flight.
-        bufs = [gathered[q * m:(q + 1) * m] for q in range(W)]
-        bufs[r].copy_(A_r)
-        pending, ev = [], None
-        for s in range(W):
-            src = (r - s) % W
-            if s + 1 < W:
-                nxt = (r - s - 1) % W
-                if s == 0:  # later sends forward what the side stream itself received
-                    sync.side_waits_main()
-                with sync.side_ctx():
-                    if host is None:
-                        pending = _ring_exchange(bufs[src], bufs[nxt], ctx)
-                    else:
-                        bufs[nxt].copy_(host.shards[nxt], non_blocking=True)
-                    for req in pending:
-                        req.wait()
-                    ev = sync.event()
-            torch.matmul(bufs[src], B_r, out=out[src * m:(src + 1) * m])
-            if s + 1 < W:
-                sync.wait(ev)
-        sync.main_waits_side()
+        _ring(gathered, A_r, ctx, sync, host,
+              lambda s, src, band: torch.matmul(band, B_r, out=out[src * m:(src + 1) * m]))
 
     if W == 1:
         return FnRunner(lambda: torch.matmul(A_r, B_r, out=out), {r: out})
@@ -211,45 +222,22 @@ def _ag_wgrad(p: Point, ctx: RankCtx, inputs, overlap: bool, out: torch.Tensor |
     host = host_peers(p, ctx, inputs) if p.fabric == "host" else None
 
     def seq():
-        if host is None:
-            _all_gather(gathered, A_r, ctx.group)
-        else:
-            gathered[:k].copy_(A_r)
-            for q in range(1, W):
-                gathered[q * k:(q + 1) * k].copy_(host.shards[q], non_blocking=True)
+        _gather(gathered, A_r, ctx, host)
         torch.matmul(gathered.t(), B_r, out=out)
 
+    def add_band(s, src, band):
+        # Every rank sums its bands in one fixed order (own first): bitwise the same each call.
+        # Each band's partial rounded once to bf16, summed in fp32 (bf16 addmm_ chains W
+        # roundings of the running sum: measured outside the bf16 tolerance at W=8).
+        torch.matmul(band.t(), B_r[src * k:(src + 1) * k], out=part)
+        if s == 0:
+            acc.copy_(part)
+        else:
+            acc.add_(part)
+
     def ring():
-        # Step s adds band (r - s)'s K-slice while band (r - s - 1) is in flight: every rank sums
-        # its bands in one fixed order (own first), so the result is bitwise the same each call.
-        bufs = [gathered[q * k:(q + 1) * k] for q in range(W)]
-        bufs[r].copy_(A_r)
-        pending, ev = [], None
-        for s in range(W):
-            src = (r - s) % W
-            if s + 1 < W:
-                nxt = (r - s - 1) % W
-                if s == 0:
-                    sync.side_waits_main()
-                with sync.side_ctx():
-                    if host is None:
-                        pending = _ring_exchange(bufs[src], bufs[nxt], ctx)
-                    else:
-                        bufs[nxt].copy_(host.shards[nxt], non_blocking=True)
-                    for req in pending:
-                        req.wait()
-                    ev = sync.event()
-            # each band's partial rounded once to bf16, summed in fp32 (bf16 addmm_ chains W
-            # roundings of the running sum: measured outside the bf16 tolerance at W=8)
-            torch.matmul(bufs[src].t(), B_r[src * k:(src + 1) * k], out=part)
-            if s == 0:
-                acc.copy_(part)
-            else:
-                acc.add_(part)
-            if s + 1 < W:
-                sync.wait(ev)
+        _ring(gathered, A_r, ctx, sync, host, add_band)
         out.copy_(acc)
-        sync.main_waits_side()
 
     if overlap and W > 1:
         part = torch.empty_like(out)
