@@ -104,11 +104,16 @@ AG_SM90 = Library("kosmos_ag_sm90", ("ag_gemm_sm90.cu",),
 AG_SM90_BT = Library("kosmos_ag_sm90_bt", ("ag_gemm_sm90.cu",),
                      flags=("--expt-relaxed-constexpr", "-DKOSMOS_SM90_B_TRANSPOSED=1"), cutlass=True,
                      arches=("sm_90a",))
+# The AG kernel with A read transposed (M contiguous): op ag-wgrad, At (K x M) gathered along K
+# (no GEMM+RS kernel in it).
+AG_SM90_AT = Library("kosmos_ag_sm90_at", ("ag_gemm_sm90.cu",),
+                     flags=("--expt-relaxed-constexpr", "-DKOSMOS_SM90_B_TRANSPOSED=0", "-DKOSMOS_SM90_A_TRANSPOSED=1"),
+                     cutlass=True, arches=("sm_90a",))
 SM90_GEMM = Library("sm90_gemm", ("gemm_sm90.cu",), flags=("--expt-relaxed-constexpr",), cutlass=True,
                     arches=("sm_90a",))
 MOE_SM90 = Library("kosmos_moe_sm90", ("moe_fwd_sm90.cu",), flags=("--expt-relaxed-constexpr",), cutlass=True,
                    arches=("sm_90a",))
-LIBRARIES = (KOSMOS, AG_SM90, SM90_GEMM, MOE_SM90, AG_SM90_BT)
+LIBRARIES = (KOSMOS, AG_SM90, SM90_GEMM, MOE_SM90, AG_SM90_BT, AG_SM90_AT)
 
 
 @dataclass
