@@ -328,6 +328,14 @@ def test_c_abi_constants_match_python():
         return out
 
     assert fields("KosmosRankArgs") == [f for f, _ in abi.RankArgs._fields_]
+    # op codes and item kinds: the enums of params.h / queue.cuh in schedule's order
+    ops = re.search(r"enum KosmosOp \{([^}]*)\}", h).group(1)
+    assert {k: int(v) for k, v in re.findall(r"KOSMOS_OP_(\w+) = (\d+)", ops)} == {
+        op.upper().replace("-", "_"): c for op, c in abi.OP_CODES.items()}
+    q = (Path(__file__).resolve().parents[1] / "csrc" / "kosmos" / "queue.cuh").read_text()
+    kinds = re.findall(r"k(\w+) = (\d+)", re.search(r"enum ItemKind \{([^}]*)\}", q).group(1))
+    camel = {n.replace("_", "").lower(): i for i, n in enumerate(S.KIND_NAMES)}
+    assert {k.lower(): int(v) for k, v in kinds} == camel
     assert fields("KosmosParams") == [f for f, _ in abi.Params._fields_]
     assert fields("KosmosErrorRecord") == [f for f, _ in abi.ErrorRecord._fields_]
     assert S.ROLE_NAMES == ("MOVE", "BUILD", "REDUCE", "WAIT")  # trace.cuh Role enum order
