@@ -49,7 +49,7 @@
 // first k-block of each remote band the issuing lane waits (watchdog) for that band's flag
 // (band_wait), so a tile starts on the own rows and takes the peers' bands as they arrive. The
 // order is by rank, never by arrival: every call sums K the same way (bitwise repeatable). The
-// GEMM+RS kernel is not built into this library.
+// GEMM+RS kernel is not instantiated in this library (its entry points fail).
 #include <cuda_runtime.h>
 
 #include <cstdarg>
@@ -66,10 +66,8 @@ namespace sm90 {
 // KOSMOS_SM90_B_TRANSPOSED (a build flag of each library, kernels/libs.py): 1 in kosmos_ag_sm90_bt,
 // where B_r is read transposed, K contiguous (the backward dgrad GEMMs: W_r^T in place); every
 // kernel and ABI entry is otherwise the same.
-// KOSMOS_SM90_A_TRANSPOSED: 1 in kosmos_ag_sm90_at (op ag-wgrad, see the top of the file).
-#ifndef KOSMOS_SM90_A_TRANSPOSED
-#define KOSMOS_SM90_A_TRANSPOSED 0
-#endif
+// KOSMOS_SM90_A_TRANSPOSED (a build flag of each library): 1 in kosmos_ag_sm90_at (op ag-wgrad,
+// see the top of the file), else 0.
 constexpr bool kAT = KOSMOS_SM90_A_TRANSPOSED != 0;
 static_assert(!(kAT && KOSMOS_SM90_B_TRANSPOSED != 0), "one transposed operand per library");
 using AgBuilder = BuilderSm90<128, 256, 64, 4, true, 1,
@@ -388,7 +386,6 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
 }
 
 
-#if !KOSMOS_SM90_A_TRANSPOSED  // the GEMM+RS kernel: not in the A-transposed (ag-wgrad) library
 // ------------------------------------------------------------------ GEMM+RS on the Hopper builder
 // The sm90 variant of gemm_rs.cu (same op, buffers, items, flags, claims -- decide<GEMM_RS> --,
 // watchdog, trace and entry/exit protocol); the block is the AG kernel's (384 threads, AgShared):
@@ -426,6 +423,8 @@ constexpr int kRsLoaderRegs = 104;
 constexpr int kRsMathRegs = 200;
 static_assert(128 * kRsLoaderRegs + 256 * kRsMathRegs <= 384 * 168, "setmaxnreg beyond the CTA's registers");
 
+// A template only so that the A-transposed library never instantiates it (RsKernel below).
+template <bool kInstantiated = true>
 __global__ void __launch_bounds__(kAgThreads, 1) gemm_rs_sm90_kernel(const __grid_constant__ RsSm90Params P) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   AgShared& smem = *reinterpret_cast<AgShared*>(smem_raw);
@@ -535,7 +534,16 @@ __global__ void __launch_bounds__(kAgThreads, 1) gemm_rs_sm90_kernel(const __gri
   }
   if (tid == 0) exit_protocol(w);
 }
-#endif  // !KOSMOS_SM90_A_TRANSPOSED
+
+// The GEMM+RS kernel of this library: none in the A-transposed (ag-wgrad) build.
+template <bool kHasRs>
+struct RsKernel {
+  static const void* get() { return reinterpret_cast<const void*>(&gemm_rs_sm90_kernel<true>); }
+};
+template <>
+struct RsKernel<false> {
+  static const void* get() { return nullptr; }
+};
 
 // ------------------------------------------------------------------------------ host side
 namespace {
@@ -545,17 +553,13 @@ using kosmos::fail;
 bool aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 // The two kernels of this library (same block, same shared memory): 0 = AG+GEMM, 1 = GEMM+RS.
+// (nullptr: GEMM+RS in the A-transposed library, which has none)
 const void* kernel_of(int which) {
-#if KOSMOS_SM90_A_TRANSPOSED
-  (void)which;  // the ag-wgrad kernel only
-  return reinterpret_cast<const void*>(&ag_gemm_sm90_kernel);
-#else
-  return which == 0 ? reinterpret_cast<const void*>(&ag_gemm_sm90_kernel)
-                    : reinterpret_cast<const void*>(&gemm_rs_sm90_kernel);
-#endif
+  return which == 0 ? reinterpret_cast<const void*>(&ag_gemm_sm90_kernel) : RsKernel<!kAT>::get();
 }
 
 int prepare_kernel(int which) {
+  if (!kernel_of(which)) return fail(KOSMOS_ERR_INVALID, "the A-transposed (ag-wgrad) sm90 library has no GEMM+RS kernel");
   KOSMOS_CUDA(cudaFuncSetAttribute(kernel_of(which), cudaFuncAttributeMaxDynamicSharedMemorySize, kAgSmemBytes));
   return KOSMOS_OK;
 }
@@ -579,6 +583,7 @@ int max_wgs(int which, int device, int* out) {
 
 // Cooperative launch of kernel `which` with its parameter block P (a host object).
 int launch(int which, void* P, const KosmosParams& p, void* stream) {
+  if (!kernel_of(which)) return prepare_kernel(which);  // the reason
   // Co-resident CTAs per device, looked up once: the launch sits between the first copy-engine
   // copy and the rest of the plan (kosmos.py), so it stays short.
   static int co_resident[2][64], per_sm_of[2][64];
@@ -649,7 +654,8 @@ const char* kosmos_sm90_last_error(void) { return kosmos::g_err; }
 
 // 1 when this library reads B_r transposed (K contiguous), else 0.
 int kosmos_sm90_b_transposed(void) { return KOSMOS_SM90_B_TRANSPOSED != 0; }
-// 1 when this library reads A transposed (its AG kernel is op ag-wgrad; no GEMM+RS entry points), else 0.
+// 1 when this library reads A transposed (its AG kernel is op ag-wgrad; its GEMM+RS entry points
+// fail: no such kernel in it), else 0.
 int kosmos_sm90_a_transposed(void) { return KOSMOS_SM90_A_TRANSPOSED != 0; }
 
 // "" when (M, N, K, world) are supported, else why not. No GPU needed.
@@ -726,7 +732,6 @@ int kosmos_sm90_ag_launch(void* h, const KosmosParams* params, void* stream) {
   return launch(0, &P, p, stream);
 }
 
-#if !KOSMOS_SM90_A_TRANSPOSED
 // ---- GEMM+RS (gemm_rs_sm90_kernel) ----
 using kosmos::sm90::RsSm90Params;
 const char* kosmos_sm90_rs_validate(int M, int N, int K, int W) {
@@ -772,6 +777,5 @@ int kosmos_sm90_rs_launch(void* h, const KosmosParams* params, void* stream) {
   P.base = p;
   return launch(1, &P, p, stream);
 }
-#endif  // !KOSMOS_SM90_A_TRANSPOSED
 
 }  // extern "C"

@@ -390,6 +390,8 @@ class KosmosRunner:
         self.ce = self.plan.resolved
         self.k_stream = self.ce.k_stream
         self.scheds = [self.plan.scheds[r] for r in ranks]
+        if op == "ag-wgrad" and self.scheds[0].meta["band_rows"] % kb.BK:  # the kernel waits per band of k-blocks
+            raise ValueError(f"ag-wgrad: bands of {self.scheds[0].meta['band_rows']} rows are not whole k-blocks of {kb.BK}")
         dt = torch.bfloat16
         m_loc = M // W
         nf = self.scheds[0].flags.num_flags

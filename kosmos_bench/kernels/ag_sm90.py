@@ -8,8 +8,8 @@ Built, cached and loaded by :mod:`kosmos_bench.kernels.libs` (``libs.AG_SM90``: 
 the source, every kosmos header and the flags); builds on any machine with nvcc, no GPU needed.
 
 C ABI (see the file): ``kosmos_sm90_ag_{validate,smem_bytes,threads,create,destroy,set_ahead,set_rank,
-max_wgs,launch}``, ``kosmos_sm90_rs_{validate,create,destroy,set_rank,max_wgs,launch}`` (GEMM+RS; not
-in the A-transposed build), ``kosmos_sm90_{last_error,b_transposed,a_transposed}``.
+max_wgs,launch}``, ``kosmos_sm90_rs_{validate,create,destroy,set_rank,max_wgs,launch}`` (GEMM+RS; they fail in
+the A-transposed build, which has no such kernel), ``kosmos_sm90_{last_error,b_transposed,a_transposed}``.
 """
 from __future__ import annotations
 
@@ -63,8 +63,6 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.kosmos_sm90_ag_max_wgs.restype = I
     lib.kosmos_sm90_ag_launch.argtypes = [P, ctypes.POINTER(abi.Params), P]
     lib.kosmos_sm90_ag_launch.restype = I
-    if lib.kosmos_sm90_a_transposed():  # the ag-wgrad library has no GEMM+RS kernel
-        return lib
     # GEMM+RS on the same builder (gemm_rs_sm90_kernel)
     lib.kosmos_sm90_rs_validate.argtypes = [I, I, I, I]
     lib.kosmos_sm90_rs_validate.restype = ctypes.c_char_p
@@ -91,7 +89,7 @@ def load(b_transposed: bool = False, a_transposed: bool = False) -> ctypes.CDLL:
     """The loaded library (built on first use when no cached build matches the sources);
     ``b_transposed``: the build that reads B_r transposed (libs.AG_SM90_BT, the dgrad ops);
     ``a_transposed``: the one that reads A transposed, whose AG kernel is op ag-wgrad
-    (libs.AG_SM90_AT; no kosmos_sm90_rs_* entry points)."""
+    (libs.AG_SM90_AT; its kosmos_sm90_rs_* entry points fail)."""
     lib = library(b_transposed, a_transposed).load(declare=_declare)
     if (bool(lib.kosmos_sm90_b_transposed()), bool(lib.kosmos_sm90_a_transposed())) != (b_transposed, a_transposed):
         raise BuildError(f"{lib._name}: operand layouts are not the ones asked for "
