@@ -38,6 +38,18 @@
 //
 // Built into its own shared library (libkosmos_ag_sm90-<hash>.so, needs the nvidia-cutlass
 // headers), so the default library and its build requirements are unchanged.
+//
+// KOSMOS_SM90_A_TRANSPOSED=1 (library kosmos_ag_sm90_at): the same AG kernel is op ag-wgrad
+// (KOSMOS_OP_AG_WGRAD, the all-gather along the GEMM's K; schedule.py "ag-wgrad"): A (M x K) is
+// read transposed from At (K x M row-major, tokens x features: the builder's LayoutA_ =
+// ColumnMajor), rank p's rows of At are K/W tokens. Movers are the same AG_PULL byte ranges over
+// At's bands (rows of M elements); a builder (kAgwBuild) is a C_r tile over ALL of K, its
+// k-blocks in one fixed order: the own rows (from At_r in place), then rank r+1's, r+2's, ...
+// (BuilderSm90::produce_rotated over the gathered buffer viewed as (M, K/W, W)); before the
+// first k-block of each remote band the issuing lane waits (watchdog) for that band's flag
+// (band_wait), so a tile starts on the own rows and takes the peers' bands as they arrive. The
+// order is by rank, never by arrival: every call sums K the same way (bitwise repeatable). The
+// GEMM+RS kernel is not instantiated in this library (its entry points fail).
 #include <cuda_runtime.h>
 
 #include <cstdarg>
@@ -54,9 +66,17 @@ namespace sm90 {
 // KOSMOS_SM90_B_TRANSPOSED (a build flag of each library, kernels/libs.py): 1 in kosmos_ag_sm90_bt,
 // where B_r is read transposed, K contiguous (the backward dgrad GEMMs: W_r^T in place); every
 // kernel and ABI entry is otherwise the same.
+// KOSMOS_SM90_A_TRANSPOSED (a build flag of each library): 1 in kosmos_ag_sm90_at (op ag-wgrad,
+// see the top of the file), else 0.
+constexpr bool kAT = KOSMOS_SM90_A_TRANSPOSED != 0;
+static_assert(!(kAT && KOSMOS_SM90_B_TRANSPOSED != 0), "one transposed operand per library");
 using AgBuilder = BuilderSm90<128, 256, 64, 4, true, 1,
                               cute::conditional_t<KOSMOS_SM90_B_TRANSPOSED != 0, cutlass::layout::ColumnMajor,
-                                                  cutlass::layout::RowMajor>>;
+                                                  cutlass::layout::RowMajor>,
+                              cute::conditional_t<kAT, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>>;
+// The AG kernel's op and builder item kind in this library.
+constexpr int kAgOp = kAT ? KOSMOS_OP_AG_WGRAD : KOSMOS_OP_AG_GEMM;
+constexpr int kAgBuildKind = kAT ? kAgwBuild : kAgBuild;
 constexpr int kAgRingDepth = 4;
 using AgRing = ItemRing<kAgRingDepth, int>;  // builder item id, -1 = no more work
 constexpr int kAgThreads = AgBuilder::kNumThreads;
@@ -94,7 +114,9 @@ constexpr int kAgSmemBytes = int(sizeof(AgShared));
 static_assert(kAgSmemBytes <= 227 * 1024, "sm90 AG+GEMM shared memory exceeds 227 KB");
 
 // TMA descriptors of one executed rank: A_r as (m_loc, K, 1) and the gathered buffer as
-// (m_loc, K, W) (batch p = rank p's rows), each paired with B_r (K x N/W).
+// (m_loc, K, W) (batch p = rank p's rows), each paired with B_r (K x N/W). A-transposed
+// (ag-wgrad): At_r as A (M, K/W, 1) and the gathered At as (M, K/W, W), B_r as (N/W, K/W, W)
+// (batch p = the K rows of rank p's tokens).
 struct AgRankMaps {
   AgBuilder::Mainloop::Params own;
   AgBuilder::Mainloop::Params work;
@@ -104,9 +126,10 @@ struct AgSm90Params {
   KosmosParams base;
   AgBuilder::Params bp;  // K, N/W, k-blocks (and rank 0's maps, unused by produce_at)
   AgRankMaps maps[KOSMOS_MAX_WORLD];
-  int32_t m_loc;
+  int32_t m_loc;  // rows of a shard of A (A-transposed: M, the rows of C_r)
   int32_t n_loc;
   int32_t ahead_blocks = kAheadBlocks;  // lookahead claim (kosmos_sm90_ag_set_ahead; -1: none)
+  int32_t k_loc = 0;                    // A-transposed: K/W (rows of At per rank); else 0
 };
 static_assert(sizeof(AgSm90Params) <= 32000, "kernel parameters must fit the 32 KB parameter space");
 
@@ -150,6 +173,36 @@ struct AheadSignal {
   }
 };
 
+// A-transposed (ag-wgrad): the wait before tile k-block i (produce_rotated's order: nkb per
+// segment, segment 0 the own rows, segment s >= 1 rank r+s's). In a remote segment, k-block kb is
+// in band j = kb / kb_band of that peer, whose flag is deps[dep_begin + (s-1)*nb + j] (the
+// schedule's shared k-order list, nb bands per peer). Spins (watchdog) until the band's full count;
+// returns the tile k-blocks in place (through the band's last k-block). On timeout/abort it
+// returns every k-block: the loads go on (garbage, the call is failed), the math warps never block.
+// Out of line, as slice_wait.
+__device__ __noinline__ int band_wait(const Wg* w, int item, int dep_begin, int nb, int kb_band, int nkb, int i) {
+  const KosmosRankArgs& ra = w->ra;
+  const int s = i / nkb, kb = i - s * nkb;
+  const int j = kb / kb_band;
+  const int flag = ra.deps[dep_begin + (s - 1) * nb + j];
+  if (!wait_flag(w->sc, ra.flags[ra.rank] + flag, target_of(*w, flag), kQBuild, item, ra.rank, flag))
+    return w->p.world * nkb;
+  fence_proxy_async_global();  // the movers' (generic-proxy) writes -> this thread's TMA reads
+  return s * nkb + min(nkb, (j + 1) * kb_band);
+}
+
+struct BandWait {
+  const Wg* w;
+  int item;
+  int dep_begin;
+  int nb;       // bands per peer (dep_count / (W - 1))
+  int kb_band;  // k-blocks per band
+  int nkb;      // k-blocks per segment
+  __device__ __forceinline__ int operator()(int i) const {
+    return i < nkb ? nkb : band_wait(w, item, dep_begin, nb, kb_band, nkb, i);
+  }
+};
+
 struct SliceWait {
   const Wg* w;
   int flag;  // -1: all there (own rows, whole-band flags)
@@ -163,12 +216,13 @@ __device__ __forceinline__ void named_bar_sync(int id, int nthreads) {
 }
 
 // The math warpgroups of both kernels: pop builder item ids from the ring until -1; build each
-// tile into tile_of(item row) (row stride ldc, the row's rows x cols), then thread 128 releases
-// its flag (every store of the tile before the release) and records the BUILD interval.
+// tile (num_k_blk k-blocks, as the loader issued them) into tile_of(item row) (row stride ldc,
+// the row's rows x cols), then thread 128 releases its flag (every store of the tile before the
+// release) and records the BUILD interval.
 template <class TileOf>
 __device__ __forceinline__ void math_loop(AgBuilder& builder, AgRing& ring, const KosmosParams& p,
                                           const KosmosRankArgs& ra, int block, int kind, int64_t ldc,
-                                          TileOf tile_of) {
+                                          int num_k_blk, TileOf tile_of) {
   const int tid = int(threadIdx.x);
   for (;;) {
     const int id = ring.pop();  // builder item id
@@ -180,7 +234,7 @@ __device__ __forceinline__ void math_loop(AgBuilder& builder, AgRing& ring, cons
     done.kind = kind;
     done.rel_rank = row[8];
     done.rel_flag = row[9];
-    builder.consume_to(reinterpret_cast<AgBuilder::dtype_t*>(tile), ldc, row[3], row[5]);  // rows, cols
+    builder.consume_to(reinterpret_cast<AgBuilder::dtype_t*>(tile), ldc, row[3], row[5], num_k_blk);  // rows, cols
     named_bar_sync(kBarMath, AgBuilder::kNumMathThreads);  // every store of the tile before its release
     if (tid == 128) {
       // (re)built here so that none of the scheduling state stays live across the MMAs
@@ -225,9 +279,15 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
   }
   __syncthreads();
 
-  const int64_t K = p.K;
   const int m_loc = P.m_loc;
   const int n_loc = P.n_loc;
+  // A band of a shard: rows of row_elems elements (A_p: m_loc x K; A-transposed, At_p: K/W x M)
+  const int64_t row_elems = kAT ? int64_t(p.M) : int64_t(p.K);
+  const int64_t shard_rows = kAT ? int64_t(P.k_loc) : int64_t(m_loc);
+  // k-blocks of a build tile (A-transposed: every rank's K/W rows, one segment each); read where
+  // used (from the parameter space), so that no value computed before the role split stays live
+  // into the math warps (held across setmaxnreg it was spilled and reloaded every tile)
+  auto tile_kb = [&]() { return P.bp.num_k_blk * (kAT ? p.world : 1); };
 
   if (role == AgBuilder::Role::kLoader) {
     cutlass::arch::warpgroup_reg_dealloc<kLoaderRegs>();
@@ -239,7 +299,7 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
         int q = kQBuild, id = ahead;
         if (ahead < 0) {
           counted = false;
-          if (!decide<KOSMOS_OP_AG_GEMM>(w, &q, &id, &counted, pend)) q = -1;
+          if (!decide<kAgOp>(w, &q, &id, &counted, pend)) q = -1;
         }
         smem.cmd[0] = q;
         smem.cmd[1] = id;
@@ -256,21 +316,31 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
         const Item it = load_item(ra.items[q], id);
         int ahead = -1;
         bool ahead_landed = false;
-        if (it.kind == kAgBuild) {
-          // decide() returned it with its band flag acquired (watchdog-bounded wait).
+        if (it.kind == kAgBuildKind) {
+          // decide() returned it with its band flag acquired (watchdog-bounded wait); A-transposed:
+          // with none (its bands are waited for inside the tile, BandWait).
           // k-block at which the loads signal the scheduler's lookahead claim (-1: no lookahead)
-          const int ahead_at = P.ahead_blocks < 0 ? -1 : max(0, P.bp.num_k_blk - max(1, P.ahead_blocks));
+          const int ahead_at = P.ahead_blocks < 0 ? -1 : max(0, tile_kb() - max(1, P.ahead_blocks));
           if (warp_idx == 0) {
             fence_proxy_async_global();  // movers' / copy engine's writes -> this warp's TMA reads
             if (lane == 0) ring.push(id);
             __syncwarp();
-            const bool own = it.peer == ra.rank;
             const int m_blk = it.m0 / AgBuilder::kBM, n_blk = it.n0 / AgBuilder::kBN;
-            // K-slices of a remote band may still be arriving: load each k-block once its slice is there
-            const int slice_flag = (!own && p.k_stream && it.dep_count > 0 && !landed) ? ra.deps[it.dep_begin] : -1;
-            builder.produce_at(own ? maps.own : maps.work, m_loc, own ? 1 : p.world, m_blk, n_blk, own ? 0 : it.peer,
-                               SliceWait{&w, slice_flag, id, P.bp.num_k_blk},
-                               AheadSignal{&smem.ahead_bar, ahead_at});
+            if constexpr (kAT) {
+              // kpart (item word 10): rows of At per band, a multiple of kBK (kosmos.builder.validate)
+              const int band_rows = ra.items[kQBuild][static_cast<size_t>(id) * KOSMOS_ITEM_STRIDE + 10];
+              const int nb = p.world > 1 ? it.dep_count / (p.world - 1) : 1;
+              builder.produce_rotated(maps.own, maps.work, m_loc, p.world, ra.rank, m_blk, n_blk,
+                                      BandWait{&w, id, it.dep_begin, nb, band_rows / AgBuilder::kBK, P.bp.num_k_blk},
+                                      AheadSignal{&smem.ahead_bar, ahead_at});
+            } else {
+              const bool own = it.peer == ra.rank;
+              // K-slices of a remote band may still be arriving: load each k-block once its slice is there
+              const int slice_flag = (!own && p.k_stream && it.dep_count > 0 && !landed) ? ra.deps[it.dep_begin] : -1;
+              builder.produce_at(own ? maps.own : maps.work, m_loc, own ? 1 : p.world, m_blk, n_blk, own ? 0 : it.peer,
+                                 SliceWait{&w, slice_flag, id, P.bp.num_k_blk},
+                                 AheadSignal{&smem.ahead_bar, ahead_at});
+            }
           } else if (tid == kSched && ahead_at >= 0) {
             // until the loads reach kAheadBlocks before the tile's end (they always do: an aborted
             // call's slice waits return and its loads go on); bounded all the same, and giving up
@@ -287,13 +357,13 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
           named_bar_sync(kBarLoader, kLoaderThreads);  // the tile's loads are issued
         } else {  // AG_PULL: a byte slice of band (peer, m0) into the gathered buffer
           const uint64_t t0 = (tid == kSched) ? w.tr.now() : 0;
-          const int64_t bytes = static_cast<int64_t>(it.rows) * K * 2;
+          const int64_t bytes = static_cast<int64_t>(it.rows) * row_elems * 2;
           const int64_t per = (((bytes + 15) / 16 + it.cols - 1) / it.cols) * 16;  // it.cols slices, it.n0 = slice
           const int64_t begin = per * it.n0;
           const int64_t len = (bytes - begin < per) ? (bytes - begin) : per;
           if (len > 0) {
-            const char* src = static_cast<const char*>(ra.peer_A[it.peer]) + it.m0 * K * 2 + begin;
-            char* dst = static_cast<char*>(ra.work) + (it.peer * int64_t(m_loc) + it.m0) * K * 2 + begin;
+            const char* src = static_cast<const char*>(ra.peer_A[it.peer]) + it.m0 * row_elems * 2 + begin;
+            char* dst = static_cast<char*>(ra.work) + (it.peer * shard_rows + it.m0) * row_elems * 2 + begin;
             copy_contig(dst, src, static_cast<size_t>(len), tid, kLoaderThreads);
           }
           named_bar_sync(kBarLoader, kLoaderThreads);
@@ -306,8 +376,9 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
   } else {
     cutlass::arch::warpgroup_reg_alloc<kMathRegs>();
     bf16* C = static_cast<bf16*>(ra.C);
-    math_loop(builder, ring, p, ra, block, kAgBuild, n_loc, [=](const int32_t* row) {
-      return C + (row[1] * int64_t(m_loc) + row[2]) * n_loc + row[4];  // peer, m0, n0
+    math_loop(builder, ring, p, ra, block, kAgBuildKind, n_loc, tile_kb(), [=](const int32_t* row) {
+      // peer, m0, n0 (A-transposed: C_r rows m0.., the tile's peer is the rank itself)
+      return C + ((kAT ? 0 : row[1] * int64_t(m_loc)) + row[2]) * n_loc + row[4];
     });
   }
   __syncthreads();
@@ -352,6 +423,8 @@ constexpr int kRsLoaderRegs = 104;
 constexpr int kRsMathRegs = 200;
 static_assert(128 * kRsLoaderRegs + 256 * kRsMathRegs <= 384 * 168, "setmaxnreg beyond the CTA's registers");
 
+// A template only so that the A-transposed library never instantiates it (RsKernel below).
+template <bool kInstantiated = true>
 __global__ void __launch_bounds__(kAgThreads, 1) gemm_rs_sm90_kernel(const __grid_constant__ RsSm90Params P) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   AgShared& smem = *reinterpret_cast<AgShared*>(smem_raw);
@@ -440,7 +513,7 @@ __global__ void __launch_bounds__(kAgThreads, 1) gemm_rs_sm90_kernel(const __gri
     loader_tail(builder, ring, warp_idx, lane);
   } else {
     cutlass::arch::warpgroup_reg_alloc<kRsMathRegs>();
-    math_loop(builder, ring, p, ra, block, kRsBuild, N, [&](const int32_t* row) {
+    math_loop(builder, ring, p, ra, block, kRsBuild, N, P.bp.num_k_blk, [&](const int32_t* row) {
       const int d = row[1], m0 = row[2], n0 = row[4];  // destination band, row in it, column
       return (d == ra.rank) ? static_cast<bf16*>(ra.slot[d]) + int64_t(m0) * N + n0
                             : static_cast<bf16*>(ra.work) + (d * int64_t(m_loc) + m0) * N + n0;
@@ -462,6 +535,16 @@ __global__ void __launch_bounds__(kAgThreads, 1) gemm_rs_sm90_kernel(const __gri
   if (tid == 0) exit_protocol(w);
 }
 
+// The GEMM+RS kernel of this library: none in the A-transposed (ag-wgrad) build.
+template <bool kHasRs>
+struct RsKernel {
+  static const void* get() { return reinterpret_cast<const void*>(&gemm_rs_sm90_kernel<true>); }
+};
+template <>
+struct RsKernel<false> {
+  static const void* get() { return nullptr; }
+};
+
 // ------------------------------------------------------------------------------ host side
 namespace {
 
@@ -470,12 +553,13 @@ using kosmos::fail;
 bool aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 // The two kernels of this library (same block, same shared memory): 0 = AG+GEMM, 1 = GEMM+RS.
+// (nullptr: GEMM+RS in the A-transposed library, which has none)
 const void* kernel_of(int which) {
-  return which == 0 ? reinterpret_cast<const void*>(&ag_gemm_sm90_kernel)
-                    : reinterpret_cast<const void*>(&gemm_rs_sm90_kernel);
+  return which == 0 ? reinterpret_cast<const void*>(&ag_gemm_sm90_kernel) : RsKernel<!kAT>::get();
 }
 
 int prepare_kernel(int which) {
+  if (!kernel_of(which)) return fail(KOSMOS_ERR_INVALID, "the A-transposed (ag-wgrad) sm90 library has no GEMM+RS kernel");
   KOSMOS_CUDA(cudaFuncSetAttribute(kernel_of(which), cudaFuncAttributeMaxDynamicSharedMemorySize, kAgSmemBytes));
   return KOSMOS_OK;
 }
@@ -499,6 +583,7 @@ int max_wgs(int which, int device, int* out) {
 
 // Cooperative launch of kernel `which` with its parameter block P (a host object).
 int launch(int which, void* P, const KosmosParams& p, void* stream) {
+  if (!kernel_of(which)) return prepare_kernel(which);  // the reason
   // Co-resident CTAs per device, looked up once: the launch sits between the first copy-engine
   // copy and the rest of the plan (kosmos.py), so it stays short.
   static int co_resident[2][64], per_sm_of[2][64];
@@ -526,7 +611,19 @@ int launch(int which, void* P, const KosmosParams& p, void* stream) {
 
 }  // namespace
 
+// A-transposed (ag-wgrad): At (K x M) gathered along K, B_r (K x N/W), C_r (M x N/W). Mirrors
+// kosmos/builder.py validate(op='ag-wgrad').
+const char* validate_wgrad(int M, int N, int K, int W) {
+  if (W < 1 || W > KOSMOS_MAX_WORLD) return "sm90 ag-wgrad: world outside 1..8";
+  if (M <= 0 || N <= 0 || K <= 0) return "sm90 ag-wgrad: M, N, K must be positive";
+  if (K % W || N % W) return "sm90 ag-wgrad: K and N must be divisible by world";
+  if (M % 8) return "sm90 ag-wgrad: M must be a multiple of 8 (TMA: 16-byte row strides of At)";
+  if ((N / W) % 8) return "sm90 ag-wgrad: N/world must be a multiple of 8 (TMA: 16-byte row strides of B_r and C_r)";
+  return nullptr;
+}
+
 const char* validate(int M, int N, int K, int W) {
+  if (kAT) return validate_wgrad(M, N, K, W);
   if (W < 1 || W > KOSMOS_MAX_WORLD) return "sm90 ag-gemm: world outside 1..8";
   if (M <= 0 || N <= 0 || K <= 0) return "sm90 ag-gemm: M, N, K must be positive";
   if (M % W || N % W) return "sm90 ag-gemm: M and N must be divisible by world";
@@ -552,12 +649,14 @@ const char* validate_rs(int M, int N, int K, int W) {
 extern "C" {
 
 using kosmos::sm90::AgSm90Params;
-using kosmos::sm90::RsSm90Params;
 
 const char* kosmos_sm90_last_error(void) { return kosmos::g_err; }
 
 // 1 when this library reads B_r transposed (K contiguous), else 0.
 int kosmos_sm90_b_transposed(void) { return KOSMOS_SM90_B_TRANSPOSED != 0; }
+// 1 when this library reads A transposed (its AG kernel is op ag-wgrad; its GEMM+RS entry points
+// fail: no such kernel in it), else 0.
+int kosmos_sm90_a_transposed(void) { return KOSMOS_SM90_A_TRANSPOSED != 0; }
 
 // "" when (M, N, K, world) are supported, else why not. No GPU needed.
 const char* kosmos_sm90_ag_validate(int M, int N, int K, int W) {
@@ -582,6 +681,7 @@ int kosmos_sm90_ag_set_ahead(void* h, int blocks) {
 }
 
 // Executed rank i: A_r (M/W x K), gathered buffer (M x K), B_r (K x N/W), C_r (M x N/W).
+// A-transposed (ag-wgrad): A = At_r (K/W x M), gathered buffer At (K x M), B_r (K x N/W), C_r (M x N/W).
 int kosmos_sm90_ag_set_rank(void* h, int i, const void* A, const void* work, const void* B, const void* C, int M,
                             int N, int K, int W) {
   using namespace kosmos::sm90;
@@ -592,7 +692,18 @@ int kosmos_sm90_ag_set_rank(void* h, int i, const void* A, const void* work, con
   if (!aligned(A) || !aligned(work) || !aligned(B) || !aligned(C))
     return fail(KOSMOS_ERR_INVALID, "sm90 ag-gemm: A_r, B_r, C_r and the gathered buffer must be 16-byte aligned");
   AgSm90Params& P = *static_cast<AgSm90Params*>(h);
-  const int m_loc = M / W, n_loc = N / W;
+  const int n_loc = N / W;
+  if (kAT) {  // A viewed as (M, K/W, batches): At_r in place, the gathered At by rank; B_r as (N/W, K/W, W)
+    const int k_loc = K / W;
+    P.maps[i].own = AgBuilder::make_mainloop_params(A, M, 1, int64_t(k_loc) * M, B, n_loc, k_loc);
+    P.maps[i].work = AgBuilder::make_mainloop_params(work, M, W, int64_t(k_loc) * M, B, n_loc, k_loc);
+    if (i == 0) P.bp = AgBuilder::make_params(A, B, const_cast<void*>(C), M, n_loc, k_loc);
+    P.m_loc = M;
+    P.n_loc = n_loc;
+    P.k_loc = k_loc;
+    return KOSMOS_OK;
+  }
+  const int m_loc = M / W;
   P.maps[i].own = AgBuilder::make_mainloop_params(A, m_loc, 1, int64_t(m_loc) * K, B, n_loc, K);
   P.maps[i].work = AgBuilder::make_mainloop_params(work, m_loc, W, int64_t(m_loc) * K, B, n_loc, K);
   if (i == 0) P.bp = AgBuilder::make_params(A, B, const_cast<void*>(C), m_loc, n_loc, K);
@@ -607,18 +718,22 @@ int kosmos_sm90_ag_launch(void* h, const KosmosParams* params, void* stream) {
   using namespace kosmos::sm90;
   if (!h || !params) return fail(KOSMOS_ERR_INVALID, "null handle or params");
   const KosmosParams& p = *params;
-  if (p.op != KOSMOS_OP_AG_GEMM) return fail(KOSMOS_ERR_INVALID, "kosmos_sm90_ag_launch is ag-gemm only (op %d)", p.op);
+  if (p.op != kAgOp)
+    return fail(KOSMOS_ERR_INVALID, "kosmos_sm90_ag_launch of this library is op %d only (op %d)", kAgOp, p.op);
   if (int rc = kosmos::check_common_params(p)) return rc;
   if (p.mover_bulk) return fail(KOSMOS_ERR_INVALID, "sm90 ag-gemm: mover_bulk is not supported (no smem beside the builder)");
+  if (kAT && p.k_stream) return fail(KOSMOS_ERR_INVALID, "sm90 ag-wgrad: no k_stream (its tiles wait per band)");
   if (const char* why = validate(p.M, p.N, p.K, p.world)) return fail(KOSMOS_ERR_INVALID, "%s", why);
   AgSm90Params& P = *static_cast<AgSm90Params*>(h);
-  if (P.m_loc != p.M / p.world || P.n_loc != p.N / p.world)
-    return fail(KOSMOS_ERR_INVALID, "sm90 ag-gemm: set_rank was not called for this shape");
+  const bool same = kAT ? (P.m_loc == p.M && P.n_loc == p.N / p.world && P.k_loc == p.K / p.world)
+                        : (P.m_loc == p.M / p.world && P.n_loc == p.N / p.world);
+  if (!same) return fail(KOSMOS_ERR_INVALID, "sm90 ag-gemm: set_rank was not called for this shape");
   P.base = p;
   return launch(0, &P, p, stream);
 }
 
 // ---- GEMM+RS (gemm_rs_sm90_kernel) ----
+using kosmos::sm90::RsSm90Params;
 const char* kosmos_sm90_rs_validate(int M, int N, int K, int W) {
   const char* why = kosmos::sm90::validate_rs(M, N, K, W);
   return why ? why : "";

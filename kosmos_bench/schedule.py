@@ -33,6 +33,21 @@ ag-gemm (pull), rank r: gathered A is ``M x K``; rank p's rows are ``[p*m_loc, (
   shard p), cols ``n0 .. n0+cols``; A rows come from A_r itself when p == r (no deps), else
   from the gathered buffer (dep: band flag (p, mt // chunk)). K = full K.
 
+ag-wgrad (pull along the GEMM's K), rank r: the gathered operand is At (``K x M``, row-major:
+tokens x features, C_r = At^T @ B_r is ``M x N/W``); rank p's rows are ``[p*k_loc, (p+1)*k_loc)``,
+``k_loc = K / W``. A *band* is ``BM * chunk`` rows of one rank's ``k_loc`` rows (tokens).
+
+* mover ``AG_PULL`` (p != r, band j, slice s): as ag-gemm's, over At: the band (rows
+  ``[m0, m0+rows)`` of At_p, all M columns) is one contiguous byte range in slices; copied into
+  the gathered buffer at row ``p*k_loc + m0``; releases band flag (p, j) of rank r (multiplicity S).
+* builder ``AGW_BUILD`` (mt, nt): C_r rows ``m0 ..``, cols ``n0 ..``, reducing over ALL of K in
+  one fixed order: the own rows first, then rank r+1's, r+2's, ... (ring order, the order the
+  movers deliver). Its deps are the remote band flags in that order (one list shared by every
+  tile; ``kpart`` = rows per band): the tile is claimed without them (ready at entry) and its
+  loads wait for each band in turn inside the tile (the kernel's per-k-block waits), so tiles
+  start on the own rows and take peers' bands as they arrive. The order is by rank, never by
+  arrival: each rank's result is bitwise the same every call.
+
 gemm-rs (push, owner reduces), rank r: A_r is ``M x K/W``, partials are ``M x N``.
 
 * builder ``RS_BUILD`` (d, mt, nt): partial tile of destination band d (``m0`` is the row
@@ -60,6 +75,8 @@ Queue orders (``queue_order``): ``demand`` (below), ``fifo`` (natural id order),
   column by column (all of the group's bands for N tile 0, then tile 1, ...: L2 reuse of
   both operands), groups halving toward the end. Mover order = remote bands in the same
   ring order (= the order builders need them).
+* ag-wgrad demand: tiles in groups of ~sqrt(builders) tile rows, each group column by column
+  (every tile needs all of K: no band order to follow); movers as ag-gemm's.
 * gemm-rs demand: builders by destination r+1, r+2, ..., r (local last; ``local_first``
   puts the local destination first instead — an ablation), band-major within a
   destination; movers in the order their builder tiles finish (the host fabric interleaves
@@ -77,6 +94,10 @@ saturated, the other WGs build), without a cap (the local fabric) builder-first.
 * ag-gemm: pending ready > [cap: mover if a slot is free] > builder head ready ? claim the
   next builder (ready: run, else pending) : mover if a slot is free >
   [no slot: poll] > block on the pending / next builder (movers exhausted) > done.
+* ag-wgrad: ag-gemm's rule; its builders are always ready to claim (their waits are inside
+  the tile). It always has a mover cap (>= 1, every fabric: ``max_inflight_movers``): the WGs
+  holding mover slots return to the loop and take the next mover, so movers progress while
+  every other WG waits inside a tile (with no cap every WG could be in a tile, none moving).
 * gemm-rs: pending ready (a mover also needs a free slot) > reduce head ready ? claim the
   next reduce (else pending) > claim the next mover (ready and a slot free: run it, else it
   becomes pending, so an unready push never holds back the ready items behind it) > next
@@ -107,12 +128,13 @@ import numpy as np
 
 from .kosmos import decide as _decide
 
-OPS = ("ag-gemm", "gemm-rs")
+OPS = ("ag-gemm", "gemm-rs", "ag-wgrad")
+AG_OPS = ("ag-gemm", "ag-wgrad")  # pull movers (AG_PULL) over band flags
 QUEUE_ORDERS = ("demand", "fifo", "reverse", "random")
 
 # Item kinds (column 'kind' of an item row).
-AG_PULL, AG_BUILD, RS_BUILD, RS_PUSH, RS_PROXY, RS_REDUCE = range(6)
-KIND_NAMES = ("AG_PULL", "AG_BUILD", "RS_BUILD", "RS_PUSH", "RS_PROXY", "RS_REDUCE")
+AG_PULL, AG_BUILD, RS_BUILD, RS_PUSH, RS_PROXY, RS_REDUCE, AGW_BUILD = range(7)
+KIND_NAMES = ("AG_PULL", "AG_BUILD", "RS_BUILD", "RS_PUSH", "RS_PROXY", "RS_REDUCE", "AGW_BUILD")
 # Roles in traces (TRACE_COLUMNS 'role').
 ROLE_MOVE, ROLE_BUILD, ROLE_REDUCE, ROLE_WAIT = range(4)
 ROLE_NAMES = ("MOVE", "BUILD", "REDUCE", "WAIT")
@@ -122,6 +144,7 @@ Q_BUILD, Q_MOVE, Q_REDUCE = range(3)
 ITEM_FIELDS = ("kind", "peer", "m0", "rows", "n0", "cols", "dep_begin", "dep_count", "rel_rank", "rel_flag",
                "kpart")
 ITEM_STRIDE = len(ITEM_FIELDS)  # int32 words per item row; must match csrc/kosmos/queue.cuh
+# kpart: ag-wgrad builders: rows of At per band (the granularity of the tile's waits); else 0.
 F = {name: i for i, name in enumerate(ITEM_FIELDS)}
 
 ELEM_BYTES = 2  # bf16
@@ -163,7 +186,7 @@ class FlagLayout:
       my buffers"), written by s into every rank's array at ``entry + s``.
     * ``[exit, exit+W)``: exit flag of rank s ("I will not touch your buffers again this
       call"), written by s into every rank's array at ``exit + s``.
-    * ag-gemm: band flag (p, j) at ``band + p*num_bands + j``.
+    * ag-gemm, ag-wgrad: band flag (p, j) at ``band + p*num_bands + j``.
     * gemm-rs: builder flag (d, mt, nt) at ``built + (d*mt_per_band_set + mt)*nt_n + nt``
       (``mt_per_band_set = m_tiles``), arrival flag (s, j, nt) at
       ``arrived + (s*num_bands + j)*nt_n + nt``.
@@ -287,6 +310,8 @@ def _comm_and_compute(op: str, M: int, N: int, K: int, world: int) -> tuple[floa
     if op == "gemm-rs":
         red = (M // W) * N * ELEM_BYTES * (W + 1)
         return (W - 1) * (M // W) * N * ELEM_BYTES, 2.0 * M * N * (K // W), red
+    if op == "ag-wgrad":
+        return (W - 1) * (K // W) * M * ELEM_BYTES, 2.0 * M * (N // W) * K, 0.0
     raise ValueError(f"unknown op {op!r}")
 
 
@@ -320,7 +345,7 @@ def predicted_movers(op: str, M: int, N: int, K: int, world: int, num_wgs: int,
     p = _model(fabric, model)
     nbytes, flops, red = _comm_and_compute(op, M, N, K, world)
     if num_items is None:
-        num_items = max(1, (world - 1) * cdiv(M // world, 128))
+        num_items = max(1, (world - 1) * cdiv((K if op == "ag-wgrad" else M) // world, 128))
     link, wg_bw = _link_and_wg_rate(op, p)
     ts = []
     for k in range(1, num_wgs):
@@ -348,11 +373,14 @@ def max_inflight_movers(op: str, fabric: str, num_wgs: int, model: dict | None =
     The kernels (RankArgs.max_inflight_movers, via kosmos.plan), ``kosmos.decide`` (its
     ``v.cap``) and the simulator all read this value from the RankSchedule.
     ``override`` (the configuration's ``max_inflight``) replaces the rule on every fabric
-    (0: no cap).
+    (0: no cap). ag-wgrad is capped on every fabric, local included, and never below 1 (an
+    override of 0 is 1): its builders wait for the movers inside their tiles, so the WGs
+    holding mover slots are what keeps the movers going (module docstring).
     """
+    floor = 1 if op == "ag-wgrad" else 0
     if override is not None:
-        return min(int(override), num_wgs - 1)
-    if fabric == "local":
+        return max(floor, min(int(override), num_wgs - 1))
+    if fabric == "local" and op != "ag-wgrad":
         return 0
     p = _model(fabric, model)
     link, wg_bw = _link_and_wg_rate(op, p)
@@ -518,15 +546,17 @@ def validate(op: str, M: int, N: int, K: int, world: int, BM: int = 128, BN: int
         return f"unknown op {op!r}"
     if world < 1 or world > 8:
         return f"world={world}: the kosmos kernels support 1..8 ranks"
-    if M % world:
+    if M % world and op != "ag-wgrad":  # ag-wgrad: C_r has all M rows; its shards are K's
         return f"M={M} is not divisible by world={world}"
-    if op == "ag-gemm" and N % world:
+    if op in AG_OPS and N % world:
         return f"N={N} is not divisible by world={world}"
+    if op == "ag-wgrad" and K % world:
+        return f"K={K} is not divisible by world={world}"
     if op == "gemm-rs" and K % world:
         return f"K={K} is not divisible by world={world}"
     if min(M, N, K) < 1 or chunk < 1:
         return "M, N, K and chunk must be >= 1"
-    if M // world < 1:
+    if (K if op == "ag-wgrad" else M) // world < 1:
         return "empty shards"
     if M * max(N, K) >= 2 ** 31:
         return f"M*max(N,K)={M * max(N, K)} elements does not fit int32 item offsets"
@@ -580,25 +610,13 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
     mult: dict[int, int] = {}
 
     remote_groups: list = []
+    meta_extra: dict = {}
     remote_ramp = False  # ag-gemm: whether the remote groups start small (ramp / ramp_needed)
     if op == "ag-gemm":
         n_loc = N // W
         nt_n = cdiv(n_loc, BN)
         lay = FlagLayout(W, entry=0, exit=W, band=2 * W, num_flags=2 * W + W * nb)
-        pull_id: dict[tuple[int, int], list[int]] = {}
-        for p in range(W):
-            if p == r:
-                continue
-            for j in range(nb):
-                m0 = j * band_rows
-                rows = min(band_rows, m_loc - m0)
-                nbytes = rows * K * ELEM_BYTES
-                S = max(1, min(cdiv(nbytes, max(16, mover_bytes)), cdiv(nbytes, 16)))
-                S = cdiv(nbytes, cdiv(cdiv(nbytes, 16), S) * 16)
-                per = cdiv(cdiv(nbytes, 16), S) * 16  # exactly as csrc/ag_gemm.cu computes it
-                mult[lay.band + p * nb + j] = S
-                pull_id[p, j] = [mv.add(AG_PULL, p, m0, rows, s, S, [lay.entry + p], deps, r, lay.band + p * nb + j,
-                                        0, max(0, min(per, nbytes - s * per))) for s in range(S)]
+        pull_id = _pulls(mv, mult, deps, lay, W, r, nb, band_rows, m_loc, K, mover_bytes)
         build_id: dict[tuple[int, int, int], int] = {}
         for p in range(W):
             for mt, m0, rows, nt, n0, cols in _tiles(m_loc, BM, n_loc, BN):
@@ -632,6 +650,32 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
         movers = mv.done(_order(list(range(len(mv.rows))), m_demand, queue_order, rng))
         reduces = rd.done([])  # ag-gemm has no reduce items
         peer_flags = [lay.entry + s for s in range(W) if s != r] + [lay.exit + s for s in range(W) if s != r]
+    elif op == "ag-wgrad":
+        k_loc = K // W
+        n_loc = N // W
+        mt_n, nt_n = cdiv(M, BM), cdiv(n_loc, BN)
+        nb = cdiv(k_loc, band_rows)
+        lay = FlagLayout(W, entry=0, exit=W, band=2 * W, num_flags=2 * W + W * nb)
+        pull_id = _pulls(mv, mult, deps, lay, W, r, nb, band_rows, k_loc, M, mover_bytes)
+        # the remote band flags in the tiles' K order (own rows first, then r+1, r+2, ...): one
+        # list, shared by every tile (dep_begin / dep_count of each builder row)
+        kdeps = [lay.band + p * nb + j for p in ring for j in range(nb)]
+        k_begin = len(deps)
+        deps.extend(kdeps)
+        build_id = {}
+        for mt, m0, rows, nt, n0, cols in _tiles(M, BM, n_loc, BN):
+            build_id[mt, nt] = bt.add(AGW_BUILD, r, m0, rows, n0, cols, [], deps, -1, -1, 2.0 * rows * cols * K,
+                                      (rows * K + K * cols + rows * cols) * ELEM_BYTES, kpart=band_rows)
+            bt.rows[-1][F["dep_begin"]], bt.rows[-1][F["dep_count"]] = k_begin, len(kdeps)
+        builders_n = num_wgs - (k_movers or 0)
+        b_demand = [build_id[mt, nt] for grp in band_groups(mt_n, builders_n, size=local_group, halve=False)
+                    for nt in range(nt_n) for mt in range(grp.start, grp.stop)]
+        m_demand = [i for p in ring for j in range(nb) for i in pull_id[p, j]]
+        builders = bt.done(_order(list(range(len(bt.rows))), b_demand, queue_order, rng))
+        movers = mv.done(_order(list(range(len(mv.rows))), m_demand, queue_order, rng))
+        reduces = rd.done([])
+        peer_flags = [lay.entry + s for s in range(W) if s != r] + [lay.exit + s for s in range(W) if s != r]
+        meta_extra = {"k_loc": k_loc, "band_rows": band_rows}
     else:
         k_loc = K // W
         nt_n = cdiv(N, BN)
@@ -703,8 +747,29 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
         builders=builders, movers=movers, reduces=reduces, deps=np.asarray(deps, dtype=np.int32),
         peer_flags=np.asarray(peer_flags, dtype=np.int32), flag_mult=_mult_array(lay.num_flags, mult),
         meta={"m_loc": m_loc, "m_tiles": mt_n, "n_tiles": nt_n, "num_bands": nb, "remote_groups": remote_groups,
-              "ramp": remote_ramp},
+              "ramp": remote_ramp, **meta_extra},
     )
+
+
+def _pulls(mv: "_Tab", mult: dict, deps: list, lay: FlagLayout, W: int, r: int, nb: int, band_rows: int,
+           shard_rows: int, row_elems: int, mover_bytes: int) -> dict[tuple[int, int], list[int]]:
+    """The AG_PULL items of rank r (ag-gemm: rows of A_p, ag-wgrad: rows of At_p; a row is
+    ``row_elems`` elements): {(peer, band): [slice items]}; sets the band flags' multiplicities."""
+    pull_id: dict[tuple[int, int], list[int]] = {}
+    for p in range(W):
+        if p == r:
+            continue
+        for j in range(nb):
+            m0 = j * band_rows
+            rows = min(band_rows, shard_rows - m0)
+            nbytes = rows * row_elems * ELEM_BYTES
+            S = max(1, min(cdiv(nbytes, max(16, mover_bytes)), cdiv(nbytes, 16)))
+            S = cdiv(nbytes, cdiv(cdiv(nbytes, 16), S) * 16)
+            per = cdiv(cdiv(nbytes, 16), S) * 16  # exactly as csrc/ag_gemm.cu computes it
+            mult[lay.band + p * nb + j] = S
+            pull_id[p, j] = [mv.add(AG_PULL, p, m0, rows, s, S, [lay.entry + p], deps, r, lay.band + p * nb + j,
+                                    0, max(0, min(per, nbytes - s * per))) for s in range(S)]
+    return pull_id
 
 
 def _mult_array(n: int, mult: dict[int, int]) -> np.ndarray:
@@ -729,6 +794,8 @@ def simulate_steps(scheds: list[RankSchedule], durations=None, max_steps: int = 
                    static_peers: bool = False) -> int:
     """Run the kernels' WG loop in unit steps over all ranks' schedules; return the step count.
 
+    An ag-wgrad tile is claimed ready and then holds its WG until every band it waits on inside
+    the tile is there (its deps), which is what its per-k-block waits amount to for progress.
     Raises RuntimeError on a deadlock (no progress while work remains). ``durations``:
     optional callable (rank, queue, item) -> int steps (>= 1). ``static_peers``: flags in
     ``peer_flags`` of rank 0 start ready (host fabric, only rank 0 given).
@@ -799,8 +866,8 @@ def simulate_steps(scheds: list[RankSchedule], durations=None, max_steps: int = 
         def claim(self, q):
             return claim(self.s, q)
 
-        def ready(self, q, i):
-            return ready(self.s, q, i)
+        def ready(self, q, i):  # claim readiness: ag-wgrad tiles wait for their bands inside (below)
+            return (q == Q_BUILD and self.s.op == "ag-wgrad") or ready(self.s, q, i)
 
         def under_cap(self):
             return under_cap(self.s)

@@ -80,8 +80,14 @@ def test_validate_rs_mirrors_tma_rules():
 
 
 def test_auto_ops_pick_sm90_for_both_ops():
-    """Both fused ops get the Hopper builder by default (verified on the H200)."""
-    assert builder.AUTO_OPS == ("ag-gemm", "gemm-rs")
+    """Both fused ops get the Hopper builder by default (verified on the H200); ag-wgrad has no
+    other (A read transposed: TMA), where the shape suits it."""
+    assert builder.AUTO_OPS == ("ag-gemm", "gemm-rs", "ag-wgrad")
+    assert builder.builder_choice(None, "ag-wgrad", (264, 1088, 1600, 8), (9, 0), library_ok=lambda: True) == "sm90"
+    assert builder.validate(264, 1088, 1600, 8, op="ag-wgrad") is None
+    assert "M must be a multiple of 8" in builder.validate(260, 1088, 1600, 8, op="ag-wgrad")
+    assert "N/world" in builder.validate(264, 1000, 1600, 8, op="ag-wgrad")
+    assert "K and N" in builder.validate(264, 1088, 1601, 8, op="ag-wgrad")
 
 
 def test_sm90_schedule_model_scales_tile_movers():

@@ -1,6 +1,7 @@
-"""The backward ops and the layer step on a GPU: kosmos (forward kernels, B_r read transposed) on
-the local fabric at W = 2..8 and every implementation on the host fabric; correct against the
-fp32 reference (the layer: outputs and every weight gradient) and bitwise the same over 20 calls."""
+"""The backward ops and the layer step on a GPU: kosmos (forward kernels, B_r read transposed; ag-wgrad:
+the sm90 A-transposed kernel) on the local fabric at W = 2..8 and every implementation on the host
+fabric; correct against the fp32 reference (the layer: outputs and every weight gradient) and
+bitwise the same over 20 calls."""
 from __future__ import annotations
 
 import pytest
@@ -72,11 +73,71 @@ def test_kosmos_dgrad_local(op, world):
 @pytest.mark.parametrize("impl", ["kosmos", "nccl-seq", "nccl-overlap"])
 @pytest.mark.parametrize("op", ["ag-gemm-dgrad", "gemm-rs-dgrad", "ag-wgrad"])
 def test_backward_ops_host(op, impl):
-    if impl == "kosmos" and op == "ag-wgrad":
-        pytest.skip("kosmos ag-wgrad: the K-dim all-gather kernel is not built")
     r = _check(Point(op, impl, *_shape(op, 8), 8, fabric="host", policy="self" if impl == "kosmos" else None))
     assert r["wrong"] == 0, r
     assert r["same"], f"{CALLS} calls not bitwise equal: {r}"
+
+
+@pytest.mark.gpu
+@pytest.mark.hopper
+@pytest.mark.parametrize("world", [2, 3, 4, 5, 6, 7, 8])
+def test_kosmos_ag_wgrad_local(world):
+    """Tiles over all of K (own rows first, then the peers' bands as they arrive), partial tiles
+    in M, N and in each rank's K segment (K/W = 200: 3 k-blocks and 8 rows)."""
+    r = _check(Point("ag-wgrad", "kosmos", *_shape("ag-wgrad", world), world, fabric="local", policy="self"))
+    assert r["wrong"] == 0, r
+    assert r["same"], f"{CALLS} calls not bitwise equal: {r}"
+
+
+@pytest.mark.gpu
+@pytest.mark.hopper
+@pytest.mark.parametrize("order", ["demand", "fifo", "reverse", "random"])
+@pytest.mark.parametrize("policy", ["self", "fixed:2", "predicted"])
+def test_kosmos_ag_wgrad_policies(policy, order):
+    """Every policy and queue order: the same K order per rank, so the same bits every call;
+    bands of BM x chunk rows of At (chunk 1: two k-blocks per band wait, chunk 2: four)."""
+    for chunk in (1, 2):
+        p = Point("ag-wgrad", "kosmos", 1024, 512 * 4, 1024 * 4, 4, fabric="local", policy=policy,
+                  queue_order=order, chunk=chunk)
+        r = _check(p)
+        assert r["wrong"] == 0, (chunk, r)
+        assert r["same"], f"chunk {chunk}: {CALLS} calls not bitwise equal: {r}"
+
+
+@pytest.mark.gpu
+@pytest.mark.hopper
+def test_kosmos_ag_wgrad_watchdog_missing_peer():
+    """Rank 1 never signals: rank 0's movers and its tiles' in-tile band waits give up (watchdog,
+    a WatchdogError naming the wait), the launch drains, and the next calls are right."""
+    import time
+
+    import torch
+
+    from kosmos_bench.impls.base import RankCtx
+    from kosmos_bench.impls.kosmos import IMPLS, WatchdogError
+    from kosmos_bench.ops import get_op
+
+    W, timeout_s = 2, 0.5
+    p = Point("ag-wgrad", "kosmos", 512, 256 * W, 512 * W, W, fabric="local", policy="self")
+    dev = torch.device("cuda", 0)
+    ctx = RankCtx(rank=0, world=W, procs=1, device=dev, fabric="local", backend="gpu")
+    op = get_op(p.op)
+    inputs, A, B = op.inputs(p, list(range(W)), dev, 99)
+    runner = IMPLS[0].prepare(p, ctx, inputs, timeout_s=timeout_s, debug_skip_rank=1)
+    try:
+        t0 = time.perf_counter()
+        runner.run()
+        with pytest.raises(WatchdogError):
+            runner.check()
+        assert time.perf_counter() - t0 < timeout_s + 5.0
+        runner.set_debug_skip(None)
+        for _ in range(2):
+            runner.run()
+            runner.check()
+            for r in range(W):
+                assert op.check(runner.outputs[r], op.reference(A, B, r, W), p.dtype, B)[0] == 0
+    finally:
+        runner.close()
 
 
 def _layer_point(impl: str, world: int, fabric: str) -> Point:

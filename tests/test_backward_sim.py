@@ -1,4 +1,6 @@
 """The backward ops and the layer step without a GPU: sweep expansion and the simulator."""
+import numpy as np
+
 from kosmos_bench import sim
 from kosmos_bench.models import get_model, op_shape
 from kosmos_bench.point import Point
@@ -29,11 +31,10 @@ def test_simulator_runs_the_backward_ops_as_their_forward_schedules():
     w = Point("ag-wgrad", "nccl-overlap", 8192, 57344, 8192, 8, backend="sim")
     f, _ = sim.simulate_point(w)
     assert f["t_median_us"] > f["t_comm_us"] > 0
-    try:
-        sim.simulate_point(w.replace(impl="kosmos", policy="self"))
-        raise AssertionError("kosmos ag-wgrad has no kernel: the simulator must refuse it")
-    except sim.Unsupported as e:
-        assert "not built" in str(e)
+    # kosmos ag-wgrad: its own schedule (tiles over all of K), the same GEMM / collective alone
+    k, _ = sim.simulate_point(w.replace(impl="kosmos", policy="self"))
+    assert k["t_gemm_us"] == f["t_gemm_us"] and k["t_comm_us"] == f["t_comm_us"] and k["builder"] == "sm90"
+    assert k["t_median_us"] >= max(k["t_gemm_us"], k["t_comm_us"])
 
 
 def test_simulated_layer_step_and_its_summary():
@@ -47,9 +48,40 @@ def test_simulated_layer_step_and_its_summary():
                      "K": 28672, "world": 8, "fabric": "host", "t_median_us": f["t_median_us"],
                      "tokens_per_s": 8192 / f["t_median_us"] * 1e6, "exposed_comm_share": 0.5,
                      "speedup_vs_seq": 1.2})
-    assert "ag-wgrad" not in rows[0] and "qkv.wgrad=nccl-overlap" in sim.run_point(
-        Point("layer", "kosmos", 8192, 8192, 28672, 8, backend="sim", policy="self"))[0]["layer_ops"]
+    ops = sim.run_point(Point("layer", "kosmos", 8192, 8192, 28672, 8, backend="sim", policy="self"))[0]["layer_ops"]
+    assert "ag-wgrad" not in rows[0] and "qkv.wgrad=kosmos" in ops and "fc1.wgrad=kosmos" in ops
     import pandas as pd
 
     lines = layer_summary(pd.DataFrame(rows))
     assert "T=8192 H=8192 F=28672 W=8" in lines[0] and "1.10-1.28x" in lines[-1] and "rank-0 view" in lines[-1]
+
+
+def test_kosmos_ag_wgrad_on_the_simulator():
+    """kosmos ag-wgrad's own schedule on every fabric: tiles start on the own rows (at once) and
+    end after the last band's work; self compared with predicted; no deadlock on local W=2..8."""
+    from kosmos_bench.sim import engine, model, profiles
+
+    p = Point("ag-wgrad", "kosmos", 8192, 28672, 8192, 8, backend="sim", policy="self")
+    f, trace = sim.run_point(p)
+    assert f["builder"] == "sm90" and f["max_inflight_movers"] >= 1 and f["num_movers"] is None
+    assert set(trace["role"]) >= {"BUILD", "MOVE"}
+    g, _ = sim.simulate_point(p.replace(policy="predicted"))
+    assert g["num_movers"] >= 1 and max(f["t_comm_us"], f["t_gemm_us"]) <= f["t_median_us"] <= 1.05 * g["t_median_us"]
+    built = model.build(p, profiles.load(sim.profiles.default_for("host", 8)))
+    res = engine.simulate(built.problem)
+    b = built.problem.kind == engine.BUILD
+    assert built.problem.end_dep_ptr is not None and np.diff(built.problem.end_dep_ptr)[b].min() > 0
+    first = res.t_start[b].min()
+    assert first < res.t_end[built.problem.kind == engine.MOVE].min()  # tiles start before any band lands
+    for W in (2, 4, 8):
+        for pol in ("self", "fixed:2", "predicted"):
+            q = Point("ag-wgrad", "kosmos", 2048, 1024 * W, 2048 * W, W, backend="sim", policy=pol, fabric="local")
+            assert sim.simulate_point(q)[0]["t_median_us"] > 0
+    q = Point("ag-wgrad", "kosmos", 4096, 8192, 8192, 8, backend="sim", policy="self", fabric="nvlink")
+    assert sim.simulate_point(q)[0]["t_median_us"] > 0
+    for bad in (p.replace(builder="mma"), p.replace(mover="ce")):
+        try:
+            sim.simulate_point(bad)
+            raise AssertionError("kosmos ag-wgrad is the sm90 builder with SM movers only")
+        except sim.Unsupported as e:
+            assert "sm90" in str(e)

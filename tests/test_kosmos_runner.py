@@ -78,3 +78,25 @@ def test_plan_streams_failure_names_the_cause(monkeypatch):
     with pytest.raises(RuntimeError, match="kosmos_stream_create failed: no streams left"):
         K.plan_streams(lib, 0)
     assert K._PLAN_STREAMS == {} and lib.made == [], "a half-made pair is destroyed, not kept"
+
+
+def test_ag_wgrad_points_kosmos_takes_and_refuses():
+    """kosmos ag-wgrad: the sm90 builder with SM movers only; the reasons name what is missing."""
+    from kosmos_bench.impls.kosmos import IMPLS, _out_tensor
+
+    impl = IMPLS[0]
+    assert "ag-wgrad" in impl.ops
+    p = Point(op="ag-wgrad", impl="kosmos", M=264, N=1088, K=1600, world=8, fabric="host", policy="self")
+    assert impl.unsupported(p) is None
+    assert "sm90" in impl.unsupported(p.replace(builder="mma"))
+    assert "copy-engine" in impl.unsupported(p.replace(mover="ce"))
+    assert "multiple of 8" in impl.unsupported(p.replace(M=260))
+    assert "divisible" in impl.unsupported(p.replace(K=1601))
+    assert "bf16" in impl.unsupported(p.replace(dtype="fp16"))
+    # out= (the layer step's packed gradient as C_r): checked, never copied
+    t = torch.zeros(264 * 136 + 8, dtype=torch.bfloat16)
+    good = t[:264 * 136].view(264, 136)
+    assert _out_tensor({0: good}, 0, (264, 136), torch.bfloat16) is good
+    for bad in ({}, {0: good.t()}, {0: t[1:1 + 264 * 136].view(264, 136)}, {0: good.float()}):
+        with pytest.raises(ValueError, match="out"):
+            _out_tensor(bad, 0, (264, 136), torch.bfloat16)

@@ -56,9 +56,11 @@ def test_llama_presets_and_sub_ops():
     g = s.gemms()
     assert g["qkv"] == ("ag-gemm", 8192, 8 * 1280, 8192) and g["fc2.dgrad"] == ("ag-gemm-dgrad", 8192, 28672, 8192)
     assert g["qkv.wgrad"] == ("ag-wgrad", 8192, 10240, 8192)
-    assert L.sub_point(p, "qkv.wgrad", s).impl == "nccl-overlap" and L.sub_point(p, "qkv.wgrad", s).policy is None
+    # every sub-op of the kosmos step is kosmos's own (ag-wgrad included), with the step's fields
+    assert L.sub_point(p, "qkv.wgrad", s).impl == "kosmos" and L.sub_point(p, "qkv.wgrad", s).policy == "self"
     assert L.sub_point(p, "fc1.dgrad", s).impl == "kosmos"
-    assert L.sub_point(p.replace(fabric="local"), "fc1.wgrad", s).impl == "torch"
+    assert L.sub_point(p.replace(fabric="local"), "fc1.wgrad", s).impl == "kosmos"
+    assert L.sub_point(p.replace(impl="nccl-seq", policy=None), "fc1.wgrad", s).policy is None
     assert "divisible" in get_op("layer").validate(p.replace(world=16))
     assert "at least 2" in get_op("layer").validate(p.replace(world=1))
 

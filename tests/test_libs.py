@@ -45,7 +45,14 @@ def _lib(**kw):
 
 
 def test_the_libraries():
-    assert [lib.name for lib in libs.LIBRARIES] == ["kosmos", "kosmos_ag_sm90", "sm90_gemm", "kosmos_moe_sm90", "kosmos_ag_sm90_bt"]
+    assert [lib.name for lib in libs.LIBRARIES] == ["kosmos", "kosmos_ag_sm90", "sm90_gemm", "kosmos_moe_sm90", "kosmos_ag_sm90_bt",
+                                                    "kosmos_ag_sm90_at"]
+    # one source, three layouts: the flags say which (and so the hashes differ)
+    assert ag_sm90.library(a_transposed=True) is libs.AG_SM90_AT and ag_sm90.library(True) is libs.AG_SM90_BT
+    assert "-DKOSMOS_SM90_A_TRANSPOSED=1" in libs.AG_SM90_AT.flags and libs.AG_SM90_AT.sources == libs.AG_SM90.sources
+    assert len({lib.source_hash() for lib in (libs.AG_SM90, libs.AG_SM90_BT, libs.AG_SM90_AT)}) == 3
+    with pytest.raises(ValueError, match="both"):
+        ag_sm90.library(True, True)
     assert kernels.LIB is libs.KOSMOS and ag_sm90.LIB is libs.AG_SM90 and sm90_gemm.LIB is libs.SM90_GEMM
     assert moe_sm90.LIB is libs.MOE_SM90
     for lib in libs.LIBRARIES:
@@ -108,9 +115,9 @@ def test_check_all_names_what_it_compiled(monkeypatch):
     monkeypatch.setattr(libs, "check", lambda lib, arch: seen.append((lib.name, arch)) or "")
     res = kernels.build(check_only=True, arch="sm_90a")
     assert seen == [("kosmos", "sm_90a"), ("kosmos_ag_sm90", "sm_90a"), ("sm90_gemm", "sm_90a"),
-                    ("kosmos_moe_sm90", "sm_90a"), ("kosmos_ag_sm90_bt", "sm_90a")]
-    assert str(res) == ("kosmos kernels compile-checked for sm_90a "
-                        "(ag_gemm.cu, gemm_rs.cu, runtime.cu, ag_gemm_sm90.cu, gemm_sm90.cu, moe_fwd_sm90.cu, ag_gemm_sm90.cu)")
+                    ("kosmos_moe_sm90", "sm_90a"), ("kosmos_ag_sm90_bt", "sm_90a"), ("kosmos_ag_sm90_at", "sm_90a")]
+    assert str(res) == ("kosmos kernels compile-checked for sm_90a (ag_gemm.cu, gemm_rs.cu, runtime.cu, ag_gemm_sm90.cu, "
+                        "gemm_sm90.cu, moe_fwd_sm90.cu, ag_gemm_sm90.cu, ag_gemm_sm90.cu)")
     seen.clear()
     assert str(kernels.build(check_only=True, arch="sm_80")).endswith("(ag_gemm.cu, gemm_rs.cu, runtime.cu)")
     assert seen == [("kosmos", "sm_80")]

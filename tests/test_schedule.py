@@ -23,7 +23,7 @@ def _check_queues(sch: S.RankSchedule) -> None:
     assert np.all((sch.deps >= 0) & (sch.deps < sch.flags.num_flags))
 
 
-@pytest.mark.parametrize("op", S.OPS)
+@pytest.mark.parametrize("op", ["ag-gemm", "gemm-rs"])  # ag-wgrad: test_wgrad_items_cover_c_and_every_k
 @pytest.mark.parametrize("W", [1, 2, 3, 8])
 def test_awkward_item_counts(op, W):
     M, N, K = 3000 * W, 777 * W, 1000
@@ -328,6 +328,14 @@ def test_c_abi_constants_match_python():
         return out
 
     assert fields("KosmosRankArgs") == [f for f, _ in abi.RankArgs._fields_]
+    # op codes and item kinds: the enums of params.h / queue.cuh in schedule's order
+    ops = re.search(r"enum KosmosOp \{([^}]*)\}", h).group(1)
+    assert {k: int(v) for k, v in re.findall(r"KOSMOS_OP_(\w+) = (\d+)", ops)} == {
+        op.upper().replace("-", "_"): c for op, c in abi.OP_CODES.items()}
+    q = (Path(__file__).resolve().parents[1] / "csrc" / "kosmos" / "queue.cuh").read_text()
+    kinds = re.findall(r"k(\w+) = (\d+)", re.search(r"enum ItemKind \{([^}]*)\}", q).group(1))
+    camel = {n.replace("_", "").lower(): i for i, n in enumerate(S.KIND_NAMES)}
+    assert {k.lower(): int(v) for k, v in kinds} == camel
     assert fields("KosmosParams") == [f for f, _ in abi.Params._fields_]
     assert fields("KosmosErrorRecord") == [f for f, _ in abi.ErrorRecord._fields_]
     assert S.ROLE_NAMES == ("MOVE", "BUILD", "REDUCE", "WAIT")  # trace.cuh Role enum order
@@ -424,3 +432,93 @@ def test_ramp_only_where_the_own_bands_do_not_cover_the_first_group():
     assert S.ramp_needed(4, 13312, 132, 6, "host", m)  # 4 own bands first: 4 * 0.88 < 6
     assert first(8192, 18432, band_group=6)[1] is True  # rho 0.15
     assert S.ramp_needed(8, 13312, 132, 6, "nvlink") and not S.ramp_needed(8, 13312, 132, 6, "host", m)
+
+
+# ---------------------------------------------------------------------------------------
+# ag-wgrad: the all-gather along the GEMM's K (tiles over all of K, bands waited for inside)
+
+
+def _wgrad_k_order(sch: S.RankSchedule) -> list[int]:
+    """The band flags of the tiles' K order: the own rows need none, then r+1's, r+2's, ..."""
+    W, r, nb = sch.world, sch.rank, sch.meta["num_bands"]
+    return [sch.flags.band + ((r + s) % W) * nb + j for s in range(1, W) for j in range(nb)]
+
+
+@pytest.mark.parametrize("W", [1, 2, 3, 8])
+def test_wgrad_items_cover_c_and_every_k(W):
+    """Tiles cover C_r (M x N/W) once, each over all of K; movers pull every peer row of At
+    once (byte ranges of M-element rows); every tile waits for the same remote bands, in ring
+    order by rank (never by arrival), with kpart = rows per band."""
+    M, N, K = 3000, 777 * W, 1000 * W  # k_loc 1000: 7 bands of 128 rows + one of 104
+    for r in sorted({0, W - 1}):
+        sch = S.build_schedule("ag-wgrad", M, N, K, W, r, BM=128, BN=256, num_wgs=16, mover_bytes=64 * 1024)
+        _check_queues(sch)
+        bt, mv = sch.builders, sch.movers
+        assert set(bt.col("kind")) == {S.AGW_BUILD} and len(sch.reduces) == 0
+        cover = np.zeros((M, N // W), dtype=np.int32)
+        for row in bt.table:
+            m0, rr, n0, cc = row[2:6]
+            cover[m0:m0 + rr, n0:n0 + cc] += 1
+        assert np.all(cover == 1)
+        assert bt.flops.sum() == 2.0 * M * (N // W) * K
+        assert np.all(bt.col("kpart") == 128) and sch.meta["band_rows"] == 128 and sch.meta["k_loc"] == K // W
+        order = _wgrad_k_order(sch)
+        assert len(order) == (W - 1) * 8 == len(set(order))
+        for i in range(len(bt)):
+            assert bt.deps_of(i, sch.deps).tolist() == order
+        # movers: every remote row of At exactly once, slices release their band's flag
+        assert mv.bytes.sum() == (W - 1) * (K // W) * M * 2
+        assert set(mv.col("kind")) <= {S.AG_PULL} and r not in set(mv.col("peer"))
+        for f in np.unique(mv.col("rel_flag")):
+            sel = mv.col("rel_flag") == f
+            assert sch.flag_mult[f] == sel.sum() == mv.col("cols")[sel][0]
+            rows = mv.col("rows")[sel][0]
+            assert mv.bytes[sel].sum() == rows * M * 2
+        assert sorted(set(mv.col("rel_flag").tolist())) == sorted(order)
+        # demand: movers in ring order (the order the tiles need them)
+        first = [int(mv.table[i, S.F["peer"]]) for i in mv.queue]
+        assert first == sorted(first, key=lambda p: (p - r) % W)
+
+
+def test_wgrad_k_order_is_the_ranks_not_the_queue_order():
+    """Every queue order permutes the items; the tiles' K order (deps) stays the rank's."""
+    W, r = 4, 2
+    base = S.build_schedule("ag-wgrad", 512, 1024, 4096, W, r, BM=128, BN=256, num_wgs=8)
+    for order in ORDERS:
+        sch = S.build_schedule("ag-wgrad", 512, 1024, 4096, W, r, BM=128, BN=256, num_wgs=8, queue_order=order, seed=3)
+        _check_queues(sch)
+        assert all(sch.builders.deps_of(i, sch.deps).tolist() == _wgrad_k_order(base) for i in range(len(sch.builders)))
+    peers = [(f - base.flags.band) // base.meta["num_bands"] for f in _wgrad_k_order(base)]
+    assert peers[0] == 3 and peers[-1] == 1 and sorted(set(peers)) == [0, 1, 3]
+
+
+def test_wgrad_always_has_a_mover_cap():
+    """Its tiles wait for the movers inside: a cap >= 1 on every fabric keeps movers going."""
+    assert S.max_inflight_movers("ag-wgrad", "local", 16) == 15
+    assert S.max_inflight_movers("ag-wgrad", "local", 16, override=0) == 1
+    assert S.max_inflight_movers("ag-wgrad", "host", 132, override=0) == 1
+    assert S.max_inflight_movers("ag-wgrad", "nvlink", 132) == S.max_inflight_movers("ag-gemm", "nvlink", 132)
+    assert S.build_schedule("ag-wgrad", 512, 1024, 4096, 4, 0, num_wgs=8, fabric="local").max_inflight >= 1
+    assert S.build_schedule("ag-wgrad", 512, 1024, 4096, 4, 0, num_wgs=8, policy="fixed:2").max_inflight == 0
+
+
+def test_wgrad_without_a_cap_deadlocks_in_the_step_model():
+    """Why the cap: with none, every WG claims a tile (always ready) and waits inside it."""
+    sch = S.build_all("ag-wgrad", 64 * 8, 64 * 12, 64 * 3, 3, 6, BM=64, BN=64)
+    for s in sch:
+        s.max_inflight = 0
+    with pytest.raises(RuntimeError, match="deadlock"):
+        S.simulate_steps(sch)
+    for s in sch:
+        s.max_inflight = 1
+    S.simulate_steps(sch)
+
+
+def test_wgrad_validate_and_model():
+    assert "K=1001" in S.validate("ag-wgrad", 512, 1024, 1001, 4)
+    assert "N=1001" in S.validate("ag-wgrad", 512, 1001, 1024, 4)
+    assert S.validate("ag-wgrad", 510, 1024, 1024, 4) is None  # M need not divide (C_r has all M rows)
+    # link bytes: the peers' rows of At; predicted movers like ag-gemm's of the transposed shape
+    assert S._comm_and_compute("ag-wgrad", 4096, 8192, 16384, 8)[0] == S._comm_and_compute("ag-gemm", 16384, 8192, 4096, 8)[0]
+    assert S.predicted_movers("ag-wgrad", 4096, 8192, 16384, 8, 132, fabric="host") == S.predicted_movers(
+        "ag-gemm", 16384, 8192, 4096, 8, 132, fabric="host")

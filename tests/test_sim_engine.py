@@ -261,3 +261,23 @@ def test_an_agent_on_sm_minus_one_claims_for_free():
         p.sm = [np.array([sm])]
         res = E.simulate(p)
         assert res.makespan_ns == pytest.approx(want), sm
+
+
+def test_stream_dependencies_end_a_running_item_not_its_start():
+    """A tile with stream deps (ag-wgrad: bands waited for inside, in a fixed order) starts at
+    once and ends at max(own end, each dep's completion + latency + the work after it)."""
+    # builder 0 (work 100) streams movers 1 (50 B) and 2 (150 B) in that order; one mover WG, 10 B/ns
+    p = make([100.0], [(50.0, (0,)), (150.0, (0,))], [[], [], []], wgs=2, rules=[[(1, False)], [(0, False)]],
+             wg_rules=[np.array([0, 1])])
+    p.end_dep_ptr = np.array([0, 2, 2, 2])
+    p.end_dep_idx = np.array([1, 2])
+    p.end_dep_lat_ns = np.array([1.0, 1.0])
+    p.end_dep_tail_ns = np.array([60.0, 30.0])  # the tile's work after each band's first k-block
+    res = E.simulate(p)
+    assert res.t_start[0] == 0.0 and res.t_end[1] == pytest.approx(5.0) and res.t_end[2] == pytest.approx(20.0)
+    assert res.t_end[0] == pytest.approx(100.0)  # max(0 + 100, 5 + 1 + 60, 20 + 1 + 30)
+    p.end_dep_tail_ns = np.array([60.0, 95.0])
+    assert E.simulate(p).t_end[0] == pytest.approx(20.0 + 1.0 + 95.0)  # the last band late: it sets the end
+    p.end_dep_ptr = np.array([0, 0, 2, 2])  # stream deps on a mover: refused
+    with pytest.raises(ValueError, match="stream"):
+        p.check()

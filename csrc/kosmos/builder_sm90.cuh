@@ -368,6 +368,67 @@ struct BuilderSm90 {
     write_state_.advance(num_k_blk);
   }
 
+  // Loader: a tile whose K is `segs` segments of params_.K each, taken in one fixed rotated
+  // order: segment `first`, first+1, ..., segs-1, 0, ..., first-1 (the wgrad GEMMs: K = tokens,
+  // segment p = rank p's rows, own rows first, then the peers' in ring order). A is viewed as
+  // (rows_a, K, segs) by `mp` (batch = segment) except segment `first`, read from `own` (batch 0,
+  // same box and layout: the own rows in place, not in the gathered buffer); B always from `mp`,
+  // viewed as (N, K, segs) (make_mainloop_params with batches_a = segs: B batch l is the K x N
+  // block at B + l*K*N). A segment's last k-block past K is zero-filled in both operands' views
+  // (TMA), so no k-block ever reads another segment's rows. The math side consumes
+  // segs * params_.num_k_blk k-blocks (consume_to's num_k_blk). kwait / hook take the tile's
+  // k-block index in this order (0 .. segs*num_k_blk - 1), as in produce_grouped. Its own
+  // entry point, so produce_at / produce_grouped are unchanged for the other kernels.
+  template <class KWait = AllThere, class KHook = NoHook>
+  CUTLASS_DEVICE void produce_rotated(typename Mainloop::Params const& own, typename Mainloop::Params const& mp,
+                                      int rows_a, int segs, int first, int m_blk, int n_blk, KWait kwait = {},
+                                      KHook hook = {}) {
+    static_assert(kClusterM == 1, "produce_rotated loads whole tiles (no multicast)");
+    using namespace cute;
+    int const nkb = params_.num_k_blk;
+    if (cute::elect_one_sync()) {
+      Tensor sA = make_tensor(make_smem_ptr(smem_.tensors.smem_A.data()), typename Mainloop::SmemLayoutA{});
+      Tensor sB = make_tensor(make_smem_ptr(smem_.tensors.smem_B.data()), typename Mainloop::SmemLayoutB{});
+      Tensor mA = mp.tma_load_a.get_tma_tensor(make_shape(rows_a, params_.K, segs));    // (m, k, l)
+      Tensor mB = mp.tma_load_b.get_tma_tensor(make_shape(params_.N, params_.K, segs));  // (n, k, l)
+      Tensor gA_mkl = local_tile(mA, TileShape{}, make_coord(_, _, _), Step<_1, Underscore, _1>{});
+      Tensor gB_nkl = local_tile(mB, TileShape{}, make_coord(_, _, _), Step<Underscore, _1, _1>{});
+      Tensor gA = gA_mkl(_, _, m_blk, _, _);  // (BLK_M, BLK_K, k, l)
+      Tensor gB = gB_nkl(_, _, n_blk, _, _);  // (BLK_N, BLK_K, k, l)
+      auto block_tma_a = mp.tma_load_a.get_slice(0);
+      auto block_tma_b = mp.tma_load_b.get_slice(0);
+      Tensor tAgA = block_tma_a.partition_S(gA);  // (TMA, TMA_M, TMA_K, k, l)
+      Tensor tAsA = block_tma_a.partition_D(sA);
+      Tensor tBgB = block_tma_b.partition_S(gB);
+      Tensor tBsB = block_tma_b.partition_D(sB);
+      PipelineState st = write_state_;
+      int there = 0;  // leading k-blocks (tile order) known to be in place
+      int l = first;
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int s = 0; s < segs; ++s) {
+        CUTLASS_PRAGMA_NO_UNROLL
+        for (int kb = 0; kb < nkb; ++kb) {
+          int const i = s * nkb + kb;
+          if (i >= there) there = kwait(i);
+          hook(i);
+          pipeline_.producer_acquire(st);
+          auto* bar = pipeline_.producer_get_barrier(st);
+          int const stage = st.index();
+          if (s == 0) {
+            copy(own.tma_load_a.with(*bar, uint16_t(0)), tAgA(_, _, _, kb, 0), tAsA(_, _, _, stage));
+          } else {
+            copy(mp.tma_load_a.with(*bar, uint16_t(0)), tAgA(_, _, _, kb, l), tAsA(_, _, _, stage));
+          }
+          copy(mp.tma_load_b.with(*bar, uint16_t(0)), tBgB(_, _, _, kb, l), tBsB(_, _, _, stage));
+          ++st;
+        }
+        l = (l + 1 == segs) ? 0 : l + 1;
+      }
+    }
+    __syncwarp();
+    write_state_.advance(segs * nkb);
+  }
+
   // Math: a fresh accumulator fragment of one tile (fp32, kBN/2 values per math thread).
   CUTLASS_DEVICE static auto make_accum() {
     TiledMma tiled_mma;
@@ -407,17 +468,18 @@ struct BuilderSm90 {
   }
 
   // Math: like consume(), storing the tile to C_tile (row stride ldc elements, 16-byte
-  // aligned, ldc % 8 == 0), rows < rows and columns < cols only (cols % 8 == 0).
-  CUTLASS_DEVICE void consume_to(dtype_t* C_tile, int64_t ldc, int rows, int cols) {
+  // aligned, ldc % 8 == 0), rows < rows and columns < cols only (cols % 8 == 0). num_k_blk:
+  // the k-blocks the loader issued for the tile (params_.num_k_blk; produce_rotated: segs times that).
+  CUTLASS_DEVICE void consume_to(dtype_t* C_tile, int64_t ldc, int rows, int cols, int num_k_blk) {
     static_assert(kStagedEpilogue, "consume_to needs the staged epilogue");
     using namespace cute;
     Mainloop mainloop;
     TiledMma tiled_mma;
     int const math_idx = int(threadIdx.x) - 128;
     Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
-    mainloop.mma(pipeline_, read_state_, accum, params_.num_k_blk, math_idx, smem_.tensors, params_.mainloop);
-    mainloop.mma_tail(pipeline_, read_state_, params_.num_k_blk);
-    read_state_.advance(params_.num_k_blk);
+    mainloop.mma(pipeline_, read_state_, accum, num_k_blk, math_idx, smem_.tensors, params_.mainloop);
+    mainloop.mma_tail(pipeline_, read_state_, num_k_blk);
+    read_state_.advance(num_k_blk);
     store_staged_to(accum, math_idx, reinterpret_cast<__nv_bfloat16*>(C_tile), ldc, rows, cols);
   }
 

@@ -6,12 +6,13 @@
 #pragma once
 #include <stdint.h>
 
-#define KOSMOS_ABI_VERSION 7
+#define KOSMOS_ABI_VERSION 8
 #define KOSMOS_MAX_WORLD 8
 #define KOSMOS_ITEM_STRIDE 11  // int32 words per item row (schedule.ITEM_FIELDS)
 #define KOSMOS_NUM_CTR 8       // uint32 counters per rank in Params.state (after 4 globals)
 
-enum KosmosOp { KOSMOS_OP_AG_GEMM = 0, KOSMOS_OP_GEMM_RS = 1 };
+// AG_WGRAD: the all-gather along the GEMM's K (ag-wgrad), sm90 A-transposed build only.
+enum KosmosOp { KOSMOS_OP_AG_GEMM = 0, KOSMOS_OP_GEMM_RS = 1, KOSMOS_OP_AG_WGRAD = 2 };
 
 // Error codes returned by every host entry point (0 = ok).
 enum KosmosStatus {
@@ -32,12 +33,12 @@ typedef struct KosmosRankArgs {
   const int32_t* peer_flags;  // flags set to the epoch at entry when Params.static_peers
   const int32_t* flag_mult;   // [num_flags] releases per call of each own flag (ready at epoch * mult)
   uint32_t* ctr;              // [KOSMOS_NUM_CTR]: claims (builder, mover, reduce), rank done, movers in flight
-  const void* A;              // ag-gemm: A_r (M/W x K); gemm-rs: A_r (M x K/W)    bf16 row-major
+  const void* A;              // ag-gemm: A_r (M/W x K); gemm-rs: A_r (M x K/W); ag-wgrad: At_r (K/W x M)
   const void* B;              // ag-gemm: B_r (K x N/W); gemm-rs: B_r (K/W x N)    bf16 row-major
   void* C;                    // ag-gemm: C_r (M x N/W); gemm-rs: C_r (M/W x N)    bf16 row-major
-  void* work;                 // ag-gemm: gathered A (M x K); gemm-rs: partial staging (M x N)
+  void* work;                 // ag-gemm: gathered A (M x K); gemm-rs: partial staging (M x N); ag-wgrad: At (K x M)
   uint32_t* flags[KOSMOS_MAX_WORLD];        // flags[p]: rank p's flag array (uint32[num_flags])
-  const void* peer_A[KOSMOS_MAX_WORLD];     // ag-gemm: A_p as this rank reads it (M/W x K)
+  const void* peer_A[KOSMOS_MAX_WORLD];     // ag-gemm: A_p as this rank reads it (M/W x K); ag-wgrad: At_p (K/W x M)
   void* push_dst[KOSMOS_MAX_WORLD];         // gemm-rs: recv[d] slot r (M/W x N) as this rank writes it
   void* slot[KOSMOS_MAX_WORLD];             // gemm-rs: own recv slot s (M/W x N), reduce sources
   const void* proxy_src[KOSMOS_MAX_WORLD];  // gemm-rs host fabric: peer s's static contribution (M/W x N)

@@ -1,10 +1,12 @@
 """kosmos: the self-scheduling persistent AG+GEMM and GEMM+RS kernels of csrc/.
 
-One implementation object, ``kosmos``, for ops ag-gemm and gemm-rs on three fabrics:
+One implementation object, ``kosmos``, for ops ag-gemm, gemm-rs and ag-wgrad (the all-gather
+along the GEMM's K: At gathered by token rows, the sm90 A-transposed kernel; schedule.py) on
+three fabrics:
 
 * ``local``  — W emulated ranks in ONE cooperative launch on one GPU; rank r owns WGs
   ``schedule.wg_starts(G, W)[r:r+2]``; peers' buffers are other device allocations.
-* ``host``   — rank-0 view: peers' A shards (ag-gemm) and peers' partial contributions to
+* ``host``   — rank-0 view: peers' A shards (ag-gemm; ag-wgrad: At shards) and peers' partial contributions to
   band 0 (gemm-rs, computed with torch in prepare) live in pinned host memory and cross
   PCIe; rank 0 pushes its partials for peers into pinned host memory (gemm-rs). Peers do
   not execute.
@@ -26,7 +28,8 @@ the Hopper wgmma+TMA builder in 384-thread CTAs, one per SM, 128x256 tiles,
 csrc/ag_gemm_sm90.cu (ag-gemm and gemm-rs); unset, picked by device
 (``kosmos.builder.builder_choice``: sm90 for the ops of ``AUTO_OPS``).
 
-Extra ``prepare`` keywords: ``config`` (a KosmosConfig instead of the point's), ``num_wgs``
+Extra ``prepare`` keywords: ``out`` (ag-gemm / ag-wgrad: {rank: tensor} to write C_r into,
+e.g. the layer step's packed weight gradient), ``config`` (a KosmosConfig instead of the point's), ``num_wgs``
 (default: all co-resident), ``timeout_s`` (watchdog, default ``$KOSMOS_TIMEOUT_S`` or 5 s;
 ``sharing.SHARED_GPU_TIMEOUT_S`` when ``ctx.shared_gpu``),
 ``debug_skip_rank`` (local fabric: that emulated rank never signals; the watchdog test),
@@ -111,7 +114,8 @@ class KosmosImpl:
     # persistent kernel (kernels/sm90_gemm.py), measured against cuBLAS by sweeps/builder.yaml.
     # op moe: the expert layer's forward kernel, impls/kosmos_moe.py (skipped when not built in);
     # moe-bwd / moe-step: skipped with the reason (no backward kernel yet)
-    ops = ("ag-gemm", "gemm-rs", "gemm", "moe", "ag-gemm-dgrad", "gemm-rs-dgrad", "layer", "moe-bwd", "moe-step")
+    ops = ("ag-gemm", "gemm-rs", "gemm", "moe", "ag-gemm-dgrad", "gemm-rs-dgrad", "ag-wgrad", "layer", "moe-bwd",
+           "moe-step")
     fabrics = ("local", "host", "nvlink")
 
     def available(self, backend: str) -> tuple[bool, str]:
@@ -163,6 +167,12 @@ class KosmosImpl:
             if cfg.gemm_kernel == "standalone":
                 return sm90_gemm.validate_shape(point.M, point.N, point.K)
             return kb.validate(point.M, point.N, point.K, 1)
+        if point.op == "ag-wgrad":  # A read transposed: the sm90 builder's TMA only (library kosmos_ag_sm90_at)
+            if cfg.builder not in (None, "sm90"):
+                return f"ag-wgrad: At read transposed needs the sm90 builder (TMA), not {cfg.builder}"
+            if cfg.mover == "ce":
+                return "ag-wgrad: no copy-engine movers (SM movers pull the bands)"
+            cfg = cfg.replace(builder="sm90")
         if cfg.builder == "sm90":
             why = kb.validate(point.M, point.N, point.K, point.world, op=point.op)
             if why:
@@ -259,6 +269,15 @@ def _guess_wgs_per_rank(point: Point) -> int | None:
     return sms // point.world if point.fabric == "local" else sms
 
 
+def _out_tensor(out: dict, r: int, shape: tuple[int, int], dt):
+    """out[r] as C_r (``out=``: the layer step's packed weight gradient): checked, not copied."""
+    t = out.get(r)
+    if t is None or tuple(t.shape) != tuple(shape) or t.dtype != dt or not t.is_contiguous() or t.data_ptr() % 16:
+        what = None if t is None else (tuple(t.shape), t.dtype, t.is_contiguous(), t.data_ptr() % 16)
+        raise ValueError(f"out[{r}]: expected a contiguous 16-byte aligned {dt} tensor of {shape}, got {what}")
+    return t
+
+
 def _i32(dev, a: np.ndarray):
     import torch
 
@@ -291,7 +310,7 @@ class KosmosRunner:
                timeout_s: float | None = None, debug_skip_rank: int | None = None,
                trace_cap: int = DEFAULT_TRACE_CAP, max_inflight: int | None = None, mover_bulk: bool | None = None,
                mover: str | None = None, builder: str | None = None, ce_slices: int | str | tuple | None = None,
-               b_transposed: bool = False):
+               b_transposed: bool = False, out: dict | None = None):
         import torch
 
         from .. import kernels
@@ -312,13 +331,16 @@ class KosmosRunner:
                                          torch.cuda.get_device_capability(self.dev), cfg.mover_bulk)
         self.sm90 = None
         self.sm90_rs = point.op == "gemm-rs"  # sm90: the GEMM+RS kernel (kosmos_sm90_rs_*), else AG+GEMM
+        a_transposed = point.op == "ag-wgrad"  # the AG kernel of the A-transposed library (op ag-wgrad)
+        if a_transposed and self.builder != "sm90":
+            raise ValueError(f"ag-wgrad: At read transposed needs the sm90 builder (builder={self.builder})")
         if self.builder == "sm90":
             why = kb.validate(point.M, point.N, point.K, point.world, op=point.op)
             if why:
                 raise ValueError(why)
             if cfg.mover_bulk:
                 raise ValueError("builder='sm90' has no mover_bulk path (no shared memory beside the builder)")
-            self.sm90 = ag_sm90.load(b_transposed=b_transposed)
+            self.sm90 = ag_sm90.load(b_transposed=b_transposed, a_transposed=a_transposed)
         elif b_transposed:
             raise ValueError(f"B_r read transposed needs the sm90 builder (builder={self.builder})")
         if b_transposed:  # B_r must be the transposed view of a contiguous W_r (ops/backward.py)
@@ -343,6 +365,8 @@ class KosmosRunner:
         cfg = self.config = cfg.replace(mover=self.mover)
         if self.mover == "ce" and (fabric != "host" or (op == "gemm-rs" and self.builder != "sm90")):
             raise ValueError("mover='ce' is implemented on the host fabric only (gemm-rs: with the sm90 builder)")
+        if self.mover == "ce" and op == "ag-wgrad":
+            raise ValueError("ag-wgrad: no copy-engine movers (SM movers pull the bands)")
         self.spin_ns = cfg.spin_ns
         self.calls = 0  # completed launches since the last reset (epoch of the next = calls + 1)
         dev_index = self.dev.index if self.dev.index is not None else torch.cuda.current_device()
@@ -366,6 +390,8 @@ class KosmosRunner:
         self.ce = self.plan.resolved
         self.k_stream = self.ce.k_stream
         self.scheds = [self.plan.scheds[r] for r in ranks]
+        if op == "ag-wgrad" and self.scheds[0].meta["band_rows"] % kb.BK:  # the kernel waits per band of k-blocks
+            raise ValueError(f"ag-wgrad: bands of {self.scheds[0].meta['band_rows']} rows are not whole k-blocks of {kb.BK}")
         dt = torch.bfloat16
         m_loc = M // W
         nf = self.scheds[0].flags.num_flags
@@ -408,8 +434,11 @@ class KosmosRunner:
         self.gathered: dict[int, torch.Tensor] = {}
         A, B = inputs.A, inputs.B
         per_rank: dict[int, dict] = {}
-        if op == "ag-gemm":
+        if op in S.AG_OPS:
             n_loc = N // W
+            # the gathered operand (rows by rank): A (M x K), ag-wgrad At (K x M)
+            g_rows, g_cols = (K, M) if op == "ag-wgrad" else (M, K)
+            s_rows = g_rows // W
             peer_A = {}
             if fabric == "local":
                 peer_A = {p: A[p].data_ptr() for p in range(W)}
@@ -425,13 +454,13 @@ class KosmosRunner:
             else:
                 for p in range(W):
                     peer_A[p] = sym_ptrs[p] + off_data
-                mine = self.symm_buf[off_data:off_data + m_loc * K * 2].view(dt).view(m_loc, K)
+                mine = self.symm_buf[off_data:off_data + s_rows * g_cols * 2].view(dt).view(s_rows, g_cols)
                 mine.copy_(A[ctx.rank])
                 torch.cuda.synchronize(self.dev)
                 self._barrier()
             for r in ranks:
-                C = torch.empty(M, n_loc, dtype=dt, device=self.dev)
-                work = torch.empty(M, K, dtype=dt, device=self.dev)
+                C = _out_tensor(out, r, (M, n_loc), dt) if out else torch.empty(M, n_loc, dtype=dt, device=self.dev)
+                work = torch.empty(g_rows, g_cols, dtype=dt, device=self.dev)
                 self._keep += [C, work]
                 self.outputs[r] = C
                 self.gathered[r] = work  # peers' bands after a call (own band: read from A_r, not here)
@@ -526,7 +555,7 @@ class KosmosRunner:
             a.A, a.B, a.C, a.work = d["A"], d["B"], d["C"], d["work"]
             for p in range(W):
                 a.flags[p] = flags[p]
-                if op == "ag-gemm":
+                if op in S.AG_OPS:
                     a.peer_A[p] = d["peer_A"][p] or None
                 else:
                     a.push_dst[p] = d["push_dst"][p] or None
@@ -640,7 +669,7 @@ class KosmosRunner:
             raise RuntimeError("nvlink fabric needs a process group (ctx.group)")
         m_loc = M // W
         off_data = (nf * 4 + 255) // 256 * 256
-        data = m_loc * K * 2 if op == "ag-gemm" else W * m_loc * N * 2
+        data = {"ag-gemm": m_loc * K * 2, "ag-wgrad": (K // W) * M * 2}.get(op, W * m_loc * N * 2)
         nbytes = off_data + data
         group = self.ctx.group
         why = _SYMM_REFUSED
@@ -899,17 +928,17 @@ class KosmosRunner:
         """Point the (single executed) rank at new operands/output (torch custom ops).
 
         A, B: this rank's shards (layouts of Point); C: output tensor (out_shape), bf16,
-        contiguous. ag-gemm on nvlink copies A into the symmetric buffer (stream-ordered).
+        contiguous. ag-gemm / ag-wgrad on nvlink copy A (At_r) into the symmetric buffer (stream-ordered).
         """
         import torch
 
         if len(self.ranks) != 1:
             raise RuntimeError("rebind is for fabrics with one executed rank (nvlink, host)")
         a = self._ra_arr[0]
-        if self.point.op == "ag-gemm" and self.fabric == "nvlink":
-            m_loc, K = self.point.M // self.point.world, self.point.K
+        if self.point.op in S.AG_OPS and self.fabric == "nvlink":
+            rows, cols = A.shape
             off = int(a.peer_A[self.ranks[0]]) - int(self.symm_buf.data_ptr())
-            self.symm_buf[off:off + m_loc * K * 2].view(torch.bfloat16).view(m_loc, K).copy_(A)
+            self.symm_buf[off:off + rows * cols * 2].view(torch.bfloat16).view(rows, cols).copy_(A)
         else:
             a.A = A.data_ptr()
         a.B, a.C = B.data_ptr(), C.data_ptr()

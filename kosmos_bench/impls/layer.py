@@ -6,8 +6,8 @@ torch for the rest (SDPA forward and backward, SwiGLU, residual adds, and the tw
 wgrads that reuse the dgrad's gathered gradient). Sub-op inputs are persistent buffers the
 step writes in place before each sub-op runs (the kernels hold their addresses).
 
-``kosmos`` has no ag-wgrad kernel yet: its step runs that op with nccl-overlap (torch on the
-local fabric); the row's ``layer_ops`` column says which family ran each op.
+The two ag-wgrad sub-ops (dW1, dWqkv) write straight into the packed weight gradient (kosmos:
+its runner's ``out``); the row's ``layer_ops`` column says which family ran each op.
 
 Fabrics. gloo / nvlink: one process per rank, real collectives. local: all W ranks in this
 process (kosmos only). host (rank-0 view on one GPU): only rank 0 computes; the peers' side of
@@ -214,6 +214,8 @@ def _build(p: Point, ctx: RankCtx, s: LayerShape, ranks: list[int], bufs: dict, 
         out = {r: unpack(outs[r], s)[wgrad_out[name]] for r in ranks} if name in wgrad_out else None
         if mode != "real" or q.impl == "torch":
             subs[name] = TorchSub(q.op, inp, ranks, p.world, emulate=mode != "compute", out=out)
+        elif q.op == "ag-wgrad" and q.impl == "kosmos":  # C_r is the packed gradient itself
+            subs[name] = get_impl(q.impl).prepare(q, ctx, inp, out=out)
         elif q.op == "ag-wgrad":  # a baseline's, writing straight into the packed gradient
             subs[name] = nccl_impls._ag_wgrad(q, ctx, inp, q.impl == "nccl-overlap", out=out[ctx.rank])
         else:

@@ -1,12 +1,12 @@
-"""ctypes mirror of csrc/kosmos/params.h (KOSMOS_ABI_VERSION 7). Change both together."""
+"""ctypes mirror of csrc/kosmos/params.h (KOSMOS_ABI_VERSION 8). Change both together."""
 from __future__ import annotations
 
 import ctypes as C
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 MAX_WORLD = 8
 NUM_CTR = 8  # per-rank counters in the state buffer (KOSMOS_NUM_CTR)
-OP_CODES = {"ag-gemm": 0, "gemm-rs": 1}
+OP_CODES = {"ag-gemm": 0, "gemm-rs": 1, "ag-wgrad": 2}  # ag-wgrad: the sm90 A-transposed library only
 QUEUE_NAMES = ("builder", "mover", "reduce", "handshake")
 
 P = C.c_void_p

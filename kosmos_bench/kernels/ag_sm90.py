@@ -8,8 +8,8 @@ Built, cached and loaded by :mod:`kosmos_bench.kernels.libs` (``libs.AG_SM90``: 
 the source, every kosmos header and the flags); builds on any machine with nvcc, no GPU needed.
 
 C ABI (see the file): ``kosmos_sm90_ag_{validate,smem_bytes,threads,create,destroy,set_ahead,set_rank,
-max_wgs,launch}``, ``kosmos_sm90_rs_{validate,create,destroy,set_rank,max_wgs,launch}`` (GEMM+RS),
-``kosmos_sm90_last_error``.
+max_wgs,launch}``, ``kosmos_sm90_rs_{validate,create,destroy,set_rank,max_wgs,launch}`` (GEMM+RS; they fail in
+the A-transposed build, which has no such kernel), ``kosmos_sm90_{last_error,b_transposed,a_transposed}``.
 """
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     P, I = ctypes.c_void_p, ctypes.c_int
     lib.kosmos_sm90_last_error.restype = ctypes.c_char_p
     lib.kosmos_sm90_b_transposed.restype = I
+    lib.kosmos_sm90_a_transposed.restype = I
     lib.kosmos_sm90_ag_validate.argtypes = [I, I, I, I]
     lib.kosmos_sm90_ag_validate.restype = ctypes.c_char_p
     lib.kosmos_sm90_ag_smem_bytes.restype = I
@@ -77,12 +78,22 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
-def load(b_transposed: bool = False) -> ctypes.CDLL:
+def library(b_transposed: bool = False, a_transposed: bool = False) -> libs.Library:
+    """The build of ``ag_gemm_sm90.cu`` with these operand layouts."""
+    if a_transposed and b_transposed:
+        raise ValueError("no sm90 library reads both A and B transposed")
+    return libs.AG_SM90_AT if a_transposed else libs.AG_SM90_BT if b_transposed else LIB
+
+
+def load(b_transposed: bool = False, a_transposed: bool = False) -> ctypes.CDLL:
     """The loaded library (built on first use when no cached build matches the sources);
-    ``b_transposed``: the build that reads B_r transposed (libs.AG_SM90_BT, the dgrad ops)."""
-    lib = (libs.AG_SM90_BT if b_transposed else LIB).load(declare=_declare)
-    if bool(lib.kosmos_sm90_b_transposed()) != b_transposed:
-        raise BuildError(f"{lib._name}: B layout is not the one asked for (b_transposed={b_transposed})")
+    ``b_transposed``: the build that reads B_r transposed (libs.AG_SM90_BT, the dgrad ops);
+    ``a_transposed``: the one that reads A transposed, whose AG kernel is op ag-wgrad
+    (libs.AG_SM90_AT; its kosmos_sm90_rs_* entry points fail)."""
+    lib = library(b_transposed, a_transposed).load(declare=_declare)
+    if (bool(lib.kosmos_sm90_b_transposed()), bool(lib.kosmos_sm90_a_transposed())) != (b_transposed, a_transposed):
+        raise BuildError(f"{lib._name}: operand layouts are not the ones asked for "
+                         f"(b_transposed={b_transposed}, a_transposed={a_transposed})")
     return lib
 
 

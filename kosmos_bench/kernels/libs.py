@@ -98,17 +98,24 @@ class Library:
 # The libraries of csrc/ (their Python sides: kernels/__init__.py, ag_sm90.py, sm90_gemm.py, moe_sm90.py).
 KOSMOS = Library("kosmos", ("ag_gemm.cu", "gemm_rs.cu", "runtime.cu"))
 AG_SM90 = Library("kosmos_ag_sm90", ("ag_gemm_sm90.cu",),
-                  flags=("--expt-relaxed-constexpr", "-DKOSMOS_SM90_B_TRANSPOSED=0"), cutlass=True,
+                  flags=("--expt-relaxed-constexpr", "-DKOSMOS_SM90_B_TRANSPOSED=0", "-DKOSMOS_SM90_A_TRANSPOSED=0"),
+                  cutlass=True,
                   arches=("sm_90a",))
 # The same kernels with B_r read transposed (K contiguous): the backward dgrad ops (W_r^T in place).
 AG_SM90_BT = Library("kosmos_ag_sm90_bt", ("ag_gemm_sm90.cu",),
-                     flags=("--expt-relaxed-constexpr", "-DKOSMOS_SM90_B_TRANSPOSED=1"), cutlass=True,
+                     flags=("--expt-relaxed-constexpr", "-DKOSMOS_SM90_B_TRANSPOSED=1", "-DKOSMOS_SM90_A_TRANSPOSED=0"),
+                     cutlass=True,
                      arches=("sm_90a",))
+# The AG kernel with A read transposed (M contiguous): op ag-wgrad, At (K x M) gathered along K
+# (its GEMM+RS entry points fail: no such kernel in it).
+AG_SM90_AT = Library("kosmos_ag_sm90_at", ("ag_gemm_sm90.cu",),
+                     flags=("--expt-relaxed-constexpr", "-DKOSMOS_SM90_B_TRANSPOSED=0", "-DKOSMOS_SM90_A_TRANSPOSED=1"),
+                     cutlass=True, arches=("sm_90a",))
 SM90_GEMM = Library("sm90_gemm", ("gemm_sm90.cu",), flags=("--expt-relaxed-constexpr",), cutlass=True,
                     arches=("sm_90a",))
 MOE_SM90 = Library("kosmos_moe_sm90", ("moe_fwd_sm90.cu",), flags=("--expt-relaxed-constexpr",), cutlass=True,
                    arches=("sm_90a",))
-LIBRARIES = (KOSMOS, AG_SM90, SM90_GEMM, MOE_SM90, AG_SM90_BT)
+LIBRARIES = (KOSMOS, AG_SM90, SM90_GEMM, MOE_SM90, AG_SM90_BT, AG_SM90_AT)
 
 
 @dataclass

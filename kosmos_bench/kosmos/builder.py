@@ -15,7 +15,8 @@ BUILDERS = ("mma", "sm90")
 # TMA). gemm-rs: the sm90 kernel (csrc/ag_gemm_sm90.cu, gemm_rs_sm90_kernel), verified on the
 # H200 (GPU tests; host W=8 out-proj/FC2 at 8k tokens 1.67x nccl-seq geomean vs 1.32x for mma,
 # results/gemm-rs-sm90-h200-20261204/).
-AUTO_OPS = ("ag-gemm", "gemm-rs")
+# ag-wgrad: the sm90 kernel only (A read transposed, csrc/ag_gemm_sm90.cu's A-transposed build).
+AUTO_OPS = ("ag-gemm", "gemm-rs", "ag-wgrad")
 MOVERS = ("sm", "ce")
 
 
@@ -55,6 +56,8 @@ def validate(M: int, N: int, K: int, world: int, op: str = "ag-gemm") -> str | N
     validate / validate_rs of csrc/ag_gemm_sm90.cu)."""
     if op == "gemm-rs":
         return validate_rs(M, N, K, world)
+    if op == "ag-wgrad":
+        return validate_wgrad(M, N, K, world)
     why = _world_and_sizes("ag-gemm", M, N, K, world)
     if why:
         return why
@@ -64,6 +67,22 @@ def validate(M: int, N: int, K: int, world: int, op: str = "ag-gemm") -> str | N
         return "sm90 ag-gemm: K must be a multiple of 8 (TMA: 16-byte row strides)"
     if (N // world) % 8:
         return "sm90 ag-gemm: N/world must be a multiple of 8 (TMA: 16-byte row strides of B_r and C_r)"
+    return None
+
+
+def validate_wgrad(M: int, N: int, K: int, world: int) -> str | None:
+    """None when the sm90 ag-wgrad kernel takes the shape (At: K x M gathered along K, B_r:
+    K x N/W, C_r: M x N/W), else why not (csrc/ag_gemm_sm90.cu validate_wgrad). Its bands are
+    BM * chunk rows of At, whole k-blocks (BM % BK == 0)."""
+    why = _world_and_sizes("ag-wgrad", M, N, K, world)
+    if why:
+        return why
+    if K % world or N % world:
+        return "sm90 ag-wgrad: K and N must be divisible by world"
+    if M % 8:
+        return "sm90 ag-wgrad: M must be a multiple of 8 (TMA: 16-byte row strides of At)"
+    if (N // world) % 8:
+        return "sm90 ag-wgrad: N/world must be a multiple of 8 (TMA: 16-byte row strides of B_r and C_r)"
     return None
 
 

@@ -148,8 +148,9 @@ FIELDS: dict[str, Knob] = {k.name: k for k in (
     Knob("mover_bulk", _to_bool, "on | off", "-",
          "ag-gemm mma-builder movers use TMA bulk copies (needs the mma builder)."),
     Knob("max_inflight", _none_or(lambda v: _to_int(v, lo=0)), "integer >= 0 | auto",
-         "auto: ceil(link / one mover's rate) on host and nvlink, none on local (schedule.max_inflight_movers)",
-         "Policy self: cap on concurrent mover items of a rank (0: none). Host ag-gemm with 48 movers "
+         "auto: ceil(link / one mover's rate) on host and nvlink, none on local (ag-wgrad: capped there "
+         "too, never below 1; schedule.max_inflight_movers)",
+         "Policy self: cap on concurrent mover items of a rank (0: none; ag-wgrad: 1). Host ag-gemm with 48 movers "
          "ran 1.5x slower than with 8 (2026-12-02); simulated NVLink uncapped: self 21% behind "
          "predicted on one shape, capped: level or ahead on every shape."),
     Knob("ce_slices", _none_or(_ce_slices), "integer >= 1 | split like 3,1 | auto",

@@ -50,7 +50,7 @@ def _once(op: str, v):
     pend = v.pending
     if pend is not None and pend[0] != Q_MOVE and v.ready(*pend):
         return _take_pending(v)
-    if op == "ag-gemm":
+    if op in ("ag-gemm", "ag-wgrad"):  # ag-wgrad: builders are always ready (waits inside the tile)
         # [cap: mover if a slot is free] > builder head ready ? claim it : mover if a slot is free >
         # [no slot: poll] > block on the pending / next builder (movers exhausted) > done
         if v.cap:

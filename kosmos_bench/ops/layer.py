@@ -270,9 +270,11 @@ def reference_layer(G: dict[str, torch.Tensor], s: LayerShape) -> dict:
             "dW1": lambda r: gW["W1"][:, 2 * r * f:2 * (r + 1) * f], "dW2": lambda r: gW["W2"][r * f:(r + 1) * f]}
 
 
-# Which family runs each op of a family's step (default: the family itself).
-SUBSTITUTES = {"kosmos": {"ag-wgrad": "nccl-overlap"}}
-LOCAL_SUBSTITUTES = {"kosmos": {"ag-wgrad": "torch"}}  # local fabric: nccl runs no emulated ranks
+# Which family runs each op of a family's step (default: the family itself; none is substituted
+# now that kosmos has its ag-wgrad kernel). LOCAL_SUBSTITUTES: on the local fabric, where nccl
+# runs no emulated ranks.
+SUBSTITUTES: dict[str, dict[str, str]] = {}
+LOCAL_SUBSTITUTES: dict[str, dict[str, str]] = {}
 
 # Sub-op -> (its A buffer, its B: a weight, a weight read transposed (".t"), or a buffer).
 WIRING = {"qkv": ("X", "Wqkv"), "out": ("attn", "Wo"), "fc1": ("Y1", "W1"), "fc2": ("a", "W2"),

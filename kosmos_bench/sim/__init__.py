@@ -18,7 +18,7 @@ from . import baselines, profiles
 from .model import Unsupported
 
 IMPLS = ("kosmos", "nccl-seq", "nccl-overlap", "torch")
-OPS = ("ag-gemm", "gemm-rs", "gemm", "moe")
+OPS = ("ag-gemm", "gemm-rs", "gemm", "moe", "ag-wgrad")
 
 __all__ = ["run_point", "simulate_point", "profile_for", "check_memory", "memory_bytes", "Unsupported", "profiles",
            "IMPLS"]
@@ -47,7 +47,7 @@ def memory_bytes(point: Point) -> int:
     (M x K/W), B_r (K/W x N), the partial product (M x N) and band r (M/W x N); gemm: A, B, C.
     fabric local holds all W ranks on one GPU."""
     M, N, K, W = point.M, point.N, point.K, max(1, point.world)
-    if point.op == "ag-gemm":
+    if point.op in ("ag-gemm", "ag-wgrad"):  # ag-wgrad: gathered At (K x M), B_r (K x N/W), C_r
         elems = M * K + K * -(-N // W) + M * -(-N // W)
     elif point.op == "gemm-rs":
         elems = M * -(-K // W) + -(-K // W) * N + M * N + -(-M // W) * N
@@ -78,12 +78,10 @@ def as_forward(point: Point) -> Point:
     """A backward op (ops/backward.py) as the forward op with the same schedule, bytes and FLOPs:
     the dgrad ops are their forward kernels (B_r's layout is not modelled); ag-wgrad gathers At
     (K x M) as ag-gemm gathers A (M x K): the baselines' rings and copies are the same, the
-    GEMM the same size (kosmos has no ag-wgrad kernel: Unsupported)."""
+    GEMM the same size (kosmos ag-wgrad keeps its own schedule: ``simulate_point``)."""
     if point.op in ("ag-gemm-dgrad", "gemm-rs-dgrad"):
         return point.replace(op=point.op.removesuffix("-dgrad"))
     if point.op == "ag-wgrad":
-        if point.impl == "kosmos":
-            raise Unsupported("kosmos ag-wgrad: the K-dim all-gather kernel is not built")
         return point.replace(op="ag-gemm", M=point.K, K=point.M)
     return point
 
@@ -96,6 +94,7 @@ def simulate_point(point: Point, prof: dict | None = None, num_movers: int | Non
         from .layer import simulate_layer
 
         return simulate_layer(point, prof or profile_for(point)), None
+    wgrad = point if point.op == "ag-wgrad" and point.impl == "kosmos" else None  # its own schedule
     point = as_forward(point)
     prof = prof or profile_for(point)
     if point.op in MOE_OPS:  # their own closed-form model (sim/moe.py)
@@ -116,6 +115,7 @@ def simulate_point(point: Point, prof: dict | None = None, num_movers: int | Non
     if point.impl == "torch":
         raise Unsupported("impl torch runs only the gemm op")
     fields = {"profile": prof["name"], "t_gemm_us": baselines.gemm_alone_us(point, prof), "cv": 0.0}
+    kpoint = wgrad or point  # the kosmos kernel's op (the GEMM / collective alone: as_forward's)
     if point.impl != "kosmos" and point.fabric == "local":
         raise Unsupported(f"{point.impl} does not run on the local fabric")
     try:
@@ -131,12 +131,12 @@ def simulate_point(point: Point, prof: dict | None = None, num_movers: int | Non
     elif point.impl == "nccl-overlap":
         t = baselines.overlap_us(point, prof)
     else:
-        built = model.build(point, prof, num_movers=num_movers, full=full)
+        built = model.build(kpoint, prof, num_movers=num_movers, full=full)
         res = engine.simulate(built.problem, check=False)
         t = (res.makespan_ns + built.overhead_ns) / 1e3
         fields.update(res.summary())
         fields.update(built.info or {})  # the resolved configuration, as the GPU runner's info records it
-        fields.update(builder=model.resolve_builder(point, prof))
+        fields.update(builder=model.resolve_builder(kpoint, prof))
         fields.update(num_movers=built.num_movers, num_wgs=built.num_wgs, sim_ranks=len(built.ranks),
                       sim_symmetric=built.symmetric, sim_items=built.problem.n, sim_events=res.events)
     fields.update(t_median_us=t, t_min_us=t, t_p99_us=t, sim_wall_s=time.perf_counter() - t0)

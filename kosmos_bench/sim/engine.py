@@ -73,6 +73,12 @@ class Problem:
     floor_ns:   float (n,)    earliest readiness (entry handshake), 0 by default
     end_floor_ns: float (n,)  earliest end of a compute item, 0 by default (a tile streaming
                               K-slices: the last slice's arrival + the work after it)
+    end_dep_ptr, end_dep_idx: CSR *stream* dependencies of a compute item: items it needs while it
+                              runs, not to start (a tile that waits for its operands' bands
+                              inside, in a fixed order: ag-wgrad); it is claimed and started
+                              as its other deps allow and ends at the latest of its own end and,
+                              per stream dependency, (its completion + end_dep_lat_ns + the
+                              work after it, end_dep_tail_ns), holding its WG until then
     label:      int64 (n,)    item id written to the trace (the kernel's item number)
     queues:     per rank, the list of queues (the rules index into it)
     rule_sets:  list of rules; a rule list is [(queue index, mode), ...] (modes above)
@@ -108,6 +114,10 @@ class Problem:
     sm: list | None = None
     inflight_cap: list | None = None
     end_floor_ns: np.ndarray | None = None
+    end_dep_ptr: np.ndarray | None = None
+    end_dep_idx: np.ndarray | None = None
+    end_dep_lat_ns: np.ndarray | None = None
+    end_dep_tail_ns: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -136,6 +146,14 @@ class Problem:
             raise ValueError("dep_ptr must have n+1 entries and dep_lat_ns one per dependency")
         if self.dep_idx.size and (self.dep_idx.min() < 0 or self.dep_idx.max() >= n):
             raise ValueError("dependency out of range")
+        if self.end_dep_ptr is not None:
+            m = len(self.end_dep_idx)
+            if len(self.end_dep_ptr) != n + 1 or len(self.end_dep_lat_ns) != m or len(self.end_dep_tail_ns) != m:
+                raise ValueError("end_dep_ptr must have n+1 entries, end_dep_lat_ns / end_dep_tail_ns one per edge")
+            if m and (np.min(self.end_dep_idx) < 0 or np.max(self.end_dep_idx) >= n):
+                raise ValueError("stream dependency out of range")
+            if m and np.any(self.kind[np.repeat(np.arange(n), np.diff(self.end_dep_ptr))] == MOVE):
+                raise ValueError("stream dependencies are for compute items")
         for r, wr in enumerate(self.wg_rules):
             for k in np.unique(np.asarray(wr)):
                 rs = self.rule_sets[k]
@@ -406,6 +424,18 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
     floor = (np.zeros(n) if p.floor_ns is None else np.asarray(p.floor_ns, dtype=float)).tolist()
     ready_at = list(floor)  # running max of (dep end + latency)
     end_floor = (np.zeros(n) if p.end_floor_ns is None else np.asarray(p.end_floor_ns, dtype=float)).tolist()
+    # stream dependencies: consumers of each item (with latency + tail), per item the edges left
+    # and the running max of (completion + latency + tail); base_end: own end once started
+    end_left = [0] * n
+    end_at = [0.0] * n
+    base_end: list = [None] * n
+    econs: list = [[] for _ in range(n)]
+    if p.end_dep_ptr is not None:
+        eptr = np.asarray(p.end_dep_ptr, dtype=np.int64)
+        end_left = np.diff(eptr).tolist()
+        for c in np.flatnonzero(np.diff(eptr)).tolist():
+            for k in range(int(eptr[c]), int(eptr[c + 1])):
+                econs[int(p.end_dep_idx[k])].append((c, float(p.end_dep_lat_ns[k]) + float(p.end_dep_tail_ns[k])))
     work = np.asarray(p.work_ns, dtype=float).tolist()
     nbytes = np.asarray(p.nbytes, dtype=float).tolist()
     kind_l = np.asarray(p.kind).tolist()
@@ -473,7 +503,11 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
             if nbytes[it] > 0:
                 push(t + work[it], _EV_JOIN, it)
                 return
-        push(max(t + work[it], end_floor[it]), _EV_DONE, it)
+        e = max(t + work[it], end_floor[it])
+        if end_left[it]:  # stream deps still outstanding: ends once the last one is in (complete)
+            base_end[it] = e
+            return
+        push(max(e, end_at[it]), _EV_DONE, it)
 
     def head(r, qi):
         items, h = queues[r][qi]
@@ -604,6 +638,12 @@ def simulate(p: Problem, check: bool = True) -> SimResult:
             pending[c] -= 1
             if pending[c] == 0:
                 push(ready_at[c], _EV_READY, c)
+        for c, add in econs[it]:
+            if t + add > end_at[c]:
+                end_at[c] = t + add
+            end_left[c] -= 1
+            if end_left[c] == 0 and base_end[c] is not None:
+                push(max(base_end[c], end_at[c]), _EV_DONE, c)
         push(t, _EV_FREE, r, wg_of[it])
         if capped_item[it] and parked[r]:
             dispatch(r, t)

@@ -40,6 +40,7 @@ _B, _M, _R = S.Q_BUILD, S.Q_MOVE, S.Q_REDUCE
 assert (_B, _M, _R) == (0, 1, 2), "engine named loops assume builder/mover/reduce = 0/1/2"
 LOOP_RULES = {
     ("ag-gemm", "self"): E.SELF_AG,
+    ("ag-wgrad", "self"): E.SELF_AG,  # decide<ag-wgrad> is ag-gemm's with builders ready at once
     ("gemm-rs", "self"): E.SELF_RS,
     "mover": [(_M, E.ANY)],
     "builder": [(_B, E.ANY), (_R, E.ANY)],
@@ -55,7 +56,7 @@ LOOP_RULES = {
 }
 
 _ROLE_OF_KIND = {S.AG_PULL: E.MOVE, S.AG_BUILD: E.BUILD, S.RS_BUILD: E.BUILD,
-                 S.RS_PUSH: E.MOVE, S.RS_PROXY: E.MOVE, S.RS_REDUCE: E.REDUCE}
+                 S.RS_PUSH: E.MOVE, S.RS_PROXY: E.MOVE, S.RS_REDUCE: E.REDUCE, S.AGW_BUILD: E.BUILD}
 
 
 class Unsupported(Exception):
@@ -253,6 +254,9 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     if cfg.mover == "ce" and (p.fabric != "host" or cfg.policy != "self"):
         raise Unsupported("mover ce is the host fabric with policy self only")
     builder = resolve_builder(p, prof, cfg)
+    if p.op == "ag-wgrad" and (builder != "sm90" or cfg.mover == "ce"):
+        raise Unsupported("kosmos ag-wgrad: the sm90 builder with SM movers only "
+                          f"(builder {builder}, mover {cfg.mover or 'auto'}; profile {prof['name']})")
     if cfg.mover == "ce" and p.op == "gemm-rs" and builder != "sm90":
         raise Unsupported("mover ce: gemm-rs copy-engine movers need the sm90 builder")
     sm90 = builder == "sm90"
@@ -385,7 +389,7 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
                 rf = t.col("rel_flag")
                 on = np.flatnonzero(rf >= 0)
                 rel_parts.append((t.col("rel_rank")[on], rf[on], offset[r, qi] + on, np.full(on.size, r)))
-    cons, srcs, lats = [], [], []
+    cons, srcs, lats, cflags = [], [], [], []
     for r in ranks:
         s = scheds[r]
         lay = s.flags
@@ -425,11 +429,17 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
                 raise RuntimeError(f"rank {r}: flag {f} has {int(fcount[f])} releasers, flag_mult says {s.flag_mult[f]}")
             k = np.repeat(fstart[flag], cnt) + np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt)
             cons.append(np.repeat(item, cnt))
+            cflags.append(np.repeat(flag, cnt))
             srcs.append(ritem[k])
             lats.append(np.where(rrank[k] == r, local_lat, remote_lat))
     cons_a = np.concatenate(cons) if cons else np.zeros(0, np.int64)
     src_a = np.concatenate(srcs) if srcs else np.zeros(0, np.int64)
     lat_a = np.concatenate(lats) if lats else np.zeros(0)
+    stream = None
+    if p.op == "ag-wgrad":  # tiles wait for their bands inside, in K order: stream dependencies
+        stream, keep = _wgrad_stream(scheds, ranks, offset, rank, work, cons_a, src_a, lat_a,
+                                     np.concatenate(cflags) if cflags else np.zeros(0, np.int64), n)
+        cons_a, src_a, lat_a = cons_a[keep], src_a[keep], lat_a[keep]
     end_floor = None
     if stream_k:  # the last group's tiles start on slice 0 and end after their last slice's work
         r0 = ranks[0]
@@ -490,11 +500,41 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
                      dep_idx=dep_idx, dep_lat_ns=dep_lat, label=label, queues=queues, rule_sets=rule_sets,
                      wg_rules=wg_rules, link_bw=links.bw, floor_ns=floor, flow_cap=cap,
                      claim_ns=float(prof.get("claim_ns", 0.0)), sm=sm, inflight_cap=caps,
-                     collapse=None if ce else _collapse(prof, p.fabric, len(links.bw)), end_floor_ns=end_floor)
+                     collapse=None if ce else _collapse(prof, p.fabric, len(links.bw)), end_floor_ns=end_floor,
+                     **(stream or {}))
     overhead = prof["launch_overhead_us"] * 1e3 + (remote_lat if p.fabric != "host" and W > 1 else 0.0)
     info = plan_info(pl, scheds[ranks[0]])
     info["max_inflight_movers"] = caps[0]  # the schedules are built with policy self; fixed / ce run uncapped
     return Built(prob, ranks, sizes[0], num_movers, symmetric, overhead, [scheds[r] for r in ranks], info)
+
+
+def _wgrad_stream(scheds, ranks, offset, rank, work, cons_a, src_a, lat_a, flag_a, n):
+    """ag-wgrad: its builders' deps (the remote band flags, schedule.py) as the engine's stream
+    dependencies: a tile starts at once (own rows first) and, per band, cannot end before that
+    band's arrival + the flag latency + the tile's work from that band's first k-block on (its
+    share of K after the band's offset in the tile's order: own rows, then r+1's, r+2's, ...).
+    Returns the Problem's end_dep_* fields and the mask of the plain dependencies to keep."""
+    is_b = np.zeros(n, dtype=bool)
+    for r in ranks:
+        o = offset[r, S.Q_BUILD]
+        is_b[o:o + len(scheds[r].builders)] = True
+    e = is_b[cons_a] if len(cons_a) else np.zeros(0, dtype=bool)
+    c, f = cons_a[e], flag_a[e]
+    tail = np.zeros(len(c))
+    for r in ranks:
+        sch = scheds[r]
+        W, K = sch.world, sch.K
+        nb, rows, k_loc = sch.meta["num_bands"], sch.meta["band_rows"], sch.meta["k_loc"]
+        on = rank[c] == r
+        b = f[on] - sch.flags.band
+        seg = (b // nb - r) % W  # the peer's segment in the tile's K order
+        k0 = seg * k_loc + (b % nb) * rows
+        tail[on] = work[c[on]] * (K - k0) / K
+    order = np.argsort(c, kind="stable")
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    ptr[1:] = np.cumsum(np.bincount(c, minlength=n))
+    return dict(end_dep_ptr=ptr, end_dep_idx=src_a[e][order], end_dep_lat_ns=lat_a[e][order],
+                end_dep_tail_ns=tail[order]), ~e
 
 
 def _peer_releases(r, sched, offset, W):
