@@ -26,17 +26,26 @@
 //
 //   SHARED_DH mb,n   math   no wait                         -> sdh_done[mb]
 //   GATHER b         loader no wait: 32 tokens' dO rows, dw, dlogits rows -> arrived[tile], lg_done[blk]
+//   PEER_GATHER b    loader no wait (host fabric): 32 peer rows' dO from pinned host memory -> arrived[tile]
 //   PAD e            loader no wait: zero dO rows of e's last tile beyond its rows -> arrived[tile]
 //   SHARED_WG2 r,m,n math   no wait
 //   DH q,n           math   arrived[g] == 128 (g = the forward's tile_order[q]) -> dh_done[g]
 //   DXR mb,n         math   lg_done[mb] == tokens of the block                  -> xr_done[mb]
 //   DWR r,m,n        math   lg_done of rank r's blocks
 //   DX q,n           math   dh_done[g] == F-tiles                               -> dx_done[g]
+//   PEER_COMBINE b   loader dx_done of its rows' tiles (host fabric: their dx rows -> the peers, pinned host)
 //   SHARED_DX mb,n   math   sdh_done[mb]                                        -> sdx_done[mb]
 //   WG2 e,m,n        math   arrived of every tile of e
 //   SHARED_WG1 r,m,n math   sdh_done of rank r's blocks
 //   WG1 e,m,n        math   dh_done of every tile of e
 //   FOLD b           loader dx_done of its choices' tiles, xr_done, sdx_done (128 threads wait)
+//
+// Host fabric (rank-0 view, ops/moe_host_bwd.py): a choice of a remote expert has its row in the
+// owner's buffers (the forward's ref_slot; -1: the reference routing made no such choice, nothing
+// moves): GATHER writes its upstream row to send_gout and takes dw from the owner's output
+// (send_out), FOLD adds the owner's input gradient (send_dx); the peers' rows on the experts here
+// follow their own rows in each segment (as in the forward): PEER_GATHER brings their upstream
+// rows, PEER_COMBINE sends their input gradients back. All from inside the launch.
 //
 // Determinism: no atomics in any reduction (counters only count). Every sum has one owner and
 // a fixed order: a GEMM tile's k-blocks in order in one CTA (the weight gradients sum an
@@ -100,6 +109,7 @@ enum BwdRole : uint16_t {
   kRoleRouter = 3,   // router dgrad / wgrad tiles
   kRoleShared = 4,   // the shared expert's tiles
   kRoleFold = 5,     // dx = sum over the choices (+ router, shared)
+  kRoleCombine = 6,  // host fabric: the peers' rows' input gradients out
 };
 
 struct Shared {
@@ -139,11 +149,12 @@ struct Layout {
     mFs2 = cdiv(2 * f.Fs, kBM);
     mE = cdiv(a.E8, kBM);
     const int nb = f.route_blocks, tb = cdiv(f.T, kTB), tm = f.tiles_max, W = a.W;
+    const int pb = cdiv(f.peer_rows, kTB);
     const int sh = f.Fs ? 1 : 0;
-    const int n[KOSMOS_MOE_BWD_NUM_KINDS] = {sh * nb * nFs,        tb,          f.E_tiles,         sh * W * mH * nFs,
-                                             tm * nF,              nb * nH,     W * mE * nH,       tm * nH,
-                                             sh * nb * nH,         f.E_tiles * mH * nF, sh * W * mFs2 * nH,
-                                             f.E_tiles * mF2 * nH, tb};
+    const int n[KOSMOS_MOE_BWD_NUM_KINDS] = {sh * nb * nFs,      tb,           pb,      f.E_tiles,   sh * W * mH * nFs,
+                                             tm * nF,            nb * nH,      W * mE * nH,          tm * nH,
+                                             pb,                 sh * nb * nH, f.E_tiles * mH * nF,
+                                             sh * W * mFs2 * nH, f.E_tiles * mF2 * nH,               tb};
     begin[0] = 0;
     for (int k = 0; k < KOSMOS_MOE_BWD_NUM_KINDS; ++k) begin[k + 1] = begin[k] + n[k];
   }
@@ -178,13 +189,14 @@ struct Ctx {
   __device__ uint32_t block_tokens(int mb) const { return uint32_t(min(kBM, a.f.T - mb * kBM)); }
 };
 
-// The forward's tiles of expert e (world 1 / local: its rows are its own_total): first sorted
-// tile and count (0: no rows; its weight gradients are zero).
+// The forward's segment of expert e (< E_tiles): its rows (own, then the peers' on the host
+// fabric), first sorted tile and tile count (0: no rows; its weight gradients are zero).
 struct ExpertTiles {
-  int first, n;
+  int first, n, rows;
 };
 __device__ __forceinline__ ExpertTiles expert_tiles(const KosmosMoeArgs& f, int e) {
-  return ExpertTiles{ldcg(f.seg_start + e) / kBM, cdiv(ldcg(f.own_total + e), kBM)};
+  const int rows = ldcg(f.own_total + e) + (f.peer_rows ? f.peer_total[e] : 0);
+  return ExpertTiles{ldcg(f.seg_start + e) / kBM, cdiv(rows, kBM), rows};
 }
 
 // 128-token blocks holding rank r's tokens [r*T1, (r+1)*T1)
@@ -247,7 +259,7 @@ __device__ int decide(const Ctx& c, const Layout& L) {
                                           : c.wait(c.dh_done() + g, uint32_t(L.nF), kind, i);
         break;
       }
-      default:  // SHARED_DH, PAD, SHARED_WG2: inputs only; FOLD: its 128 threads wait
+      default:  // SHARED_DH, PEER_GATHER, PAD, SHARED_WG2: inputs only; PEER_COMBINE, FOLD: their 128 threads wait
         break;
     }
     if (!ok) return -1;
@@ -281,14 +293,16 @@ __device__ void run_gather(const Ctx& c, int b, int tid) {
     int my_e = -1;
     for (int j = 0; j < k; ++j) {
       int e;
-      const int pos = pos_of(f, t, j, &e);
+      const int pos = pos_of(f, t, j, &e);  // the same for every lane
+      const bool here = e < f.E_tiles;      // else (host fabric): the owner's buffers, pinned host memory
       const float w = __ldcg(f.weights + int64_t(t) * k + j);
-      const int4* o = reinterpret_cast<const int4*>(os + int64_t(pos) * H);
-      int4* d = reinterpret_cast<int4*>(dos + int64_t(pos) * H);
+      const int4* o = reinterpret_cast<const int4*>(
+          (here ? os : static_cast<const bf16*>(f.send_out[e / f.E_loc])) + int64_t(pos) * H);
+      int4* d = reinterpret_cast<int4*>((here ? dos : static_cast<bf16*>(a.send_gout[e / f.E_loc])) + int64_t(pos) * H);
       float part = 0.f;
-      for (int ch = lane; ch < chunks; ch += 32) {
+      for (int ch = lane; ch < chunks && pos >= 0; ch += 32) {  // pos < 0: no row (moe_params.h ref_slot), dw 0
         const int4 yv = __ldg(dyr + ch);
-        const int4 ov = __ldg(o + ch);
+        const int4 ov = ld_cg_16(o + ch);
         const bf16* yh = reinterpret_cast<const bf16*>(&yv);
         const bf16* oh = reinterpret_cast<const bf16*>(&ov);
         int4 out;
@@ -307,9 +321,11 @@ __device__ void run_gather(const Ctx& c, int b, int tid) {
         my_dw = part;
         my_e = e;
       }
-      __threadfence();
-      __syncwarp();
-      if (lane == 0) atomicAdd(c.arrived() + pos / kBM, 1u);
+      if (here) {
+        __threadfence();
+        __syncwarp();
+        if (lane == 0) atomicAdd(c.arrived() + pos / kBM, 1u);
+      }
     }
     // the router's backward for token t (lane j < k holds choice j)
     const float wdw = warp_sum(lane < k ? my_w * my_dw : 0.f);
@@ -348,7 +364,7 @@ __device__ void run_pad(const Ctx& c, int e, int tid) {
   const ExpertTiles et = expert_tiles(f, e);
   if (et.n == 0) return;  // uniform over the 128 threads
   const int warp = tid / 32, lane = tid % 32;
-  const int p0 = et.first * kBM + ldcg(f.own_total + e), p1 = (et.first + et.n) * kBM;
+  const int p0 = et.first * kBM + et.rows, p1 = (et.first + et.n) * kBM;
   const int chunks = f.H / 8;
   for (int r = p0 + warp; r < p1; r += kLoaderThreads / 32) {
     int4* d = reinterpret_cast<int4*>(static_cast<bf16*>(a.dos) + int64_t(r) * f.H);
@@ -357,6 +373,46 @@ __device__ void run_pad(const Ctx& c, int e, int tid) {
   __threadfence();
   named_bar_sync(kBarLoader, kLoaderThreads);
   if (tid == 0 && p1 > p0) atomicAdd(c.arrived() + et.first + et.n - 1, uint32_t(p1 - p0));
+}
+
+// PEER_GATHER b (host fabric): the upstream gradients of peer rows 32b.. (pinned host memory,
+// as the peers' combine backward made them) to their sorted rows (the forward's placement).
+__device__ void run_peer_gather(const Ctx& c, int b, int tid) {
+  const KosmosMoeBwdArgs& a = c.a;
+  const KosmosMoeArgs& f = a.f;
+  const int warp = tid / 32, lane = tid % 32;
+  const int r1 = min(f.peer_rows, (b + 1) * kTB);
+  for (int i = b * kTB + warp; i < r1; i += kLoaderThreads / 32) {
+    const moe::PeerRow pr = moe::peer_row(f, i);
+    const int4* src = reinterpret_cast<const int4*>(static_cast<const bf16*>(a.recv_gout[pr.p]) + int64_t(pr.ip) * f.H);
+    moe::copy_row(reinterpret_cast<int4*>(static_cast<bf16*>(a.dos) + int64_t(pr.dst) * f.H), src, f.H / 8, lane);
+    __threadfence();
+    __syncwarp();
+    if (lane == 0) atomicAdd(c.arrived() + pr.dst / kBM, 1u);
+  }
+}
+
+// PEER_COMBINE b (host fabric): the input gradients of peer rows 32b.. back to the peers' recv_dx,
+// each row once its tile's DX items are done (every thread waits for a share of the rows; a
+// failed wait is shared through s.bad so that all 128 threads take the same path).
+__device__ void run_peer_combine(const Ctx& c, const Layout& L, Shared& s, int b, int tid) {
+  const KosmosMoeBwdArgs& a = c.a;
+  const KosmosMoeArgs& f = a.f;
+  const int warp = tid / 32, lane = tid % 32;
+  const int r1 = min(f.peer_rows, (b + 1) * kTB);
+  bool ok = true;
+  for (int i = b * kTB + tid; i < r1 && ok; i += kLoaderThreads)
+    ok = c.wait(c.dx_done() + moe::peer_row(f, i).dst / kBM, uint32_t(L.nH), KOSMOS_MOE_BWD_PEER_COMBINE, b);
+  if (!ok) s.bad = 1;
+  named_bar_sync(kBarLoader, kLoaderThreads);
+  const bool bad = s.bad != 0;
+  for (int i = b * kTB + warp; i < r1 && !bad; i += kLoaderThreads / 32) {
+    const moe::PeerRow pr = moe::peer_row(f, i);
+    const int4* src = reinterpret_cast<const int4*>(static_cast<const bf16*>(a.dxs) + int64_t(pr.dst) * f.H);
+    moe::copy_row(reinterpret_cast<int4*>(static_cast<bf16*>(a.recv_dx[pr.p]) + int64_t(pr.ip) * f.H), src, f.H / 8,
+                  lane);
+  }
+  named_bar_sync(kBarLoader, kLoaderThreads);  // s.bad read by every thread
 }
 
 // FOLD b: every thread waits for a share of the block's choices' DX tiles (watchdog), thread 0
@@ -375,8 +431,10 @@ __device__ void run_fold(const Ctx& c, const Layout& L, Shared& s, int b, int ti
     const int t = t0 + p / k, j = p % k;
     int e;
     const int pos = pos_of(f, t, j, &e);
-    s.fold_src[p] = dxs + int64_t(pos) * f.H;
-    if (ok) ok = c.wait(c.dx_done() + pos / kBM, uint32_t(L.nH), KOSMOS_MOE_BWD_FOLD, b);
+    const bool here = e < f.E_tiles;  // else: the owner's input gradient of this row, static in pinned host memory
+    s.fold_src[p] = pos < 0 ? nullptr
+                            : (here ? dxs : static_cast<const bf16*>(a.send_dx[e / f.E_loc])) + int64_t(pos) * f.H;
+    if (ok && here) ok = c.wait(c.dx_done() + pos / kBM, uint32_t(L.nH), KOSMOS_MOE_BWD_FOLD, b);
   }
   if (tid == 0 && ok) ok = c.wait(c.xr_done() + t0 / kBM, uint32_t(L.nH), KOSMOS_MOE_BWD_FOLD, b);
   if (tid == 0 && ok && f.Fs) ok = c.wait(c.sdx_done() + t0 / kBM, uint32_t(L.nH), KOSMOS_MOE_BWD_FOLD, b);
@@ -395,7 +453,9 @@ __device__ void run_fold(const Ctx& c, const Layout& L, Shared& s, int b, int ti
 #pragma unroll
       for (int u = 0; u < 8; ++u) acc[u] = 0.f;
       for (int j = 0; j < k; ++j) {
-        const int4 v = ld_cg_16(s.fold_src[tl * k + j] + ch * 8);
+        const bf16* src = s.fold_src[tl * k + j];
+        if (!src) continue;  // no row for this choice (host fabric, moe_params.h ref_slot)
+        const int4 v = ld_cg_16(src + ch * 8);
         const bf16* h = reinterpret_cast<const bf16*>(&v);
 #pragma unroll
         for (int u = 0; u < 8; ++u) acc[u] += __bfloat162float(h[u]);
@@ -674,7 +734,8 @@ __device__ void produce_item(const Params& P, const Layout& L, BuilderN& bn, Bui
 }
 
 __device__ __forceinline__ bool is_loader_item(int kind) {
-  return kind == KOSMOS_MOE_BWD_GATHER || kind == KOSMOS_MOE_BWD_PAD || kind == KOSMOS_MOE_BWD_FOLD;
+  return kind == KOSMOS_MOE_BWD_GATHER || kind == KOSMOS_MOE_BWD_PEER_GATHER || kind == KOSMOS_MOE_BWD_PAD ||
+         kind == KOSMOS_MOE_BWD_PEER_COMBINE || kind == KOSMOS_MOE_BWD_FOLD;
 }
 
 // ------------------------------------------------------------------------------ the kernel
@@ -737,8 +798,13 @@ __global__ void __launch_bounds__(kThreads, 1) moe_bwd_sm90_kernel(const __grid_
       uint16_t r = kRoleGather;
       if (kind == KOSMOS_MOE_BWD_GATHER) {
         run_gather(c, i, tid);
+      } else if (kind == KOSMOS_MOE_BWD_PEER_GATHER) {
+        run_peer_gather(c, i, tid);
       } else if (kind == KOSMOS_MOE_BWD_PAD) {
         run_pad(c, i, tid);
+      } else if (kind == KOSMOS_MOE_BWD_PEER_COMBINE) {
+        r = kRoleCombine;
+        run_peer_combine(c, L, s, i, tid);
       } else {
         r = kRoleFold;
         run_fold(c, L, s, i, tid);
@@ -820,7 +886,8 @@ int kosmos_moe_bwd_threads(void) { return kosmos::moe_bwd::kThreads; }
 long kosmos_moe_bwd_args_offset(int i) {
 #define F(name) offsetof(KosmosMoeBwdArgs, name)
   static const long off[] = {F(f), F(dy), F(w1), F(w2), F(wr), F(ws1), F(ws2), F(dos), F(dgus), F(dxs), F(dlogits),
-                             F(dxr), F(dgush), F(dxsh), F(dx), F(dwr), F(dw1), F(dw2), F(dws1), F(dws2), F(ctr),
+                             F(dxr), F(dgush), F(dxsh), F(dx), F(dwr), F(dw1), F(dw2), F(dws1), F(dws2),
+                             F(recv_gout), F(recv_dx), F(send_gout), F(send_dx), F(ctr),
                              F(state), F(err), F(trace), F(trace_count), F(timeout_ns), F(W), F(T1), F(E8),
                              F(ctr_words), F(grid), F(trace_cap), F(spin_ns), F(debug_skip_gather),
                              sizeof(KosmosMoeBwdArgs)};
@@ -851,8 +918,12 @@ int kosmos_moe_bwd_set(void* h, const KosmosMoeBwdArgs* args) {
   if (const char* why = kosmos::moe_bwd::validate(f.T, f.H, f.F, f.Fs, f.E, f.topk, a.W))
     return fail(KOSMOS_ERR_INVALID, "%s", why);
   if (a.T1 * a.W != f.T) return fail(KOSMOS_ERR_INVALID, "moe bwd sm90: T1 * W != T");
-  if (f.E_tiles != f.E || f.peer_rows)
-    return fail(KOSMOS_ERR_INVALID, "moe bwd sm90: world 1 and the local fabric only (every expert here, no peer rows)");
+  if (f.E_tiles < 1 || f.E_tiles > f.E || f.E_loc < 1 || (f.E_tiles < f.E && (f.E % f.E_loc || a.W != 1)))
+    return fail(KOSMOS_ERR_INVALID, "moe bwd sm90: E_tiles / E_loc / W do not fit E (remote experts: the host view, W = 1)");
+  if (f.E_tiles < f.E && (!f.ref_routes || !f.ref_slot))
+    return fail(KOSMOS_ERR_INVALID, "moe bwd sm90: remote experts without the reference routing's send slots");
+  if (f.peer_rows < 0 || (f.peer_rows && (!f.peer_expert || !f.peer_rel || !f.peer_total)))
+    return fail(KOSMOS_ERR_INVALID, "moe bwd sm90: peer rows without their tables");
   if (a.E8 < f.E || a.E8 % 8) return fail(KOSMOS_ERR_INVALID, "moe bwd sm90: E8 must be E rounded up to 8");
   if (!f.x || !f.xs || !f.hs || !f.os || !f.gus || !f.routes || !f.weights || !f.logits || !f.rank || !f.blk_base ||
       !f.seg_start || !f.tile_order || !f.tile_expert || !f.tile_rows || !f.meta || !f.own_total)
@@ -866,7 +937,7 @@ int kosmos_moe_bwd_set(void* h, const KosmosMoeBwdArgs* args) {
                               a.dlogits, a.dxr, a.dx, a.dwr, a.dw1, a.dw2};
   for (const void* p : bufs)
     if (!kosmos::moe_bwd::aligned(p)) return fail(KOSMOS_ERR_INVALID, "moe bwd sm90: buffers must be 16-byte aligned");
-  if (f.route_blocks != (f.T + 127) / 128 || f.tiles_max < (f.T * f.topk + 127) / 128 + f.E_tiles)
+  if (f.route_blocks != (f.T + 127) / 128 || f.tiles_max < (f.T * f.topk + f.peer_rows + 127) / 128 + f.E_tiles)
     return fail(KOSMOS_ERR_INVALID, "moe bwd sm90: the forward's route_blocks / tiles_max do not match T, topk, E");
   if (a.ctr_words < KOSMOS_MOE_BWD_CTR_HEAD + 3 * f.tiles_max + 4 * f.route_blocks)
     return fail(KOSMOS_ERR_INVALID, "moe bwd sm90: ctr_words too small");

@@ -134,17 +134,6 @@ struct Ctx {
   __device__ int flag_id(const uint32_t* f) const { return int(f - a.ctr); }
 };
 
-// Peer row i (host fabric): its peer, its row in that peer's buffers and its sorted row here.
-struct PeerRow {
-  int p, ip, dst;
-};
-__device__ __forceinline__ PeerRow peer_row(const KosmosMoeArgs& a, int i) {
-  int p = 1;
-  while (p < 7 && i >= a.peer_begin[p + 1]) ++p;
-  const int e = a.peer_expert[i];
-  return PeerRow{p, i - a.peer_begin[p], ldcg(a.seg_start + e) + ldcg(a.own_total + e) + a.peer_rel[i]};
-}
-
 // ------------------------------------------------------------------------------ scheduler
 // Claim the next item (thread kSched): returns (kind << 24 | index) with its dependencies
 // acquired, or -1 when the sequence is exhausted or the call aborted.

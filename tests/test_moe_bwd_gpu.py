@@ -1,7 +1,7 @@
 """ops moe-bwd / moe-step on a GPU: the baselines' and the KOSMOS backward kernel's gradients are
 right (wrong == 0 against the fp32 reference) and bitwise identical over 20 calls, on the real
-presets at world 1 (uniform and zipf routing) and on the local (W 2, 4, 8) and host (W 8, the
-baselines) fabrics; the kernel's watchdog and its one launch per backward. Skipped without a
+presets at world 1 (uniform and zipf routing) and on the local (W 2, 4, 8) and host (W 8)
+fabrics; the kernel's watchdog and its one launch per backward. Skipped without a
 CUDA GPU (the kernel's tests: without a Hopper GPU)."""
 import pytest
 import torch
@@ -115,8 +115,16 @@ def test_kosmos_local_fabric(preset, T, world):
     assert row["dispatch_bytes"] > 0
 
 
-def test_kosmos_host_fabric_is_skipped_with_the_reason():
-    p = _point("moe-bwd", "kosmos", "qwen3-235b-a22b", 1024, 8, "host", "uniform")
+@pytest.mark.hopper
+@pytest.mark.parametrize("preset", ["deepseek-v3", "qwen3-235b-a22b"])
+def test_kosmos_host_fabric(preset):
+    """The rank-0 view at W 8: the peers' rows in and out through pinned host memory from inside the launch."""
+    row = _run("moe-bwd", "kosmos", preset, 1024, 8, "host", "zipf:1.2")
+    assert row["dispatch_bytes"] > 0
+
+
+def test_kosmos_nvlink_is_skipped_with_the_reason():
+    p = _point("moe-bwd", "kosmos", "qwen3-235b-a22b", 1024, 8, "nvlink", "uniform")
     row, _ = harness.run_point(p, rank=0, procs=1)
     assert row["status"] == "skipped" and "not implemented yet" in row["error"], row.get("error")
 

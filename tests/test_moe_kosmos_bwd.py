@@ -45,21 +45,25 @@ def test_args_layout_matches_the_c_struct():
     assert sizes == ctypes.sizeof(moe_bwd_sm90.MoeBwdArgs)  # no implicit padding
 
 
-@pytest.mark.parametrize("T,H,F,Fs,E,k,W", [(8192, 7168, 2048, 2048, 32, 8, 1), (1000, 512, 256, 0, 16, 8, 1),
-                                             (384 * 4, 512, 384, 256, 128, 8, 4), (40, 256, 256, 0, 4, 2, 2)])
-def test_item_counts_match_the_kernel_layout(T, H, F, Fs, E, k, W):
+@pytest.mark.parametrize("T,H,F,Fs,E,k,W,Et,R", [(8192, 7168, 2048, 2048, 32, 8, 1, 32, 0),
+                                                  (1000, 512, 256, 0, 16, 8, 1, 16, 0),
+                                                  (384 * 4, 512, 384, 256, 128, 8, 4, 128, 0),
+                                                  (40, 256, 256, 0, 4, 2, 2, 4, 0),
+                                                  (384, 512, 256, 256, 256, 8, 1, 32, 2713)])  # host view
+def test_item_counts_match_the_kernel_layout(T, H, F, Fs, E, k, W, Et, R):
     """The claim sequence's counts per kind, C (kernel Layout) against the Python mirror."""
     lib = _lib()
     a = moe_bwd_sm90.MoeBwdArgs()
     f = a.f
-    f.T, f.H, f.F, f.Fs, f.E, f.topk, f.E_tiles = T, H, F, Fs, E, k, E
-    f.route_blocks, f.tiles_max = -(-T // BM), moe_sm90.tiles_max(T, k, E)
+    f.T, f.H, f.F, f.Fs, f.E, f.topk, f.E_tiles, f.peer_rows = T, H, F, Fs, E, k, Et, R
+    f.route_blocks, f.tiles_max = -(-T // BM), moe_sm90.tiles_max(T, k, Et, R)
     a.W, a.T1, a.E8 = W, T // W, moe_bwd_sm90.e8(E)
-    want = moe_bwd_sm90.item_counts(T, H, F, Fs, E, k, W)
+    want = moe_bwd_sm90.item_counts(T, H, F, Fs, E, k, W, Et, R)
     got = {name: lib.kosmos_moe_bwd_item_count(ctypes.byref(a), i) for i, name in enumerate(moe_bwd_sm90.KINDS)}
     assert got == want
     assert lib.kosmos_moe_bwd_item_count(ctypes.byref(a), len(moe_bwd_sm90.KINDS)) == -1
     assert (want["SHARED_DH"] > 0) == (Fs > 0) and want["GATHER"] == want["FOLD"] == -(-T // 32)
+    assert want["PEER_GATHER"] == want["PEER_COMBINE"] == -(-R // 32) and want["PAD"] == Et
 
 
 def test_validate_reasons():
@@ -73,15 +77,16 @@ def test_validate_reasons():
 def test_unsupported_reasons():
     assert kosmos_moe_bwd.unsupported_bwd(mm.preset("deepseek-v3", T=8192), "world1") is None
     assert kosmos_moe_bwd.unsupported_bwd(mm.preset("qwen3-235b-a22b", T=1024, world=8), "local") is None
-    why = kosmos_moe_bwd.unsupported_bwd(mm.preset("qwen3-235b-a22b", T=1024, world=8), "host")
-    assert "fabric host is not implemented yet" in why
-    assert "not implemented yet" in kosmos_moe_bwd.unsupported_bwd(mm.preset("tiny", T=64, world=2), "nvlink")
+    assert kosmos_moe_bwd.unsupported_bwd(mm.preset("qwen3-235b-a22b", T=1024, world=8), "host") is None
+    why = kosmos_moe_bwd.unsupported_bwd(mm.preset("tiny", T=64, world=2), "nvlink")
+    assert "fabric nvlink is not implemented yet" in why
     assert "256" in kosmos_moe_bwd.unsupported_bwd(mm.preset("deepseek-v3", T=64, world=16, E_loc=32), "local")
     assert "128" in kosmos_moe_bwd.unsupported_bwd(mm.MoeShape(T=64, H=512, F=192, E=8, topk=2), "world1")
-    p = Point("moe-bwd", "kosmos", world=8, fabric="host", backend="gpu", moe="deepseek-v3", routing="uniform",
+    p = Point("moe-bwd", "kosmos", world=8, fabric="nvlink", backend="gpu", moe="deepseek-v3", routing="uniform",
               **preset_point_dims("deepseek-v3", 1024))
-    assert "fabric host" in get_impl("kosmos").unsupported(p)
+    assert "fabric nvlink" in get_impl("kosmos").unsupported(p)
     assert get_impl("kosmos").unsupported(p.replace(fabric="local")) is None
+    assert get_impl("kosmos").unsupported(p.replace(fabric="host")) is None
     assert get_impl("kosmos").unsupported(p.replace(op="moe-step", world=1)) is None
 
 
@@ -89,6 +94,7 @@ def test_counter_names_for_the_watchdog():
     T, k, E = 1000, 8, 16
     tm, nb = moe_sm90.tiles_max(T, k, E), -(-T // BM)
     assert moe_bwd_sm90.ctr_words(T, k, E) == moe_bwd_sm90.CTR_HEAD + 3 * tm + 4 * nb
+    assert moe_bwd_sm90.ctr_words(T, k, E, 300) == moe_bwd_sm90.CTR_HEAD + 3 * moe_sm90.tiles_max(T, k, E, 300) + 4 * nb
     name = lambda w: moe_bwd_sm90.counter_name(w, T, k, E)  # noqa: E731
     assert name(0) == "counter claim"
     assert name(moe_bwd_sm90.CTR_HEAD + 5) == "arrived[5]"

@@ -9,8 +9,9 @@
 // Its counters, state and error record are the forward's and are not touched here.
 //
 // Only fixed-width fields; the struct is a multiple of 8 bytes with no implicit padding. All
-// pointers are device pointers, bf16 unless said. T, E, M_MAX as in moe_params.h; W = ranks in
-// the launch (local fabric; 1 otherwise), T1 = T / W tokens per rank, E8 = E rounded up to 8.
+// pointers are device pointers (pinned host memory mapped for the host fabric's tables), bf16
+// unless said. T, E, E_tiles, M_MAX as in moe_params.h; W = ranks in the launch (local fabric; 1
+// otherwise), T1 = T / W tokens per rank, E8 = E rounded up to 8.
 #pragma once
 #include <stdint.h>
 
@@ -20,20 +21,24 @@
 
 // Item kinds, in claim order (also the error record's `queue` and the trace record's item high byte).
 enum KosmosMoeBwdKind {
-  KOSMOS_MOE_BWD_SHARED_DH = 0,  // shared expert: dh_s = dy @ Ws2 tile (128 tokens x 256 of Fs), SwiGLU backward
-  KOSMOS_MOE_BWD_GATHER = 1,     // 32 tokens: dO rows w_tj * dy_t into expert-sorted order, dw_tj, dlogits rows
-  KOSMOS_MOE_BWD_PAD = 2,        // expert e: zero dO rows of its last tile beyond its rows
-  KOSMOS_MOE_BWD_SHARED_WG2 = 3, // dWs2 tile of rank r (128 of H x 256 of Fs) = dy_r^T @ hsh_r
-  KOSMOS_MOE_BWD_DH = 4,         // expert tile (queue position q, n-tile of F): dO @ W2_e, SwiGLU backward -> [dg|du]
-  KOSMOS_MOE_BWD_DXR = 5,        // 128 tokens x 256 of H: dlogits @ Wr (the router's part of dx)
-  KOSMOS_MOE_BWD_DWR = 6,        // dWr tile of rank r (128 of E x 256 of H) = dlogits_r^T @ x_r
-  KOSMOS_MOE_BWD_DX = 7,         // expert tile (q, n-tile of H): [dg|du] @ W1_e -> dxs rows
-  KOSMOS_MOE_BWD_SHARED_DX = 8,  // 128 tokens x 256 of H: [dg|du]_s @ Ws1
-  KOSMOS_MOE_BWD_WG2 = 9,        // dW2_e tile (128 of H x 256 of F) = dO_e^T @ h_e over the expert's rows
-  KOSMOS_MOE_BWD_SHARED_WG1 = 10,// dWs1 tile of rank r (128 of 2Fs x 256 of H) = [dg|du]_s,r^T @ x_r
-  KOSMOS_MOE_BWD_WG1 = 11,       // dW1_e tile (128 of 2F x 256 of H) = [dg|du]_e^T @ xs_e
-  KOSMOS_MOE_BWD_FOLD = 12,      // 32 tokens: dx_t = sum_j dxs[pos(t, j)] (j order) + dxr_t + dxsh_t
-  KOSMOS_MOE_BWD_NUM_KINDS = 13,
+  KOSMOS_MOE_BWD_SHARED_DH = 0,   // shared expert: dh_s = dy @ Ws2 tile (128 tokens x 256 of Fs), SwiGLU backward
+  KOSMOS_MOE_BWD_GATHER = 1,      // 32 tokens: dO rows w_tj * dy_t into expert-sorted order (host fabric, a
+                                  //   remote expert's: into its owner's send_gout), dw_tj, dlogits rows
+  KOSMOS_MOE_BWD_PEER_GATHER = 2, // host fabric: 32 peer rows' upstream gradients (pinned host) -> their sorted rows
+  KOSMOS_MOE_BWD_PAD = 3,         // expert e: zero dO rows of its last tile beyond its rows
+  KOSMOS_MOE_BWD_SHARED_WG2 = 4,  // dWs2 tile of rank r (128 of H x 256 of Fs) = dy_r^T @ hsh_r
+  KOSMOS_MOE_BWD_DH = 5,          // expert tile (queue position q, n-tile of F): dO @ W2_e, SwiGLU backward -> [dg|du]
+  KOSMOS_MOE_BWD_DXR = 6,         // 128 tokens x 256 of H: dlogits @ Wr (the router's part of dx)
+  KOSMOS_MOE_BWD_DWR = 7,         // dWr tile of rank r (128 of E x 256 of H) = dlogits_r^T @ x_r
+  KOSMOS_MOE_BWD_DX = 8,          // expert tile (q, n-tile of H): [dg|du] @ W1_e -> dxs rows
+  KOSMOS_MOE_BWD_PEER_COMBINE = 9,// host fabric: 32 peer rows' input gradients -> the peers' recv_dx (pinned host)
+  KOSMOS_MOE_BWD_SHARED_DX = 10,  // 128 tokens x 256 of H: [dg|du]_s @ Ws1
+  KOSMOS_MOE_BWD_WG2 = 11,        // dW2_e tile (128 of H x 256 of F) = dO_e^T @ h_e over the expert's rows
+  KOSMOS_MOE_BWD_SHARED_WG1 = 12, // dWs1 tile of rank r (128 of 2Fs x 256 of H) = [dg|du]_s,r^T @ x_r
+  KOSMOS_MOE_BWD_WG1 = 13,        // dW1_e tile (128 of 2F x 256 of H) = [dg|du]_e^T @ xs_e
+  KOSMOS_MOE_BWD_FOLD = 14,       // 32 tokens: dx_t = sum_j dxs[pos(t, j)] (j order; host fabric, a remote
+                                  //   expert's: the owner's send_dx row) + dxr_t + dxsh_t
+  KOSMOS_MOE_BWD_NUM_KINDS = 15,
 };
 
 // Counter words (uint32, zeroed by the last CTA of every call; the host zeroes them after an abort).
@@ -59,10 +64,16 @@ typedef struct KosmosMoeBwdArgs {
   void* dxsh;            // (T x H) shared expert's part of dx
   void* dx;              // (T x H) output: the tokens' gradient
   void* dwr;             // (W x E x H) output: each rank's tokens' share of the router gradient
-  void* dw1;             // (E_tiles x 2F x H) output: every executed rank's rows, token order
+  void* dw1;             // (E_tiles x 2F x H) output: every executed rank's rows in token order (host: then the peers')
   void* dw2;             // (E_tiles x H x F) output
   void* dws1;            // (W x 2Fs x H) output: each rank's share (Fs > 0)
   void* dws2;            // (W x H x Fs) output
+  // host fabric (rank-0 view, kosmos_bench/ops/moe_host_bwd.py; the forward's peer tables in f):
+  // per peer p = 1..W-1, rows in the order of the forward's recv_rows / send_rows
+  const void* recv_gout[8];  // [p] (n_p x H) upstream gradients of p's rows on the experts here (host -> device)
+  void* recv_dx[8];          // [p] (n_p x H) their input gradients                            (device -> host)
+  void* send_gout[8];        // [p] (m_p x H) upstream gradients of own rows on p's experts    (device -> host)
+  const void* send_dx[8];    // [p] (m_p x H) p's input gradients of those rows                (host -> device)
   uint32_t* ctr;         // counters (KosmosMoeBwdCtr), ctr_words of them
   uint32_t* state;       // [0] completed calls, [1] aborted epoch, [2], [3] unused
   void* err;             // KosmosErrorRecord (device memory)

@@ -32,6 +32,17 @@ __device__ __forceinline__ int pos_of(const KosmosMoeArgs& a, int t, int j, int*
          ldcg(a.rank + int64_t(t) * a.topk + j);
 }
 
+// Peer row i (host fabric): its peer, its row in that peer's buffers and its sorted row here.
+struct PeerRow {
+  int p, ip, dst;
+};
+__device__ __forceinline__ PeerRow peer_row(const KosmosMoeArgs& a, int i) {
+  int p = 1;
+  while (p < 7 && i >= a.peer_begin[p + 1]) ++p;
+  const int e = a.peer_expert[i];
+  return PeerRow{p, i - a.peer_begin[p], ldcg(a.seg_start + e) + ldcg(a.own_total + e) + a.peer_rel[i]};
+}
+
 // One warp copies a row of `chunks` 16-byte chunks (ld.global.cg: the source may be pinned host memory).
 __device__ __forceinline__ void copy_row(int4* dst, const int4* src, int chunks, int lane) {
   for (int i = lane; i < chunks; i += 32 * 4) {

@@ -17,8 +17,12 @@ the pre-activations) through its arguments (``MoeBwdArgs.f``, a copy of the forw
 Fabrics: world 1 and ``local`` (W ranks in one launch, as the forward: every rank's tokens one
 token buffer, every rank's experts one stacked weight set, so dW1 / dW2 of an expert sum every
 rank's rows in token = rank order, and dWr / dWs are per rank, a batch of the wgrad GEMMs).
-``host`` and ``nvlink``: not implemented (:func:`unsupported_bwd` says so; the op records a
-skipped row).
+``host`` (rank-0 view, ops/moe_host_bwd.py): as the forward, from inside the launch through
+mapped pinned memory: rank 0's upstream rows for the peers' experts out (send_gout) and their
+input gradients in (send_dx, added by the fold), the peers' upstream rows on rank 0's experts in
+(recv_gout, behind rank 0's own rows in each segment) and their input gradients out (recv_dx);
+dW1 / dW2 of rank 0's experts sum its own rows, then the peers'. ``nvlink``: not implemented
+(:func:`unsupported_bwd` says so; the op records a skipped row).
 
 Weights as the backward reads them (B operands K x N, N contiguous): W1_e (2F x H) and W2_e
 (H x F) as the layer has them (the dgrads' B is the weight itself), the router weight padded to
@@ -36,10 +40,9 @@ from .kosmos_moe import (DEFAULT_TRACE_CAP, MoeRunner, _reset_after_abort, decod
 
 def unsupported_bwd(shape, fabric: str) -> str | None:
     """Why the backward kernel cannot run `shape` on `fabric` (None: it can). No GPU needed."""
-    if shape.world > 1 and fabric != "local":
-        return (f"kosmos moe backward: fabric {fabric} is not implemented yet (world 1 and local; "
-                "the host view's backward exchange is not built into the kernel)")
-    why = unsupported(shape, "local" if shape.world > 1 else "world1")
+    if shape.world > 1 and fabric not in ("local", "host"):
+        return f"kosmos moe backward: fabric {fabric} is not implemented yet (world 1, local and host)"
+    why = unsupported(shape, fabric if shape.world > 1 else "world1")
     if why:
         return why
     if shape.T * shape.world * shape.topk >= (1 << 23):
@@ -48,25 +51,30 @@ def unsupported_bwd(shape, fabric: str) -> str | None:
 
 
 class MoeBwdRunner:
-    def __init__(self, shape, ctx, inputs, *, ranks: list[int], step: bool, timeout_s: float | None = None,
-                 grid: int | None = None, spin_ns: int = 32, trace_cap: int = DEFAULT_TRACE_CAP,
-                 debug_skip_gather: bool = False):
+    def __init__(self, shape, ctx, inputs, *, ranks: list[int], step: bool, fabric: str = "local",
+                 timeout_s: float | None = None, grid: int | None = None, spin_ns: int = 32,
+                 trace_cap: int = DEFAULT_TRACE_CAP, debug_skip_gather: bool = False):
         import torch
 
-        why = unsupported_bwd(shape, "local" if len(ranks) > 1 else "world1")
+        host = fabric == "host" and shape.world > 1
+        why = unsupported_bwd(shape, "host" if host else ("local" if len(ranks) > 1 else "world1"))
         if why:
             raise ValueError(why)
+        view = inputs.host.get("view") if host else None
+        if host and getattr(view, "grad", None) is None:
+            raise ValueError("kosmos moe backward: the host fabric needs the view's backward side "
+                             "(inputs.host['view'].grad, ops/moe_host_bwd.py)")
         if list(ranks) != list(range(len(ranks))):
             raise ValueError("kosmos moe backward: executes ranks 0..W-1 (local), rank 0 (world 1)")
         self.shape, self.ranks, self.step, self.closed = shape, list(ranks), bool(step), False
         self.dev = ctx.device
         self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
-        self.fwd = MoeRunner(shape, ctx, inputs, ranks=ranks, fabric="local", timeout_s=self.timeout_s, grid=grid,
-                             spin_ns=spin_ns, trace_cap=trace_cap, save_preact=True)
+        self.fwd = MoeRunner(shape, ctx, inputs, ranks=ranks, fabric="host" if host else "local",
+                             timeout_s=self.timeout_s, grid=grid, spin_ns=spin_ns, trace_cap=trace_cap, save_preact=True)
         self.lib = K.load()
         dev, fa = self.dev, self.fwd.args
         W, T1 = len(ranks), shape.T
-        T, H, F, Fs, E, k = fa.T, fa.H, fa.F, fa.Fs, fa.E, fa.topk
+        T, H, F, Fs, E, k, Et = fa.T, fa.H, fa.F, fa.Fs, fa.E, fa.topk, fa.E_tiles
         E8, E_loc = K.e8(E), shape.E_loc
         bf = torch.bfloat16
         cat = lambda ts: torch.cat(ts).contiguous() if len(ts) > 1 else ts[0].contiguous()  # noqa: E731
@@ -90,11 +98,11 @@ class MoeBwdRunner:
         # the gradients (ops/moe_bwd.grad_buffers' shapes, per rank views below)
         self.dx = torch.empty(T, H, dtype=bf, device=dev)
         self.dwr = torch.empty(W, E, H, dtype=bf, device=dev)
-        self.dw1 = torch.empty(E, 2 * F, H, dtype=bf, device=dev)
-        self.dw2 = torch.empty(E, H, F, dtype=bf, device=dev)
+        self.dw1 = torch.empty(Et, 2 * F, H, dtype=bf, device=dev)  # the experts here (host: rank 0's)
+        self.dw2 = torch.empty(Et, H, F, dtype=bf, device=dev)
         self.dws1 = torch.empty(W, 2 * Fs, H, dtype=bf, device=dev) if Fs else None
         self.dws2 = torch.empty(W, H, Fs, dtype=bf, device=dev) if Fs else None
-        self.ctr = torch.zeros(K.ctr_words(T, k, E), dtype=torch.int32, device=dev)
+        self.ctr = torch.zeros(K.ctr_words(T, k, Et, fa.peer_rows), dtype=torch.int32, device=dev)
         self.state = torch.zeros(4, dtype=torch.int32, device=dev)
         self.err = torch.zeros(64, dtype=torch.uint8, device=dev)
         self.err_seen = 0
@@ -115,6 +123,11 @@ class MoeBwdRunner:
         a.W, a.T1, a.E8, a.ctr_words = W, T1, E8, self.ctr.numel()
         a.grid, a.trace_cap, a.spin_ns = self.grid, self.trace_cap, int(spin_ns)
         a.debug_skip_gather = int(debug_skip_gather)
+        if host:  # the view's backward buffers, pinned host memory (ops/moe_host_bwd.py)
+            gv = view.grad
+            for p in view.peers:
+                a.recv_gout[p], a.recv_dx[p] = gv.recv_gout[p].data_ptr(), gv.recv_dx[p].data_ptr()
+                a.send_gout[p], a.send_dx[p] = gv.send_gout[p].data_ptr(), gv.send_dx[p].data_ptr()
         self.args = a
         self.handle = self.lib.kosmos_moe_bwd_create()
         if not self.handle:
@@ -153,7 +166,7 @@ class MoeBwdRunner:
         if self.closed:
             raise RuntimeError("kosmos moe backward runner used after close()")
         fa = self.args.f
-        name = lambda flag: K.counter_name(flag, fa.T, fa.topk, fa.E)  # noqa: E731
+        name = lambda flag: K.counter_name(flag, fa.T, fa.topk, fa.E_tiles, fa.peer_rows)  # noqa: E731
         self.err_seen, msg = watchdog_message(self.err, self.err_seen, "kosmos moe backward", K.KINDS, name)
         if msg:
             _reset_after_abort(self.ctr, self.dev)
@@ -223,12 +236,13 @@ def prepare_moe_bwd(point, ctx, inputs, *, config=None, timeout_s: float | None 
     """The runner of `point` (op moe-bwd or moe-step) for this process (world 1; local: every rank in one launch)."""
     shape = inputs.shape
     fabric = getattr(ctx, "fabric", "local")
-    if shape.world > 1 and fabric != "local":
+    if shape.world > 1 and fabric not in ("local", "host"):
         raise ValueError(unsupported_bwd(shape, fabric))
-    ranks = list(range(shape.world)) if shape.world > 1 else [ctx.rank]
+    ranks = list(range(shape.world)) if shape.world > 1 and fabric == "local" else [ctx.rank]
     spin_ns = getattr(config, "spin_ns", 32) if config is not None else 32
     step = getattr(point, "op", "moe-bwd") == "moe-step"
-    return MoeBwdRunner(shape, ctx, inputs, ranks=ranks, step=step, timeout_s=timeout_s, spin_ns=spin_ns, **kw)
+    return MoeBwdRunner(shape, ctx, inputs, ranks=ranks, step=step, fabric=fabric, timeout_s=timeout_s,
+                        spin_ns=spin_ns, **kw)
 
 
 def unsupported_moe_bwd(point) -> str | None:

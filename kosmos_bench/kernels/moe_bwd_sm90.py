@@ -26,17 +26,18 @@ TOK_BLOCK = fwd.TOK_BLOCK
 
 # Item kinds in claim order (moe_bwd_params.h KosmosMoeBwdKind): the error record's `queue`,
 # and the high byte of a trace record's item.
-KINDS = ("SHARED_DH", "GATHER", "PAD", "SHARED_WG2", "DH", "DXR", "DWR", "DX", "SHARED_DX", "WG2", "SHARED_WG1",
-         "WG1", "FOLD")
+KINDS = ("SHARED_DH", "GATHER", "PEER_GATHER", "PAD", "SHARED_WG2", "DH", "DXR", "DWR", "DX", "PEER_COMBINE",
+         "SHARED_DX", "WG2", "SHARED_WG1", "WG1", "FOLD")
 # Counter words (KosmosMoeBwdCtr): head, then arrived / dh_done / dx_done [tiles_max],
 # lg_done / xr_done / sdh_done / sdx_done [route_blocks].
 CTR_HEAD = 4
 HEAD_NAMES = ("claim", "unused", "exit", "unused")
 # Trace roles of this kernel (the kernel's BwdRole).
-ROLE_CODES = {0: "GATHER", 1: "EXPERT_DGRAD", 2: "EXPERT_WGRAD", 3: "ROUTER", 4: "SHARED", 5: "FOLD"}
+ROLE_CODES = {0: "GATHER", 1: "EXPERT_DGRAD", 2: "EXPERT_WGRAD", 3: "ROUTER", 4: "SHARED", 5: "FOLD", 6: "COMBINE"}
 
 P = C.c_void_p
 I32 = C.c_int32
+MAX_PEERS = fwd.MAX_PEERS
 
 
 class MoeBwdArgs(C.Structure):
@@ -45,6 +46,8 @@ class MoeBwdArgs(C.Structure):
         ("dy", P), ("w1", P), ("w2", P), ("wr", P), ("ws1", P), ("ws2", P),
         ("dos", P), ("dgus", P), ("dxs", P), ("dlogits", P), ("dxr", P), ("dgush", P), ("dxsh", P),
         ("dx", P), ("dwr", P), ("dw1", P), ("dw2", P), ("dws1", P), ("dws2", P),
+        ("recv_gout", P * MAX_PEERS), ("recv_dx", P * MAX_PEERS), ("send_gout", P * MAX_PEERS),
+        ("send_dx", P * MAX_PEERS),
         ("ctr", P), ("state", P), ("err", P), ("trace", P), ("trace_count", P),
         ("timeout_ns", C.c_uint64),
         ("W", I32), ("T1", I32), ("E8", I32), ("ctr_words", I32),
@@ -52,7 +55,7 @@ class MoeBwdArgs(C.Structure):
     ]
 
 
-assert C.sizeof(MoeBwdArgs) == C.sizeof(fwd.MoeArgs) + 24 * 8 + 8 + 8 * 4, C.sizeof(MoeBwdArgs)
+assert C.sizeof(MoeBwdArgs) == C.sizeof(fwd.MoeArgs) + (24 + 4 * MAX_PEERS) * 8 + 8 + 8 * 4, C.sizeof(MoeBwdArgs)
 
 
 def e8(E: int) -> int:
@@ -60,27 +63,30 @@ def e8(E: int) -> int:
     return -(-E // 8) * 8
 
 
-def ctr_words(T: int, topk: int, E: int) -> int:
-    return CTR_HEAD + 3 * fwd.tiles_max(T, topk, E) + 4 * -(-T // BM)
+def ctr_words(T: int, topk: int, E_tiles: int, peer_rows: int = 0) -> int:
+    return CTR_HEAD + 3 * fwd.tiles_max(T, topk, E_tiles, peer_rows) + 4 * -(-T // BM)
 
 
-def item_counts(T: int, H: int, F: int, Fs: int, E: int, topk: int, W: int) -> dict[str, int]:
-    """Claims per kind (the kernel's Layout, mirrored: a CPU test compares them)."""
+def item_counts(T: int, H: int, F: int, Fs: int, E: int, topk: int, W: int, E_tiles: int | None = None,
+                peer_rows: int = 0) -> dict[str, int]:
+    """Claims per kind (the kernel's Layout, mirrored: a CPU test compares them); E_tiles: the
+    experts with tiles here (default E; the host view: rank 0's), peer_rows: the view's peer rows."""
     cd = lambda a, b: -(-a // b)  # noqa: E731
-    nb, tb, tm = cd(T, BM), cd(T, TOK_BLOCK), fwd.tiles_max(T, topk, E)
+    Et = E if E_tiles is None else E_tiles
+    nb, tb, tm, pb = cd(T, BM), cd(T, TOK_BLOCK), fwd.tiles_max(T, topk, Et, peer_rows), cd(peer_rows, TOK_BLOCK)
     nF, nH, nFs = cd(F, 256), cd(H, 256), cd(Fs, 256)
     mH, mF2, mFs2, mE = cd(H, BM), cd(2 * F, BM), cd(2 * Fs, BM), cd(e8(E), BM)
     sh = 1 if Fs else 0
-    n = (sh * nb * nFs, tb, E, sh * W * mH * nFs, tm * nF, nb * nH, W * mE * nH, tm * nH, sh * nb * nH,
-         E * mH * nF, sh * W * mFs2 * nH, E * mF2 * nH, tb)
+    n = (sh * nb * nFs, tb, pb, Et, sh * W * mH * nFs, tm * nF, nb * nH, W * mE * nH, tm * nH, pb, sh * nb * nH,
+         Et * mH * nF, sh * W * mFs2 * nH, Et * mF2 * nH, tb)
     return dict(zip(KINDS, n))
 
 
-def counter_name(word: int, T: int, topk: int, E: int) -> str:
+def counter_name(word: int, T: int, topk: int, E_tiles: int, peer_rows: int = 0) -> str:
     """What counter word `word` is (for the watchdog's message)."""
     if word < CTR_HEAD:
         return f"counter {HEAD_NAMES[max(word, 0)]}"
-    w, tm, nb = word - CTR_HEAD, fwd.tiles_max(T, topk, E), -(-T // BM)
+    w, tm, nb = word - CTR_HEAD, fwd.tiles_max(T, topk, E_tiles, peer_rows), -(-T // BM)
     for name, n in (("arrived", tm), ("dh_done", tm), ("dx_done", tm), ("lg_done", nb), ("xr_done", nb),
                     ("shared_dh_done", nb), ("shared_dx_done", nb)):
         if w < n:

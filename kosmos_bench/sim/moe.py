@@ -27,7 +27,7 @@ profile (every row says so in `sim_model`):
   account with every GEMM twice (dgrad + wgrad: router, expert grouped GEMMs, shared expert),
   BWD_MEM times its memory passes and launches, and the same transfers (the output gradients
   out, the input gradients back); moe-step = forward + backward. kosmos (its backward kernel, one
-  launch; world 1 and local only, else skipped with the kernel's reason): every GEMM twice in the
+  launch; world 1, local and host, else skipped with the kernel's reason): every GEMM twice in the
   launch, the transfers overlapped as in its forward, plus the gather (dy read per choice, the
   expert output rows read, the upstream rows written) and the fold of dx at HBM speed.
 """
@@ -122,8 +122,8 @@ def _transfer_us(p: Point, prof: dict, s: mm.MoeShape, ld: Loads, *, movers: boo
 def simulate(p: Point, prof: dict) -> dict:
     if p.impl not in IMPLS:
         raise Unsupported(f"the simulator models op {p.op} for {', '.join(IMPLS)}, not {p.impl}")
-    if p.impl == "kosmos" and p.op != "moe" and p.world > 1 and p.fabric != "local":
-        raise Unsupported(f"kosmos {p.op}: the backward kernel runs world 1 and the local fabric "
+    if p.impl == "kosmos" and p.op != "moe" and p.world > 1 and p.fabric not in ("local", "host"):
+        raise Unsupported(f"kosmos {p.op}: the backward kernel runs world 1, local and host "
                           f"(fabric {p.fabric} not implemented yet)")
     if p.impl == "torch-moe-overlap" and p.op != "moe" and p.fabric == "host":
         raise Unsupported(f"torch-moe-overlap {p.op} on the host fabric: its pipelined copies have no autograd path")
