@@ -537,8 +537,6 @@ __device__ __forceinline__ void math_loop(const Ctx& c, const Layout& L, Builder
   const KosmosMoeArgs& f = a.f;
   const int tid = int(threadIdx.x), m = tid - 128;
   const int T = f.T, H = f.H, F = f.F, Fs = f.Fs;
-  const int64_t rows_s = int64_t(f.tiles_max) * kBM;
-  (void)rows_s;
   for (;;) {
     const int item = ring.pop();
     if (item < 0) break;
