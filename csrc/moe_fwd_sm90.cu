@@ -68,6 +68,7 @@ struct Shared {
   Ring::SharedStorage ring;
   int cmd[2];
   int last;
+  int bad;  // COMBINE / FOLD: some thread's wait failed (reset by the scheduler with each claim)
   const bf16* fold_src[kTB * KOSMOS_MOE_MAX_TOPK];  // expert output row of each choice
   float fold_w[kTB * KOSMOS_MOE_MAX_TOPK];
   int scan_tiles[KOSMOS_MOE_MAX_E];
@@ -274,8 +275,10 @@ __device__ void run_peer_dispatch(const Ctx& c, int b, int tid) {
 }
 
 // COMBINE b (host fabric): the expert outputs of peer rows 32b.. back to the peers' buffers,
-// each row once its tile's DOWN items are done (every thread waits for a share of the rows).
-__device__ void run_combine(const Ctx& c, const Layout& L, int b, int tid) {
+// each row once its tile's DOWN items are done (every thread waits for a share of the rows). A
+// failed wait (timeout, abort) is shared through s.bad, so that all 128 threads take the same
+// path through the loader barriers (an abort seen by some threads only would split them).
+__device__ void run_combine(const Ctx& c, const Layout& L, Shared& s, int b, int tid) {
   const KosmosMoeArgs& a = c.a;
   const int warp = tid / 32, lane = tid % 32;
   const int r1 = min(a.peer_rows, (b + 1) * kTB);
@@ -284,17 +287,20 @@ __device__ void run_combine(const Ctx& c, const Layout& L, int b, int tid) {
     const uint32_t* f = c.down_done + peer_row(a, i).dst / kBM;
     ok = c.wait(f, uint32_t(L.nd), KOSMOS_MOE_COMBINE, b, c.flag_id(f));
   }
+  if (!ok) s.bad = 1;
   named_bar_sync(kBarLoader, kLoaderThreads);
-  if (aborted(c.sc)) return;
-  for (int i = b * kTB + warp; i < r1; i += kLoaderThreads / 32) {
+  const bool bad = s.bad != 0;
+  for (int i = b * kTB + warp; i < r1 && !bad; i += kLoaderThreads / 32) {
     const PeerRow pr = peer_row(a, i);
     const int4* src = reinterpret_cast<const int4*>(static_cast<const bf16*>(a.os) + int64_t(pr.dst) * a.H);
     copy_row(reinterpret_cast<int4*>(static_cast<bf16*>(a.recv_out[pr.p]) + int64_t(pr.ip) * a.H), src, a.H / 8, lane);
   }
+  named_bar_sync(kBarLoader, kLoaderThreads);  // s.bad read by every thread
 }
 
 // FOLD b: every thread waits for a share of the block's choices' tiles (watchdog), then
-// y_t = sum_j w_tj * out[pos(t, j)] (+ shared) in j order, fp32, one bf16 rounding.
+// y_t = sum_j w_tj * out[pos(t, j)] (+ shared) in j order, fp32, one bf16 rounding. A failed
+// wait is shared through s.bad (as in COMBINE).
 __device__ void run_fold(const Ctx& c, const Layout& L, Shared& s, int b, int tid) {
   const KosmosMoeArgs& a = c.a;
   const int t0 = b * kTB;
@@ -317,12 +323,13 @@ __device__ void run_fold(const Ctx& c, const Layout& L, Shared& s, int b, int ti
     const uint32_t* f = c.sh_down_done + t0 / kBM;
     ok = c.wait(f, uint32_t(L.nsd), KOSMOS_MOE_FOLD, b, c.flag_id(f));
   }
+  if (!ok) s.bad = 1;
   named_bar_sync(kBarLoader, kLoaderThreads);
-  if (aborted(c.sc)) return;
+  const bool bad = s.bad != 0;
   const int chunks = a.H / 8;
   const bf16* ysh = static_cast<const bf16*>(a.ysh);
   bf16* y = static_cast<bf16*>(a.y);
-  for (int w = tid; w < nt * chunks; w += kLoaderThreads) {
+  for (int w = tid; w < nt * chunks && !bad; w += kLoaderThreads) {
     const int tl = w / chunks, ch = w % chunks;
     const int t = t0 + tl;
     float acc[8];
@@ -349,7 +356,7 @@ __device__ void run_fold(const Ctx& c, const Layout& L, Shared& s, int b, int ti
     for (int u = 0; u < 8; ++u) o[u] = __float2bfloat16_rn(acc[u]);
     *reinterpret_cast<int4*>(y + int64_t(t) * a.H + ch * 8) = out;
   }
-  named_bar_sync(kBarLoader, kLoaderThreads);  // fold_src / fold_w reused by the next fold
+  named_bar_sync(kBarLoader, kLoaderThreads);  // fold_src / fold_w / s.bad read by every thread
 }
 
 // ------------------------------------------------------------------------------ math items
@@ -638,7 +645,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
   if (role == Builder::Role::kLoader) {
     cutlass::arch::warpgroup_reg_dealloc<kLoaderRegs>();
     for (;;) {
-      if (tid == kSched) s.cmd[0] = decide(c, L);
+      if (tid == kSched) {
+        s.bad = 0;
+        s.cmd[0] = decide(c, L);
+      }
       named_bar_sync(kBarLoader, kLoaderThreads);  // cmd written
       const int item = s.cmd[0];
       named_bar_sync(kBarLoader, kLoaderThreads);  // cmd read
@@ -687,7 +697,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
             run_peer_dispatch(c, i, tid);
           } else if (kind == KOSMOS_MOE_COMBINE) {
             r = kRoleCombine;
-            run_combine(c, L, i, tid);
+            run_combine(c, L, s, i, tid);
           } else {
             r = kRoleFold;
             run_fold(c, L, s, i, tid);
