@@ -209,3 +209,82 @@ def test_the_kernels_algorithm_passes_the_ops_check(preset, world, routing):
     # a wrong router backward (the renormalisation's term dropped) is caught
     bad = dict(snap, dWr={r: t * 1.5 for r, t in snap["dWr"].items()})
     assert op.compare(p, ranks, bad, inputs, state)["wrong"] > 0
+
+
+# ----------------------------------------------------------------------------- the runner's wiring
+class _FakeLib:
+    """Stands in for both MoE libraries on the CPU: every entry point succeeds, the launch does
+    nothing (the runner's Python wiring is what is under test)."""
+
+    def __getattr__(self, name):
+        if name.endswith("_max_wgs"):
+            return lambda dev, out: setattr(out._obj, "value", 132) or 0
+        if name.endswith("_create"):
+            return lambda: 1
+        return lambda *a: 0
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    from kosmos_bench.impls import kosmos_moe
+
+    monkeypatch.setattr(kosmos_moe.K, "load", lambda: _FakeLib())
+    monkeypatch.setattr(moe_bwd_sm90, "load", lambda: _FakeLib())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: type("S", (), {"cuda_stream": 0})())
+
+
+@pytest.mark.parametrize("op_name,preset,world,fabric", [("moe-bwd", "tiny-grouped", 1, "nvlink"),
+                                                         ("moe-step", "tiny", 2, "local"),
+                                                         ("moe-bwd", "tiny-grouped", 2, "host")])
+def test_runner_wires_the_buffers(fake_gpu, monkeypatch, op_name, preset, world, fabric):
+    from kosmos_bench.impls.base import RankCtx
+    from kosmos_bench.impls.kosmos import WatchdogError
+    from kosmos_bench.ops.moe_bwd import grad_buffers
+
+    # the kernel's shared expert width is a multiple of 128 (tiny-grouped's is 64)
+    monkeypatch.setitem(mm.PRESETS, "tiny-grouped", dict(mm.PRESETS["tiny-grouped"], shared_F=128))
+    p = Point(op_name, "kosmos", world=world, fabric=fabric, backend="cpu", moe=preset, routing="uniform",
+              **preset_point_dims(preset, 40))
+    op = get_op(op_name)
+    ranks = list(range(world)) if fabric in ("local", "host") else [0]
+    inputs, _ = op.setup(p, ranks, torch.device("cpu"), 3)
+    s = inputs.shape
+    ctx = RankCtx(0, world, 1, torch.device("cpu"), fabric, "cpu")
+    runner = kosmos_moe_bwd.prepare_moe_bwd(p, ctx, inputs, timeout_s=1.0)
+    here = [0] if fabric == "host" else ranks
+    a, f = runner.args, runner.args.f
+    try:
+        want = grad_buffers(s, here, "cpu")
+        assert set(runner.grads) == set(want)
+        for name, bufs in want.items():
+            assert set(runner.grads[name]) == set(here)
+            for r, t in bufs.items():
+                assert runner.grads[name][r].shape == t.shape, (name, r)
+        assert f.gus == runner.fwd.gus.data_ptr() and bool(f.gush) == bool(s.shared_F)
+        for name in ("dy", "w1", "w2", "wr", "dos", "dgus", "dxs", "dlogits", "dxr", "dx", "dwr", "dw1", "dw2",
+                     "ctr", "state", "err"):
+            assert getattr(a, name) == getattr(runner, name).data_ptr(), name
+        assert a.W == len(here) and a.T1 == s.T and a.E8 == moe_bwd_sm90.e8(s.E) and f.E == s.E
+        assert a.ctr_words == moe_bwd_sm90.CTR_HEAD + 3 * f.tiles_max + 4 * f.route_blocks
+        assert runner.wr.shape == (a.E8, s.H) and torch.equal(runner.wr[:s.E], inputs.Wr)
+        assert runner.w1.shape == (f.E_tiles, 2 * s.F, s.H) and runner.dw1.shape[0] == f.E_tiles
+        if fabric == "host":
+            gv = inputs.host["view"].grad
+            assert f.E_tiles == s.E_loc and f.peer_rows > 0
+            assert a.recv_gout[1] == gv.recv_gout[1].data_ptr() and a.send_dx[1] == gv.send_dx[1].data_ptr()
+        assert (runner.outputs != {}) == (op_name == "moe-step") and set(runner.routes) == set(here)
+        runner.run()
+        runner.check()
+        assert list(runner.run_traced().columns) == ["rank", "wg", "sm", "role", "item", "kind", "t0_ns", "t1_ns"]
+        # a watchdog record (as the kernel writes it): DH item 7 waited for arrived[1]
+        rec = torch.zeros(16, dtype=torch.int32)
+        rec[0], rec[1], rec[4], rec[5], rec[7], rec[8], rec[9] = 1, 2, moe_bwd_sm90.KINDS.index("DH"), 7, \
+            moe_bwd_sm90.CTR_HEAD + 1, 128, 100
+        runner.err.copy_(rec.view(torch.uint8))
+        with pytest.raises(WatchdogError, match=r"backward watchdog: DH item 7 .* arrived\[1\] \(expected >= 128, saw 100\)"):
+            runner.check()
+        runner.check()  # reported once
+    finally:
+        runner.close()
+    assert runner.grads == {}
