@@ -40,6 +40,7 @@
 
 #include "kosmos/builder_sm90.cuh"
 #include "kosmos/host_error.h"
+#include "kosmos/moe_common.cuh"
 #include "kosmos/moe_params.h"
 #include "kosmos/sync.cuh"
 #include "kosmos/trace.cuh"
@@ -67,6 +68,7 @@ struct Shared {
   Ring::SharedStorage ring;
   int cmd[2];
   int last;
+  int bad;  // COMBINE / FOLD: some thread's wait failed (reset by the scheduler with each claim)
   const bf16* fold_src[kTB * KOSMOS_MOE_MAX_TOPK];  // expert output row of each choice
   float fold_w[kTB * KOSMOS_MOE_MAX_TOPK];
   int scan_tiles[KOSMOS_MOE_MAX_E];
@@ -84,8 +86,6 @@ struct Params {
   Builder::Mainloop::Params route, up, down, sh_up, sh_down;
 };
 static_assert(sizeof(Params) <= 32000, "kernel parameters must fit the 32 KB parameter space");
-
-__device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 
 // The claim sequence: per kind, its first claim index and its count.
 struct Layout {
@@ -134,46 +134,6 @@ struct Ctx {
   __device__ bool wait_scan(int kind, int item) const { return wait(a.state + 2, sc.epoch, kind, item, -1); }
   __device__ int flag_id(const uint32_t* f) const { return int(f - a.ctr); }
 };
-
-__device__ __forceinline__ int ldcg(const int32_t* p) { return __ldcg(p); }
-
-// Row of choice (t, j) (after SCAN): in the sorted buffer when its expert e has tiles here
-// (e < E_tiles), else (host fabric) in the send buffers of e's owner, -1 when the reference
-// routing made no such choice (moe_params.h ref_slot); *e_out = e.
-__device__ __forceinline__ int pos_of(const KosmosMoeArgs& a, int t, int j, int* e_out) {
-  const int e = ldcg(a.routes + int64_t(t) * a.topk + j);
-  *e_out = e;
-  if (e >= a.E_tiles) {
-    for (int r = 0; r < a.topk; ++r)
-      if (a.ref_routes[int64_t(t) * a.topk + r] == e) return a.ref_slot[int64_t(t) * a.topk + r];
-    return -1;
-  }
-  return ldcg(a.seg_start + e) + ldcg(a.blk_base + int64_t(t / kBM) * a.E + e) + ldcg(a.rank + int64_t(t) * a.topk + j);
-}
-
-// Peer row i (host fabric): its peer, its row in that peer's buffers and its sorted row here.
-struct PeerRow {
-  int p, ip, dst;
-};
-__device__ __forceinline__ PeerRow peer_row(const KosmosMoeArgs& a, int i) {
-  int p = 1;
-  while (p < 7 && i >= a.peer_begin[p + 1]) ++p;
-  const int e = a.peer_expert[i];
-  return PeerRow{p, i - a.peer_begin[p], ldcg(a.seg_start + e) + ldcg(a.own_total + e) + a.peer_rel[i]};
-}
-
-// One warp copies a row of `chunks` 16-byte chunks (ld.global.cg: the source may be pinned host memory).
-__device__ __forceinline__ void copy_row(int4* dst, const int4* src, int chunks, int lane) {
-  for (int i = lane; i < chunks; i += 32 * 4) {
-    int4 v[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u)
-      if (i + u * 32 < chunks) v[u] = ld_cg_16(src + i + u * 32);
-#pragma unroll
-    for (int u = 0; u < 4; ++u)
-      if (i + u * 32 < chunks) dst[i + u * 32] = v[u];
-  }
-}
 
 // ------------------------------------------------------------------------------ scheduler
 // Claim the next item (thread kSched): returns (kind << 24 | index) with its dependencies
@@ -315,8 +275,10 @@ __device__ void run_peer_dispatch(const Ctx& c, int b, int tid) {
 }
 
 // COMBINE b (host fabric): the expert outputs of peer rows 32b.. back to the peers' buffers,
-// each row once its tile's DOWN items are done (every thread waits for a share of the rows).
-__device__ void run_combine(const Ctx& c, const Layout& L, int b, int tid) {
+// each row once its tile's DOWN items are done (every thread waits for a share of the rows). A
+// failed wait (timeout, abort) is shared through s.bad, so that all 128 threads take the same
+// path through the loader barriers (an abort seen by some threads only would split them).
+__device__ void run_combine(const Ctx& c, const Layout& L, Shared& s, int b, int tid) {
   const KosmosMoeArgs& a = c.a;
   const int warp = tid / 32, lane = tid % 32;
   const int r1 = min(a.peer_rows, (b + 1) * kTB);
@@ -325,17 +287,20 @@ __device__ void run_combine(const Ctx& c, const Layout& L, int b, int tid) {
     const uint32_t* f = c.down_done + peer_row(a, i).dst / kBM;
     ok = c.wait(f, uint32_t(L.nd), KOSMOS_MOE_COMBINE, b, c.flag_id(f));
   }
+  if (!ok) s.bad = 1;
   named_bar_sync(kBarLoader, kLoaderThreads);
-  if (aborted(c.sc)) return;
-  for (int i = b * kTB + warp; i < r1; i += kLoaderThreads / 32) {
+  const bool bad = s.bad != 0;
+  for (int i = b * kTB + warp; i < r1 && !bad; i += kLoaderThreads / 32) {
     const PeerRow pr = peer_row(a, i);
     const int4* src = reinterpret_cast<const int4*>(static_cast<const bf16*>(a.os) + int64_t(pr.dst) * a.H);
     copy_row(reinterpret_cast<int4*>(static_cast<bf16*>(a.recv_out[pr.p]) + int64_t(pr.ip) * a.H), src, a.H / 8, lane);
   }
+  named_bar_sync(kBarLoader, kLoaderThreads);  // s.bad read by every thread
 }
 
 // FOLD b: every thread waits for a share of the block's choices' tiles (watchdog), then
-// y_t = sum_j w_tj * out[pos(t, j)] (+ shared) in j order, fp32, one bf16 rounding.
+// y_t = sum_j w_tj * out[pos(t, j)] (+ shared) in j order, fp32, one bf16 rounding. A failed
+// wait is shared through s.bad (as in COMBINE).
 __device__ void run_fold(const Ctx& c, const Layout& L, Shared& s, int b, int tid) {
   const KosmosMoeArgs& a = c.a;
   const int t0 = b * kTB;
@@ -358,12 +323,13 @@ __device__ void run_fold(const Ctx& c, const Layout& L, Shared& s, int b, int ti
     const uint32_t* f = c.sh_down_done + t0 / kBM;
     ok = c.wait(f, uint32_t(L.nsd), KOSMOS_MOE_FOLD, b, c.flag_id(f));
   }
+  if (!ok) s.bad = 1;
   named_bar_sync(kBarLoader, kLoaderThreads);
-  if (aborted(c.sc)) return;
+  const bool bad = s.bad != 0;
   const int chunks = a.H / 8;
   const bf16* ysh = static_cast<const bf16*>(a.ysh);
   bf16* y = static_cast<bf16*>(a.y);
-  for (int w = tid; w < nt * chunks; w += kLoaderThreads) {
+  for (int w = tid; w < nt * chunks && !bad; w += kLoaderThreads) {
     const int tl = w / chunks, ch = w % chunks;
     const int t = t0 + tl;
     float acc[8];
@@ -390,14 +356,11 @@ __device__ void run_fold(const Ctx& c, const Layout& L, Shared& s, int b, int ti
     for (int u = 0; u < 8; ++u) o[u] = __float2bfloat16_rn(acc[u]);
     *reinterpret_cast<int4*>(y + int64_t(t) * a.H + ch * 8) = out;
   }
-  named_bar_sync(kBarLoader, kLoaderThreads);  // fold_src / fold_w reused by the next fold
+  named_bar_sync(kBarLoader, kLoaderThreads);  // fold_src / fold_w / s.bad read by every thread
 }
 
 // ------------------------------------------------------------------------------ math items
-// Accumulator layout (builder_sm90.cuh store_staged_to): math thread m, value v:
-//   row = 16*(m/32) + (m%32)/4 + 8*((v/2)%2),   col = 8*(v/4) + 2*(m%4) + v%2.
-__device__ __forceinline__ int acc_row(int m, int v) { return 16 * (m / 32) + (m % 32) / 4 + 8 * ((v / 2) % 2); }
-__device__ __forceinline__ int acc_col(int m, int v) { return 8 * (v / 4) + 2 * (m % 4) + v % 2; }
+// Accumulator layout: moe_common.cuh acc_row / acc_col.
 
 // warp argmax over (value, id): larger value, then lower id
 __device__ __forceinline__ void warp_argmax(float& v, int& id, float& extra) {
@@ -549,6 +512,28 @@ __device__ void route_epilogue(const Ctx& c, Builder& builder, Accum const& acc,
   }
 }
 
+// The gate/up pre-activations of a [128 gate | 128 up] tile (h columns c0..c0+127) saved for the
+// backward (moe_params.h gus / gush) in natural column order: gate to pre + c0, up to
+// pre + F + c0 (row stride 2F). Values v < 64 are the gate half, v + 64 the up half of the same
+// (row, column): swapped in registers so that the staged epilogue stores each half.
+template <class Accum>
+__device__ __forceinline__ void store_preact(Builder& builder, Accum& acc, int m, bf16* pre, int F, int c0, int rows) {
+  builder.store_staged_to<kBN / 2>(acc, m, pre + c0, 2 * F, rows, kBN / 2);
+#pragma unroll
+  for (int v = 0; v < kBN / 4; ++v) {
+    const float t = acc(v);
+    acc(v) = acc(v + kBN / 4);
+    acc(v + kBN / 4) = t;
+  }
+  builder.store_staged_to<kBN / 2>(acc, m, pre + F + c0, 2 * F, rows, kBN / 2);
+#pragma unroll
+  for (int v = 0; v < kBN / 4; ++v) {
+    const float t = acc(v);
+    acc(v) = acc(v + kBN / 4);
+    acc(v + kBN / 4) = t;
+  }
+}
+
 // SwiGLU over a tile whose columns are [128 gate | 128 up]: values v < 64 become h.
 template <class Accum>
 __device__ __forceinline__ void swiglu(Accum& acc) {
@@ -580,6 +565,9 @@ __device__ void math_loop(const Ctx& c, const Layout& L, const Params& P, Builde
       case KOSMOS_MOE_SHARED_UP: {
         const int mb = i / L.nsu, n = i % L.nsu;
         builder.mma_k(acc, a.H / kBK);
+        if (a.gush)
+          store_preact(builder, acc, m, static_cast<bf16*>(a.gush) + int64_t(mb) * kBM * 2 * a.Fs, a.Fs,
+                       n * (kBN / 2), a.T - mb * kBM);
         swiglu(acc);
         builder.store_staged_to<kBN / 2>(acc, m, static_cast<bf16*>(a.hsh) + int64_t(mb) * kBM * a.Fs + n * (kBN / 2),
                                          a.Fs, a.T - mb * kBM, kBN / 2);
@@ -597,6 +585,8 @@ __device__ void math_loop(const Ctx& c, const Layout& L, const Params& P, Builde
       case KOSMOS_MOE_UP: {
         const int g = __ldcg(a.tile_order + i / L.nu), n = i % L.nu;
         builder.mma_k(acc, a.H / kBK);
+        if (a.gus)
+          store_preact(builder, acc, m, static_cast<bf16*>(a.gus) + int64_t(g) * kBM * 2 * a.F, a.F, n * (kBN / 2), kBM);
         swiglu(acc);
         builder.store_staged_to<kBN / 2>(acc, m, static_cast<bf16*>(a.hs) + int64_t(g) * kBM * a.F + n * (kBN / 2), a.F,
                                          kBM, kBN / 2);
@@ -655,7 +645,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
   if (role == Builder::Role::kLoader) {
     cutlass::arch::warpgroup_reg_dealloc<kLoaderRegs>();
     for (;;) {
-      if (tid == kSched) s.cmd[0] = decide(c, L);
+      if (tid == kSched) {
+        s.bad = 0;
+        s.cmd[0] = decide(c, L);
+      }
       named_bar_sync(kBarLoader, kLoaderThreads);  // cmd written
       const int item = s.cmd[0];
       named_bar_sync(kBarLoader, kLoaderThreads);  // cmd read
@@ -704,7 +697,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
             run_peer_dispatch(c, i, tid);
           } else if (kind == KOSMOS_MOE_COMBINE) {
             r = kRoleCombine;
-            run_combine(c, L, i, tid);
+            run_combine(c, L, s, i, tid);
           } else {
             r = kRoleFold;
             run_fold(c, L, s, i, tid);
@@ -789,7 +782,7 @@ long kosmos_moe_args_offset(int i) {
 #define F(name) offsetof(KosmosMoeArgs, name)
   static const long off[] = {F(x), F(bias), F(y), F(routes), F(weights), F(rank), F(logits), F(blk_cnt), F(blk_base),
                              F(seg_start), F(tile_order), F(tile_expert), F(tile_rows), F(meta), F(xs), F(hs), F(os),
-                             F(hsh), F(ysh), F(own_total), F(ref_routes), F(ref_slot), F(peer_expert), F(peer_rel),
+                             F(hsh), F(ysh), F(gus), F(gush), F(own_total), F(ref_routes), F(ref_slot), F(peer_expert), F(peer_rel),
                              F(peer_total), F(recv_rows), F(recv_out), F(send_rows), F(send_out), F(peer_begin),
                              F(E_tiles), F(E_loc), F(peer_rows), F(ctr), F(state), F(err), F(trace), F(trace_count), F(timeout_ns), F(T),
                              F(H), F(F), F(Fs), F(E), F(topk), F(n_group), F(topk_group), F(scoring),
@@ -822,6 +815,7 @@ int kosmos_moe_set(void* h, const KosmosMoeArgs* args, const void* wr_t, const v
   if (!a.x || !a.y || !a.xs || !a.hs || !a.os || !a.ctr || !a.state || !a.err || !wr_t || !w1_t || !w2_t)
     return fail(KOSMOS_ERR_INVALID, "moe sm90: null buffer");
   if (a.Fs && (!ws1_t || !ws2_t || !a.hsh || !a.ysh)) return fail(KOSMOS_ERR_INVALID, "moe sm90: null shared-expert buffer");
+  if (a.gush && !a.Fs) return fail(KOSMOS_ERR_INVALID, "moe sm90: shared pre-activations without a shared expert");
   const void* const bufs[] = {a.x, a.y, a.xs, a.hs, a.os, wr_t, w1_t, w2_t};
   for (const void* p : bufs)
     if (!kosmos::moe::aligned(p)) return fail(KOSMOS_ERR_INVALID, "moe sm90: buffers must be 16-byte aligned");

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from kosmos_bench import kernels
-from kosmos_bench.kernels import ag_sm90, libs, moe_sm90, sm90_gemm
+from kosmos_bench.kernels import ag_sm90, libs, moe_bwd_sm90, moe_sm90, sm90_gemm
 
 FAKE_NVCC = """#!/bin/sh
 # stand-in nvcc: log the arguments, touch the -o file, print a ptxas-like line
@@ -46,7 +46,7 @@ def _lib(**kw):
 
 def test_the_libraries():
     assert [lib.name for lib in libs.LIBRARIES] == ["kosmos", "kosmos_ag_sm90", "sm90_gemm", "kosmos_moe_sm90", "kosmos_ag_sm90_bt",
-                                                    "kosmos_ag_sm90_at"]
+                                                    "kosmos_ag_sm90_at", "kosmos_moe_bwd_sm90"]
     # one source, three layouts: the flags say which (and so the hashes differ)
     assert ag_sm90.library(a_transposed=True) is libs.AG_SM90_AT and ag_sm90.library(True) is libs.AG_SM90_BT
     assert "-DKOSMOS_SM90_A_TRANSPOSED=1" in libs.AG_SM90_AT.flags and libs.AG_SM90_AT.sources == libs.AG_SM90.sources
@@ -54,7 +54,7 @@ def test_the_libraries():
     with pytest.raises(ValueError, match="both"):
         ag_sm90.library(True, True)
     assert kernels.LIB is libs.KOSMOS and ag_sm90.LIB is libs.AG_SM90 and sm90_gemm.LIB is libs.SM90_GEMM
-    assert moe_sm90.LIB is libs.MOE_SM90
+    assert moe_sm90.LIB is libs.MOE_SM90 and moe_bwd_sm90.LIB is libs.MOE_BWD_SM90
     for lib in libs.LIBRARIES:
         for p in libs.hashed_files(lib):
             assert p.exists(), p
@@ -115,9 +115,11 @@ def test_check_all_names_what_it_compiled(monkeypatch):
     monkeypatch.setattr(libs, "check", lambda lib, arch: seen.append((lib.name, arch)) or "")
     res = kernels.build(check_only=True, arch="sm_90a")
     assert seen == [("kosmos", "sm_90a"), ("kosmos_ag_sm90", "sm_90a"), ("sm90_gemm", "sm_90a"),
-                    ("kosmos_moe_sm90", "sm_90a"), ("kosmos_ag_sm90_bt", "sm_90a"), ("kosmos_ag_sm90_at", "sm_90a")]
+                    ("kosmos_moe_sm90", "sm_90a"), ("kosmos_ag_sm90_bt", "sm_90a"), ("kosmos_ag_sm90_at", "sm_90a"),
+                    ("kosmos_moe_bwd_sm90", "sm_90a")]
     assert str(res) == ("kosmos kernels compile-checked for sm_90a (ag_gemm.cu, gemm_rs.cu, runtime.cu, ag_gemm_sm90.cu, "
-                        "gemm_sm90.cu, moe_fwd_sm90.cu, ag_gemm_sm90.cu, ag_gemm_sm90.cu)")
+                        "gemm_sm90.cu, moe_fwd_sm90.cu, ag_gemm_sm90.cu, ag_gemm_sm90.cu, "
+                        "moe_bwd_sm90.cu)")
     seen.clear()
     assert str(kernels.build(check_only=True, arch="sm_80")).endswith("(ag_gemm.cu, gemm_rs.cu, runtime.cu)")
     assert seen == [("kosmos", "sm_80")]

@@ -1,6 +1,8 @@
-"""ops moe-bwd / moe-step on a GPU: the baselines' gradients are right (wrong == 0 against the fp32
-reference) and bitwise identical over 20 calls, on the real presets at world 1 (uniform and zipf
-routing) and on the local (W 2, 4) and host (W 8) fabrics. Skipped without a CUDA GPU."""
+"""ops moe-bwd / moe-step on a GPU: the baselines' and the KOSMOS backward kernel's gradients are
+right (wrong == 0 against the fp32 reference) and bitwise identical over 20 calls, on the real
+presets at world 1 (uniform and zipf routing) and on the local (W 2, 4, 8) and host (W 8)
+fabrics; the kernel's watchdog and its one launch per backward. Skipped without a
+CUDA GPU (the kernel's tests: without a Hopper GPU)."""
 import pytest
 import torch
 
@@ -88,3 +90,93 @@ def test_liger_backward_or_its_reason():
     assert row["status"] in ("ok", "skipped", "wrong"), row.get("error")
     if row["status"] == "skipped":
         assert "liger" in row["error"]
+
+
+# ----------------------------------------------------------------------------- the KOSMOS kernel
+@pytest.mark.hopper
+@pytest.mark.parametrize("routing", ["uniform", "zipf:1.2"])
+@pytest.mark.parametrize("preset", ["deepseek-v3", "qwen3-235b-a22b"])
+def test_kosmos_world1_presets(preset, routing):
+    _run("moe-bwd", "kosmos", preset, 2048, 1, "nvlink", routing)
+
+
+@pytest.mark.hopper
+def test_kosmos_step():
+    _run("moe-step", "kosmos", "deepseek-v3", 2048, 1, "nvlink", "zipf:1.2")
+
+
+@pytest.mark.hopper
+@pytest.mark.parametrize("preset,T,world", [("qwen3-235b-a22b", 1024, 2), ("qwen3-235b-a22b", 1024, 4),
+                                            ("qwen3-235b-a22b", 512, 8), ("deepseek-v3", 512, 2)])
+def test_kosmos_local_fabric(preset, T, world):
+    """W ranks in one launch (deepseek-v3 at W 2 only: its stacked weights at W 8 do not fit beside the
+    forward's arranged copies)."""
+    row = _run("moe-bwd", "kosmos", preset, T, world, "local", "zipf:1.2")
+    assert row["dispatch_bytes"] > 0
+
+
+@pytest.mark.hopper
+@pytest.mark.parametrize("preset", ["deepseek-v3", "qwen3-235b-a22b"])
+def test_kosmos_host_fabric(preset):
+    """The rank-0 view at W 8: the peers' rows in and out through pinned host memory from inside the launch."""
+    row = _run("moe-bwd", "kosmos", preset, 1024, 8, "host", "zipf:1.2")
+    assert row["dispatch_bytes"] > 0
+
+
+def test_kosmos_nvlink_is_skipped_with_the_reason():
+    p = _point("moe-bwd", "kosmos", "qwen3-235b-a22b", 1024, 8, "nvlink", "uniform")
+    row, _ = harness.run_point(p, rank=0, procs=1)
+    assert row["status"] == "skipped" and "not implemented yet" in row["error"], row.get("error")
+
+
+def _kosmos_runner(preset="qwen3-235b-a22b", T=512, **kw):
+    p = _point("moe-bwd", "kosmos", preset, T, 1, "nvlink", "uniform")
+    op = get_op(p.op)
+    dev = torch.device("cuda", 0)
+    inputs, state = op.setup(p, [0], dev, harness.seed_for(p))
+    ctx = RankCtx(0, 1, 1, dev, p.fabric, "gpu")
+    from kosmos_bench.impls.kosmos_moe_bwd import prepare_moe_bwd
+
+    return p, op, inputs, state, prepare_moe_bwd(p, ctx, inputs, **kw)
+
+
+@pytest.mark.hopper
+def test_kosmos_watchdog_names_the_waiting_item():
+    from kosmos_bench.impls.kosmos import WatchdogError
+
+    p, op, inputs, state, runner = _kosmos_runner(timeout_s=0.2, debug_skip_gather=True)
+    try:
+        runner.run()
+        with pytest.raises(WatchdogError, match=r"backward watchdog: (DH|DXR|DWR|DX|WG2|WG1|FOLD) item \d+ "
+                                                r".*(arrived|lg_done|dh_done|dx_done|xr_done)\["):
+            runner.check()
+        runner.set_debug_skip_gather(False)  # the protocol state recovers: the next call is right
+        op.poison(runner)
+        runner.run()
+        runner.check()
+        res = op.compare(p, [0], op.snapshot(runner), inputs, state)
+        assert res["wrong"] == 0, res
+    finally:
+        runner.close()
+
+
+@pytest.mark.hopper
+def test_kosmos_one_kernel_launch_per_backward():
+    from torch.profiler import ProfilerActivity, profile
+
+    _, _, _, _, runner = _kosmos_runner("deepseek-v3", 512)
+    try:
+        runner.run()
+        runner.check()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            runner.run()
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                   and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+        names = sorted({e.name for e in kernels})
+        assert len(kernels) == 1 and "moe_bwd_sm90_kernel" in kernels[0].name, names
+        df = runner.run_traced()  # the trace roles decode
+        assert set(df["role"]) <= {"GATHER", "EXPERT_DGRAD", "EXPERT_WGRAD", "ROUTER", "SHARED", "FOLD"}
+        assert {"GATHER", "EXPERT_DGRAD", "EXPERT_WGRAD", "FOLD"} <= set(df["role"])
+    finally:
+        runner.close()

@@ -4,7 +4,7 @@
   builder choice in kosmos/builder.cuh (``#if KOSMOS_PLATFORM_HIP``: MFMA or mma.sync);
   the C ABI header's ``#ifdef __cplusplus`` guards (a language, not a vendor) are allowed.
 * inline assembly and AMD builtins: only in platform.cuh among the files the HIP build
-  compiles (the Hopper-only files, builder_sm90.cuh, ag_gemm_sm90.cu and gemm_sm90.cu, are
+  compiles (the Hopper-only files, builder_sm90.cuh, ag_gemm_sm90.cu, gemm_sm90.cu and the MoE kernels, are
   NVIDIA's alone and excluded).
 (The HIP compile itself: ``kosmos-bench build --check --arch gfx90a``, run by .ci/run.)
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 CSRC = Path(__file__).resolve().parents[1] / "csrc"
 PLATFORM = CSRC / "kosmos" / "platform.cuh"
 BUILDER_CHOICE = CSRC / "kosmos" / "builder.cuh"
-HOPPER_ONLY = {"builder_sm90.cuh", "ag_gemm_sm90.cu", "gemm_sm90.cu", "moe_fwd_sm90.cu"}
+HOPPER_ONLY = {"builder_sm90.cuh", "ag_gemm_sm90.cu", "gemm_sm90.cu", "moe_fwd_sm90.cu", "moe_bwd_sm90.cu", "moe_common.cuh"}
 COND = re.compile(r"^\s*#\s*(if|ifdef|ifndef|elif)\b(.*)$", re.M)
 VENDOR = re.compile(r"\basm\b|__builtin_amdgcn_|__hip_atomic_|\b__nanosleep\b|%globaltimer")
 

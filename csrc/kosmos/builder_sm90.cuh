@@ -328,11 +328,13 @@ struct BuilderSm90 {
   // m_blk*kBM.. of batch l_a; B viewed as (N, K, batches_b) (K x N row-major per batch),
   // columns n_blk*kBN.. of batch l_b; num_k_blk k-blocks. The descriptors of `mp` must have
   // been built for these extents (make_grouped_params). The math side calls mma_k with the
-  // same num_k_blk.
+  // same num_k_blk. k0: the tile's first k-block (a wgrad tile over one expert's segment of
+  // the token rows, tokens as K: segments start at a k-block boundary); kwait / hook see k
+  // relative to it.
   template <class KWait = AllThere, class KHook = NoHook>
   CUTLASS_DEVICE void produce_grouped(typename Mainloop::Params const& mp, int rows_a, int batches_a, int l_a,
                                       int m_blk, int N, int K, int num_k_blk, int batches_b, int l_b, int n_blk,
-                                      KWait kwait = {}, KHook hook = {}) {
+                                      KWait kwait = {}, KHook hook = {}, int k0 = 0) {
     static_assert(kClusterM == 1, "produce_at loads whole tiles (no multicast)");
     using namespace cute;
     if (cute::elect_one_sync()) {
@@ -359,8 +361,8 @@ struct BuilderSm90 {
         pipeline_.producer_acquire(st);
         auto* bar = pipeline_.producer_get_barrier(st);
         int const stage = st.index();
-        copy(mp.tma_load_a.with(*bar, uint16_t(0)), tAgA(_, _, _, k), tAsA(_, _, _, stage));
-        copy(mp.tma_load_b.with(*bar, uint16_t(0)), tBgB(_, _, _, k), tBsB(_, _, _, stage));
+        copy(mp.tma_load_a.with(*bar, uint16_t(0)), tAgA(_, _, _, k0 + k), tAsA(_, _, _, stage));
+        copy(mp.tma_load_b.with(*bar, uint16_t(0)), tBgB(_, _, _, k0 + k), tBsB(_, _, _, stage));
         ++st;
       }
     }
@@ -450,6 +452,14 @@ struct BuilderSm90 {
   // The staged epilogue's shared memory (kEpiBytes): free for the math warps' own use between
   // tiles (a caller's epilogue that does not use store_staged_to).
   CUTLASS_DEVICE uint8_t* epilogue_smem() { return smem_.epilogue; }
+
+  // The pipeline states, for a kernel that runs two builder types (A row- and column-major)
+  // over ONE SharedStorage and mainloop ring (csrc/moe_bwd_sm90.cu): the loader hands the
+  // write state, the math warps the read state, to the builder of the next tile's type.
+  // Both types must have the same stages, tile shape and SharedStorage size (the kernel
+  // static_asserts it); a tile is produced and consumed by the same type.
+  CUTLASS_DEVICE PipelineState& write_state() { return write_state_; }
+  CUTLASS_DEVICE PipelineState& read_state() { return read_state_; }
 
   // Host: mainloop params for produce_grouped: A viewed as (rows_a, K, batches_a) with batch
   // stride a_batch_stride elements (row stride K); B as (N, K, batches_b): batch l is the

@@ -9,7 +9,7 @@
 #pragma once
 #include <stdint.h>
 
-#define KOSMOS_MOE_ABI_VERSION 2
+#define KOSMOS_MOE_ABI_VERSION 3
 #define KOSMOS_MOE_MAX_E 256   // experts per launch (the router tile is 256 wide)
 #define KOSMOS_MOE_MAX_TOPK 16
 #define KOSMOS_MOE_TOK_BLOCK 32  // tokens per DISPATCH / FOLD item
@@ -55,6 +55,11 @@ typedef struct KosmosMoeArgs {
   void* os;              // (M_MAX x H) bf16 expert outputs
   void* hsh;             // (T x Fs) bf16 shared expert activations (Fs > 0)
   void* ysh;             // (T x H) bf16 shared expert output (Fs > 0)
+  // saved for the backward (csrc/moe_bwd_sm90.cu), NULL when not wanted: the gate/up
+  // pre-activations [g | u] (natural column order: gate columns 0..F-1, then up) of every
+  // sorted row (UP epilogue) and of every token (SHARED_UP epilogue), bf16
+  void* gus;             // (M_MAX x 2F)
+  void* gush;            // (T x 2Fs) (Fs > 0)
   int32_t* own_total;    // (E) rows of expert e from the executed tokens this call (scan)
   // host fabric: the peers' outputs exist for rank 0's reference routing only (moe_host.py): a
   // remote choice (t, e) finds its row in e's owner's send buffers where ref_routes[t][j'] == e

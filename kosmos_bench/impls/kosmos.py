@@ -113,7 +113,7 @@ class KosmosImpl:
     # op gemm (world 1) is the builder role alone: the Hopper wgmma/TMA builder's standalone
     # persistent kernel (kernels/sm90_gemm.py), measured against cuBLAS by sweeps/builder.yaml.
     # op moe: the expert layer's forward kernel, impls/kosmos_moe.py (skipped when not built in);
-    # moe-bwd / moe-step: skipped with the reason (no backward kernel yet)
+    # moe-bwd / moe-step: the backward kernel, impls/kosmos_moe_bwd.py (world 1, local, host)
     ops = ("ag-gemm", "gemm-rs", "gemm", "moe", "ag-gemm-dgrad", "gemm-rs-dgrad", "ag-wgrad", "layer", "moe-bwd",
            "moe-step")
     fabrics = ("local", "host", "nvlink")
@@ -143,7 +143,7 @@ class KosmosImpl:
         if why:
             return why
         if point.op in ("moe-bwd", "moe-step"):
-            return "the KOSMOS MoE backward kernel is not built yet"
+            return _moe_unsupported(point, "kosmos_moe_bwd", "prepare_moe_bwd", "unsupported_moe_bwd")
         if point.op in DGRAD_OPS:  # the forward kernel, B_r read transposed: the sm90 builder only
             fwd = _forward_point(point)
             why = self.unsupported(fwd)
@@ -201,6 +201,8 @@ class KosmosImpl:
     def prepare(self, point: Point, ctx, inputs, **kw) -> "KosmosRunner":
         if point.op == "moe":  # by name: the module is branch moek's (absent: _moe_unsupported says so)
             return importlib.import_module(f"{__package__}.kosmos_moe").prepare_moe(point, ctx, inputs, **kw)
+        if point.op in ("moe-bwd", "moe-step"):
+            return importlib.import_module(f"{__package__}.kosmos_moe_bwd").prepare_moe_bwd(point, ctx, inputs, **kw)
         if point.op == "gemm":
             return _prepare_gemm(point, ctx, inputs, **kw)
         if point.op in DGRAD_OPS:
@@ -208,17 +210,19 @@ class KosmosImpl:
         return KosmosRunner(point, ctx, inputs, **kw)
 
 
-def _moe_unsupported(point: Point) -> str | None:
-    """op moe: the kernel's module (impls/kosmos_moe.py, with prepare_moe) must be part of this
-    build; its own `unsupported_moe(point)`, when it has one, says which points it runs."""
+def _moe_unsupported(point: Point, module: str = "kosmos_moe", prepare: str = "prepare_moe",
+                     check: str = "unsupported_moe") -> str | None:
+    """ops moe / moe-bwd / moe-step: the kernel's module (impls/kosmos_moe.py with prepare_moe;
+    impls/kosmos_moe_bwd.py with prepare_moe_bwd) must be part of this build; its own check
+    (`unsupported_moe(point)` / `unsupported_moe_bwd(point)`), when it has one, says which points it runs."""
     try:
-        mod = importlib.import_module(f"{__package__}.kosmos_moe")
+        mod = importlib.import_module(f"{__package__}.{module}")
     except ImportError as e:
-        return f"the kosmos moe kernel is not in this build (kosmos_bench.impls.kosmos_moe: {e})"
-    if not hasattr(mod, "prepare_moe"):
-        return "the kosmos moe kernel is not in this build (kosmos_bench.impls.kosmos_moe has no prepare_moe)"
-    check = getattr(mod, "unsupported_moe", None)
-    return check(point) if check is not None else None
+        return f"the kosmos moe kernel is not in this build (kosmos_bench.impls.{module}: {e})"
+    if not hasattr(mod, prepare):
+        return f"the kosmos moe kernel is not in this build (kosmos_bench.impls.{module} has no {prepare})"
+    fn = getattr(mod, check, None)
+    return fn(point) if fn is not None else None
 
 
 # The backward dgrad ops: the forward kernels (same schedule, protocol, movers) with B_r read

@@ -74,7 +74,7 @@ def arrange_w1(W1):
 class MoeRunner:
     def __init__(self, shape, ctx, inputs, *, ranks: list[int], fabric: str = "local", timeout_s: float | None = None,
                  grid: int | None = None, spin_ns: int = 32, trace_cap: int = DEFAULT_TRACE_CAP,
-                 debug_skip_scan: bool = False):
+                 debug_skip_scan: bool = False, save_preact: bool = False):
         import torch
 
         host = fabric == "host" and shape.world > 1
@@ -137,6 +137,10 @@ class MoeRunner:
         self.os = torch.zeros(tm * K.BM, H, dtype=bf, device=dev)
         self.hsh = torch.zeros(T, Fs, dtype=bf, device=dev) if Fs else None
         self.ysh = torch.zeros(T, H, dtype=bf, device=dev) if Fs else None
+        # save_preact (the backward's runner, impls/kosmos_moe_bwd.py): the gate/up pre-activations
+        # [g | u] of every sorted row and token, kept for the SwiGLU backward (moe_params.h gus)
+        self.gus = torch.zeros(tm * K.BM, 2 * F, dtype=bf, device=dev) if save_preact else None
+        self.gush = torch.zeros(T, 2 * Fs, dtype=bf, device=dev) if save_preact and Fs else None
         self.own_total = torch.empty(E, dtype=i32, device=dev)
         self.ctr = torch.zeros(K.ctr_words(T, k, E_tiles, R), dtype=i32, device=dev)
         self.state = torch.zeros(4, dtype=i32, device=dev)
@@ -158,6 +162,7 @@ class MoeRunner:
         a.tile_order, a.tile_expert, a.tile_rows, a.meta = (ptr(self.tile_order), ptr(self.tile_expert),
                                                             ptr(self.tile_rows), ptr(self.meta))
         a.xs, a.hs, a.os, a.hsh, a.ysh = ptr(self.xs), ptr(self.hs), ptr(self.os), ptr(self.hsh), ptr(self.ysh)
+        a.gus, a.gush = ptr(self.gus), ptr(self.gush)
         a.ctr, a.state, a.err = ptr(self.ctr), ptr(self.state), ptr(self.err)
         a.own_total, a.E_tiles, a.E_loc = ptr(self.own_total), E_tiles, shape.E_loc
         if peer:
@@ -229,24 +234,13 @@ class MoeRunner:
         self._ok(self.lib.kosmos_moe_launch(ctypes.c_void_p(self.handle), ctypes.c_void_p(stream)))
 
     def _raise_if_timed_out(self) -> None:
-        import torch
-
         if self.closed:
             raise RuntimeError("kosmos moe runner used after close()")
-        raw = self.err.cpu().numpy().tobytes()[:48]
-        count, epoch, _rank, wg, queue, item, _frank, flag, expected, seen = np.frombuffer(raw[:40], dtype="<i4")
-        waited = int(np.frombuffer(raw[40:48], dtype="<u8")[0])
-        if int(count) == self.err_seen:
-            return
-        self.err_seen = int(count)
-        kind = K.KINDS[queue] if 0 <= queue < len(K.KINDS) else str(queue)
-        name = K.counter_name(int(flag), self.T, self.k, self.args.E_tiles, self.args.peer_rows)
-        msg = (f"kosmos moe watchdog: {kind} item {item} (CTA {wg}) waited {waited / 1e6:.1f} ms for "
-               f"{name} (expected >= {expected}, saw {seen}) "
-               f"in call {epoch}")
-        self.ctr.zero_()
-        torch.cuda.synchronize(self.dev)
-        raise WatchdogError(msg)
+        name = lambda flag: K.counter_name(flag, self.T, self.k, self.args.E_tiles, self.args.peer_rows)  # noqa: E731
+        self.err_seen, msg = watchdog_message(self.err, self.err_seen, "kosmos moe", K.KINDS, name)
+        if msg:
+            _reset_after_abort(self.ctr, self.dev)
+            raise WatchdogError(msg)
 
     def set_debug_skip_scan(self, skip: bool) -> None:
         """Test hook: the SCAN item never runs (every item after it waits: the watchdog fires)."""
@@ -275,7 +269,6 @@ class MoeRunner:
 
     def run_traced(self):
         """One call with role records; a DataFrame (rank, wg, sm, role, item, kind, t0_ns, t1_ns)."""
-        import pandas as pd
         import torch
 
         if self.trace_buf is None:
@@ -290,28 +283,9 @@ class MoeRunner:
         finally:
             self.args.trace = self.args.trace_count = None
             self._set()
-        counts = self.trace_count.cpu().numpy().astype(np.int64)
-        rec = np.frombuffer(self.trace_buf.cpu().numpy().tobytes(), dtype=np.dtype(
-            [("t0", "<u8"), ("t1", "<u8"), ("item", "<i4"), ("role", "<u2"), ("sm", "<u2")])).reshape(
-            self.grid, self.trace_cap)
-        self.info["trace_dropped"] = int(np.maximum(counts - self.trace_cap, 0).sum())
-        rows = []
-        for g in range(self.grid):
-            chunk = rec[g, :int(min(counts[g], self.trace_cap))]
-            if len(chunk):
-                rows.append(pd.DataFrame({"rank": self.ranks[0], "wg": g, "sm": chunk["sm"].astype(np.int32),
-                                          "role": [K.ROLE_CODES[int(c)] for c in chunk["role"]],
-                                          "item": chunk["item"] & 0xFFFFFF,
-                                          "kind": [K.KINDS[int(i) >> 24] for i in chunk["item"]],
-                                          "t0_ns": chunk["t0"].astype(np.int64), "t1_ns": chunk["t1"].astype(np.int64)}))
-        cols = ["rank", "wg", "sm", "role", "item", "kind", "t0_ns", "t1_ns"]
-        if not rows:
-            return pd.DataFrame(columns=cols)
-        df = pd.concat(rows, ignore_index=True)
-        t_min = int(df["t0_ns"].min())
-        df["t0_ns"] -= t_min
-        df["t1_ns"] -= t_min
-        return df[cols]
+        df, self.info["trace_dropped"] = decode_trace(self.trace_buf, self.trace_count, self.grid, self.trace_cap,
+                                                      self.ranks[0], K.ROLE_CODES, K.KINDS)
+        return df
 
     def close(self) -> None:
         if self.closed:
@@ -328,6 +302,57 @@ class MoeRunner:
             self.handle = None
         self.outputs = {}
         self.routes = {}
+
+
+# ------------------------------------------------------------------ shared with the backward's runner
+def watchdog_message(err, seen: int, what: str, kinds, counter_name) -> tuple[int, str | None]:
+    """(records so far, the message of a new one or None) from the kernel's error record
+    (KosmosErrorRecord, 64 bytes of device memory); kinds / counter_name(flag) name its item
+    kind and counter word."""
+    raw = err.cpu().numpy().tobytes()[:48]
+    count, epoch, _rank, wg, queue, item, _frank, flag, expected, seen_v = np.frombuffer(raw[:40], dtype="<i4")
+    waited = int(np.frombuffer(raw[40:48], dtype="<u8")[0])
+    if int(count) == seen:
+        return seen, None
+    kind = kinds[queue] if 0 <= queue < len(kinds) else str(queue)
+    return int(count), (f"{what} watchdog: {kind} item {item} (CTA {wg}) waited {waited / 1e6:.1f} ms for "
+                        f"{counter_name(int(flag))} (expected >= {expected}, saw {seen_v}) in call {epoch}")
+
+
+def _reset_after_abort(ctr, dev) -> None:
+    """An aborted call leaves its counters where they stopped: zero them for the next call."""
+    import torch
+
+    ctr.zero_()
+    torch.cuda.synchronize(dev)
+
+
+def decode_trace(buf, counts_t, grid: int, cap: int, rank: int, role_codes: dict, kinds) -> tuple:
+    """(DataFrame (rank, wg, sm, role, item, kind, t0_ns, t1_ns), records dropped) of one traced
+    launch: KosmosTraceRecord [grid][cap], the item's high byte its kind."""
+    import pandas as pd
+
+    counts = counts_t.cpu().numpy().astype(np.int64)
+    rec = np.frombuffer(buf.cpu().numpy().tobytes(), dtype=np.dtype(
+        [("t0", "<u8"), ("t1", "<u8"), ("item", "<i4"), ("role", "<u2"), ("sm", "<u2")])).reshape(grid, cap)
+    dropped = int(np.maximum(counts - cap, 0).sum())
+    rows = []
+    for g in range(grid):
+        chunk = rec[g, :int(min(counts[g], cap))]
+        if len(chunk):
+            rows.append(pd.DataFrame({"rank": rank, "wg": g, "sm": chunk["sm"].astype(np.int32),
+                                      "role": [role_codes[int(c)] for c in chunk["role"]],
+                                      "item": chunk["item"] & 0xFFFFFF,
+                                      "kind": [kinds[int(i) >> 24] for i in chunk["item"]],
+                                      "t0_ns": chunk["t0"].astype(np.int64), "t1_ns": chunk["t1"].astype(np.int64)}))
+    cols = ["rank", "wg", "sm", "role", "item", "kind", "t0_ns", "t1_ns"]
+    if not rows:
+        return pd.DataFrame(columns=cols), dropped
+    df = pd.concat(rows, ignore_index=True)
+    t_min = int(df["t0_ns"].min())
+    df["t0_ns"] -= t_min
+    df["t1_ns"] -= t_min
+    return df[cols], dropped
 
 
 def prepare_moe(point, ctx, inputs, *, config=None, timeout_s: float | None = None, **kw) -> MoeRunner:

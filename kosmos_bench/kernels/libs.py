@@ -95,7 +95,8 @@ class Library:
         return load(self, arch, declare, build_if_missing)
 
 
-# The libraries of csrc/ (their Python sides: kernels/__init__.py, ag_sm90.py, sm90_gemm.py, moe_sm90.py).
+# The libraries of csrc/ (their Python sides: kernels/__init__.py, ag_sm90.py, sm90_gemm.py, moe_sm90.py,
+# moe_bwd_sm90.py).
 KOSMOS = Library("kosmos", ("ag_gemm.cu", "gemm_rs.cu", "runtime.cu"))
 AG_SM90 = Library("kosmos_ag_sm90", ("ag_gemm_sm90.cu",),
                   flags=("--expt-relaxed-constexpr", "-DKOSMOS_SM90_B_TRANSPOSED=0", "-DKOSMOS_SM90_A_TRANSPOSED=0"),
@@ -115,7 +116,10 @@ SM90_GEMM = Library("sm90_gemm", ("gemm_sm90.cu",), flags=("--expt-relaxed-const
                     arches=("sm_90a",))
 MOE_SM90 = Library("kosmos_moe_sm90", ("moe_fwd_sm90.cu",), flags=("--expt-relaxed-constexpr",), cutlass=True,
                    arches=("sm_90a",))
-LIBRARIES = (KOSMOS, AG_SM90, SM90_GEMM, MOE_SM90, AG_SM90_BT, AG_SM90_AT)
+# The MoE backward (one launch per backward; reads the forward's saved state: kernels/moe_bwd_sm90.py).
+MOE_BWD_SM90 = Library("kosmos_moe_bwd_sm90", ("moe_bwd_sm90.cu",), flags=("--expt-relaxed-constexpr",), cutlass=True,
+                       arches=("sm_90a",))
+LIBRARIES = (KOSMOS, AG_SM90, SM90_GEMM, MOE_SM90, AG_SM90_BT, AG_SM90_AT, MOE_BWD_SM90)
 
 
 @dataclass

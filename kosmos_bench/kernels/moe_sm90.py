@@ -16,7 +16,7 @@ import ctypes as C
 from . import libs
 
 LIB = libs.MOE_SM90
-ABI_VERSION = 2
+ABI_VERSION = 3
 MAX_E = 256
 MAX_TOPK = 16
 TOK_BLOCK = 32  # tokens per DISPATCH / FOLD item
@@ -42,7 +42,7 @@ class MoeArgs(C.Structure):
         ("x", P), ("bias", P), ("y", P), ("routes", P), ("weights", P), ("rank", P), ("logits", P),
         ("blk_cnt", P), ("blk_base", P), ("seg_start", P), ("tile_order", P), ("tile_expert", P),
         ("tile_rows", P), ("meta", P), ("xs", P), ("hs", P), ("os", P), ("hsh", P), ("ysh", P),
-        ("own_total", P), ("ref_routes", P), ("ref_slot", P), ("peer_expert", P), ("peer_rel", P), ("peer_total", P),
+        ("gus", P), ("gush", P), ("own_total", P), ("ref_routes", P), ("ref_slot", P), ("peer_expert", P), ("peer_rel", P), ("peer_total", P),
         ("recv_rows", P * MAX_PEERS), ("recv_out", P * MAX_PEERS), ("send_rows", P * MAX_PEERS),
         ("send_out", P * MAX_PEERS), ("peer_begin", I32 * (MAX_PEERS + 1)), ("E_tiles", I32), ("E_loc", I32),
         ("peer_rows", I32),
@@ -56,7 +56,7 @@ class MoeArgs(C.Structure):
     ]
 
 
-assert C.sizeof(MoeArgs) == (30 + 4 * MAX_PEERS) * 8 + 8 + (9 + 3 + 18) * 4, C.sizeof(MoeArgs)
+assert C.sizeof(MoeArgs) == (32 + 4 * MAX_PEERS) * 8 + 8 + (9 + 3 + 18) * 4, C.sizeof(MoeArgs)
 
 
 def tiles_max(T: int, topk: int, E: int, peer_rows: int = 0) -> int:

@@ -26,8 +26,10 @@ profile (every row says so in `sim_model`):
 * ops moe-bwd / moe-step (the torch pipelines through autograd): the backward is the forward's
   account with every GEMM twice (dgrad + wgrad: router, expert grouped GEMMs, shared expert),
   BWD_MEM times its memory passes and launches, and the same transfers (the output gradients
-  out, the input gradients back); moe-step = forward + backward. kosmos has no backward kernel:
-  skipped with that reason.
+  out, the input gradients back); moe-step = forward + backward. kosmos (its backward kernel, one
+  launch; world 1, local and host, else skipped with the kernel's reason): every GEMM twice in the
+  launch, the transfers overlapped as in its forward, plus the gather (dy read per choice, the
+  expert output rows read, the upstream rows written) and the fold of dx at HBM speed.
 """
 from __future__ import annotations
 
@@ -120,8 +122,9 @@ def _transfer_us(p: Point, prof: dict, s: mm.MoeShape, ld: Loads, *, movers: boo
 def simulate(p: Point, prof: dict) -> dict:
     if p.impl not in IMPLS:
         raise Unsupported(f"the simulator models op {p.op} for {', '.join(IMPLS)}, not {p.impl}")
-    if p.impl == "kosmos" and p.op != "moe":
-        raise Unsupported(f"kosmos {p.op}: the KOSMOS MoE backward kernel is not built yet")
+    if p.impl == "kosmos" and p.op != "moe" and p.world > 1 and p.fabric not in ("local", "host"):
+        raise Unsupported(f"kosmos {p.op}: the backward kernel runs world 1, local and host "
+                          f"(fabric {p.fabric} not implemented yet)")
     if p.impl == "torch-moe-overlap" and p.op != "moe" and p.fabric == "host":
         raise Unsupported(f"torch-moe-overlap {p.op} on the host fabric: its pipelined copies have no autograd path")
     if p.impl == "torch-moe-overlap" and (p.world == 1 or p.fabric not in ("host", "local")):
@@ -153,7 +156,10 @@ def simulate(p: Point, prof: dict) -> dict:
             compute = sum(grouped_us(prof, s, ld.rows[q], builder=True) for q in ranks) + \
                 (disp + comb) * movers / prof["num_sms"]
         fold = _mem_us(prof, 2 * n_rows * H + 2 * len(ranks) * s.T * H)  # each output row read once
-        t = launch + router + shared + max(compute, disp + comb) + fold
+        fwd_t = launch + router + shared + max(compute, disp + comb) + fold
+        gather = _mem_us(prof, 3 * 2 * n_rows * H)  # dy per choice, the output rows, the upstream rows written
+        bwd_t = launch + 2 * (router + shared) + max(2 * compute, disp + comb) + gather + fold
+        t = (fwd_t if p.op in ("moe", "moe-step") else 0.0) + (bwd_t if p.op in ("moe-bwd", "moe-step") else 0.0)
         return _fields(p, prof, s, ld, t, {"sim_movers": movers})
     fwd = {"router": router, "shared": shared, "disp": disp + comb}
     t = 0.0

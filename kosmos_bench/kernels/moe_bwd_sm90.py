@@ -1,0 +1,148 @@
+"""The MoE backward kernel (``csrc/moe_bwd_sm90.cu``): ctypes mirror of its C ABI, build, load.
+
+One cooperative persistent launch per backward (combine-gradient gather, expert dgrad with the
+SwiGLU backward fused, expert wgrad, router and shared expert backward, fold of dx); it reads
+the saved state of a forward run by ``csrc/moe_fwd_sm90.cu`` with its pre-activations saved.
+The runner is :mod:`kosmos_bench.impls.kosmos_moe_bwd`. Its own shared library
+(``libkosmos_moe_bwd_sm90-<hash>-sm_90a.so``), built, cached and loaded by
+:mod:`kosmos_bench.kernels.libs` (``libs.MOE_BWD_SM90``).
+
+C ABI: ``kosmos_moe_bwd_{abi_version,fwd_abi_version,last_error,smem_bytes,threads,args_offset,
+validate,item_count,create,destroy,set,max_wgs,launch}``; the argument struct is
+``KosmosMoeBwdArgs`` of ``csrc/kosmos/moe_bwd_params.h`` (:class:`MoeBwdArgs` here, field by
+field, the forward's :class:`~kosmos_bench.kernels.moe_sm90.MoeArgs` as its first field).
+"""
+from __future__ import annotations
+
+import ctypes as C
+
+from . import libs
+from . import moe_sm90 as fwd
+
+LIB = libs.MOE_BWD_SM90
+ABI_VERSION = 1
+BM = fwd.BM
+TOK_BLOCK = fwd.TOK_BLOCK
+
+# Item kinds in claim order (moe_bwd_params.h KosmosMoeBwdKind): the error record's `queue`,
+# and the high byte of a trace record's item.
+KINDS = ("SHARED_DH", "GATHER", "PEER_GATHER", "PAD", "SHARED_WG2", "DH", "DXR", "DWR", "DX", "PEER_COMBINE",
+         "SHARED_DX", "WG2", "SHARED_WG1", "WG1", "FOLD")
+# Counter words (KosmosMoeBwdCtr): head, then arrived / dh_done / dx_done [tiles_max],
+# lg_done / xr_done / sdh_done / sdx_done [route_blocks].
+CTR_HEAD = 4
+HEAD_NAMES = ("claim", "unused", "exit", "unused")
+# Trace roles of this kernel (the kernel's BwdRole).
+ROLE_CODES = {0: "GATHER", 1: "EXPERT_DGRAD", 2: "EXPERT_WGRAD", 3: "ROUTER", 4: "SHARED", 5: "FOLD", 6: "COMBINE"}
+
+P = C.c_void_p
+I32 = C.c_int32
+MAX_PEERS = fwd.MAX_PEERS
+
+
+class MoeBwdArgs(C.Structure):
+    _fields_ = [
+        ("f", fwd.MoeArgs),
+        ("dy", P), ("w1", P), ("w2", P), ("wr", P), ("ws1", P), ("ws2", P),
+        ("dos", P), ("dgus", P), ("dxs", P), ("dlogits", P), ("dxr", P), ("dgush", P), ("dxsh", P),
+        ("dx", P), ("dwr", P), ("dw1", P), ("dw2", P), ("dws1", P), ("dws2", P),
+        ("recv_gout", P * MAX_PEERS), ("recv_dx", P * MAX_PEERS), ("send_gout", P * MAX_PEERS),
+        ("send_dx", P * MAX_PEERS),
+        ("ctr", P), ("state", P), ("err", P), ("trace", P), ("trace_count", P),
+        ("timeout_ns", C.c_uint64),
+        ("W", I32), ("T1", I32), ("E8", I32), ("ctr_words", I32),
+        ("grid", I32), ("trace_cap", I32), ("spin_ns", I32), ("debug_skip_gather", I32),
+    ]
+
+
+assert C.sizeof(MoeBwdArgs) == C.sizeof(fwd.MoeArgs) + (24 + 4 * MAX_PEERS) * 8 + 8 + 8 * 4, C.sizeof(MoeBwdArgs)
+
+
+def e8(E: int) -> int:
+    """The router gradient's row width: E rounded up to 8 (16-byte rows for TMA)."""
+    return -(-E // 8) * 8
+
+
+def ctr_words(T: int, topk: int, E_tiles: int, peer_rows: int = 0) -> int:
+    return CTR_HEAD + 3 * fwd.tiles_max(T, topk, E_tiles, peer_rows) + 4 * -(-T // BM)
+
+
+def item_counts(T: int, H: int, F: int, Fs: int, E: int, topk: int, W: int, E_tiles: int | None = None,
+                peer_rows: int = 0) -> dict[str, int]:
+    """Claims per kind (the kernel's Layout, mirrored: a CPU test compares them); E_tiles: the
+    experts with tiles here (default E; the host view: rank 0's), peer_rows: the view's peer rows."""
+    cd = lambda a, b: -(-a // b)  # noqa: E731
+    Et = E if E_tiles is None else E_tiles
+    nb, tb, tm, pb = cd(T, BM), cd(T, TOK_BLOCK), fwd.tiles_max(T, topk, Et, peer_rows), cd(peer_rows, TOK_BLOCK)
+    nF, nH, nFs = cd(F, 256), cd(H, 256), cd(Fs, 256)
+    mH, mF2, mFs2, mE = cd(H, BM), cd(2 * F, BM), cd(2 * Fs, BM), cd(e8(E), BM)
+    sh = 1 if Fs else 0
+    n = (sh * nb * nFs, tb, pb, Et, sh * W * mH * nFs, tm * nF, nb * nH, W * mE * nH, tm * nH, pb, sh * nb * nH,
+         Et * mH * nF, sh * W * mFs2 * nH, Et * mF2 * nH, tb)
+    return dict(zip(KINDS, n))
+
+
+def counter_name(word: int, T: int, topk: int, E_tiles: int, peer_rows: int = 0) -> str:
+    """What counter word `word` is (for the watchdog's message)."""
+    if word < CTR_HEAD:
+        return f"counter {HEAD_NAMES[max(word, 0)]}"
+    w, tm, nb = word - CTR_HEAD, fwd.tiles_max(T, topk, E_tiles, peer_rows), -(-T // BM)
+    for name, n in (("arrived", tm), ("dh_done", tm), ("dx_done", tm), ("lg_done", nb), ("xr_done", nb),
+                    ("shared_dh_done", nb), ("shared_dx_done", nb)):
+        if w < n:
+            return f"{name}[{w}]"
+        w -= n
+    return f"counter word {word}"
+
+
+def _declare(lib: C.CDLL) -> C.CDLL:
+    Ip = C.c_int
+    lib.kosmos_moe_bwd_abi_version.restype = Ip
+    lib.kosmos_moe_bwd_fwd_abi_version.restype = Ip
+    lib.kosmos_moe_bwd_last_error.restype = C.c_char_p
+    lib.kosmos_moe_bwd_smem_bytes.restype = Ip
+    lib.kosmos_moe_bwd_threads.restype = Ip
+    lib.kosmos_moe_bwd_args_offset.argtypes = [Ip]
+    lib.kosmos_moe_bwd_args_offset.restype = C.c_long
+    lib.kosmos_moe_bwd_validate.argtypes = [Ip] * 7
+    lib.kosmos_moe_bwd_validate.restype = C.c_char_p
+    lib.kosmos_moe_bwd_item_count.argtypes = [C.POINTER(MoeBwdArgs), Ip]
+    lib.kosmos_moe_bwd_item_count.restype = C.c_long
+    lib.kosmos_moe_bwd_create.restype = P
+    lib.kosmos_moe_bwd_destroy.argtypes = [P]
+    lib.kosmos_moe_bwd_destroy.restype = None
+    lib.kosmos_moe_bwd_set.argtypes = [P, C.POINTER(MoeBwdArgs)]
+    lib.kosmos_moe_bwd_set.restype = Ip
+    lib.kosmos_moe_bwd_max_wgs.argtypes = [Ip, C.POINTER(Ip)]
+    lib.kosmos_moe_bwd_max_wgs.restype = Ip
+    lib.kosmos_moe_bwd_launch.argtypes = [P, P]
+    lib.kosmos_moe_bwd_launch.restype = Ip
+    if lib.kosmos_moe_bwd_abi_version() != ABI_VERSION:
+        raise libs.BuildError(f"libkosmos_moe_bwd_sm90 ABI {lib.kosmos_moe_bwd_abi_version()} != {ABI_VERSION} "
+                              "(moe_bwd_sm90.py)")
+    if lib.kosmos_moe_bwd_fwd_abi_version() != fwd.ABI_VERSION:
+        raise libs.BuildError(f"libkosmos_moe_bwd_sm90 embeds the forward's ABI {lib.kosmos_moe_bwd_fwd_abi_version()}"
+                              f" != {fwd.ABI_VERSION} (moe_sm90.py)")
+    return lib
+
+
+def load() -> C.CDLL:
+    """The loaded library (built on first use when no cached build matches the sources)."""
+    return LIB.load(declare=_declare)
+
+
+def last_error(lib: C.CDLL) -> str:
+    return (lib.kosmos_moe_bwd_last_error() or b"").decode(errors="replace")
+
+
+def layout_mismatches(lib: C.CDLL) -> list[str]:
+    """Fields whose offset differs between MoeBwdArgs and the C struct (and the size): [] when equal."""
+    bad = []
+    for i, (name, _) in enumerate(MoeBwdArgs._fields_):
+        c_off = lib.kosmos_moe_bwd_args_offset(i)
+        if c_off != getattr(MoeBwdArgs, name).offset:
+            bad.append(f"{name}: C {c_off}, Python {getattr(MoeBwdArgs, name).offset}")
+    size = lib.kosmos_moe_bwd_args_offset(len(MoeBwdArgs._fields_))
+    if size != C.sizeof(MoeBwdArgs):
+        bad.append(f"sizeof: C {size}, Python {C.sizeof(MoeBwdArgs)}")
+    return bad
