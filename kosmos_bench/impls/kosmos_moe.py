@@ -269,34 +269,13 @@ class MoeRunner:
 
     def run_traced(self):
         """One call with role records; a DataFrame (rank, wg, sm, role, item, kind, t0_ns, t1_ns)."""
-        import torch
-
-        if self.trace_buf is None:
-            self.trace_buf = torch.zeros(self.grid * self.trace_cap * 24, dtype=torch.uint8, device=self.dev)
-            self.trace_count = torch.zeros(self.grid, dtype=torch.int32, device=self.dev)
-        self.trace_count.zero_()
-        self.args.trace, self.args.trace_count = self.trace_buf.data_ptr(), self.trace_count.data_ptr()
-        self._set()
-        try:
-            self._launch()
-            self.check()
-        finally:
-            self.args.trace = self.args.trace_count = None
-            self._set()
-        df, self.info["trace_dropped"] = decode_trace(self.trace_buf, self.trace_count, self.grid, self.trace_cap,
-                                                      self.ranks[0], K.ROLE_CODES, K.KINDS)
-        return df
+        return traced_call(self, self._launch, K)
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        try:
-            import torch
-
-            torch.cuda.synchronize(self.dev)
-        except Exception:  # noqa: BLE001 - closing after a failed call
-            pass
+        sync_quietly(self.dev)
         if self.handle:
             self.lib.kosmos_moe_destroy(ctypes.c_void_p(self.handle))
             self.handle = None
@@ -305,6 +284,38 @@ class MoeRunner:
 
 
 # ------------------------------------------------------------------ shared with the backward's runner
+def traced_call(r, call, kmod):
+    """One call (`call()`, then `r.check()`) of runner r with its kernel's role records on;
+    the decoded DataFrame (kmod: the kernel's ctypes module, ROLE_CODES and KINDS)."""
+    import torch
+
+    if r.trace_buf is None:
+        r.trace_buf = torch.zeros(r.grid * r.trace_cap * 24, dtype=torch.uint8, device=r.dev)
+        r.trace_count = torch.zeros(r.grid, dtype=torch.int32, device=r.dev)
+    r.trace_count.zero_()
+    r.args.trace, r.args.trace_count = r.trace_buf.data_ptr(), r.trace_count.data_ptr()
+    r._set()
+    try:
+        call()
+        r.check()
+    finally:
+        r.args.trace = r.args.trace_count = None
+        r._set()
+    df, r.info["trace_dropped"] = decode_trace(r.trace_buf, r.trace_count, r.grid, r.trace_cap, r.ranks[0],
+                                               kmod.ROLE_CODES, kmod.KINDS)
+    return df
+
+
+def sync_quietly(dev) -> None:
+    """Wait for the device before freeing a runner's memory; a failed call's error is already reported."""
+    try:
+        import torch
+
+        torch.cuda.synchronize(dev)
+    except Exception:  # noqa: BLE001 - closing after a failed call
+        pass
+
+
 def watchdog_message(err, seen: int, what: str, kinds, counter_name) -> tuple[int, str | None]:
     """(records so far, the message of a new one or None) from the kernel's error record
     (KosmosErrorRecord, 64 bytes of device memory); kinds / counter_name(flag) name its item

@@ -34,7 +34,7 @@ import ctypes
 
 from ..kernels import moe_bwd_sm90 as K
 from .kosmos import DEFAULT_TIMEOUT_S, WatchdogError
-from .kosmos_moe import (DEFAULT_TRACE_CAP, MoeRunner, _reset_after_abort, decode_trace, unsupported,
+from .kosmos_moe import (DEFAULT_TRACE_CAP, MoeRunner, _reset_after_abort, sync_quietly, traced_call, unsupported,
                          watchdog_message)
 
 
@@ -197,34 +197,13 @@ class MoeBwdRunner:
     def run_traced(self):
         """One call with the backward launch's role records (moe-step: the forward runs untraced
         first); a DataFrame (rank, wg, sm, role, item, kind, t0_ns, t1_ns)."""
-        import torch
-
-        if self.trace_buf is None:
-            self.trace_buf = torch.zeros(self.grid * self.trace_cap * 24, dtype=torch.uint8, device=self.dev)
-            self.trace_count = torch.zeros(self.grid, dtype=torch.int32, device=self.dev)
-        self.trace_count.zero_()
-        self.args.trace, self.args.trace_count = self.trace_buf.data_ptr(), self.trace_count.data_ptr()
-        self._set()
-        try:
-            self.run()
-            self.check()
-        finally:
-            self.args.trace = self.args.trace_count = None
-            self._set()
-        df, self.info["trace_dropped"] = decode_trace(self.trace_buf, self.trace_count, self.grid, self.trace_cap,
-                                                      self.ranks[0], K.ROLE_CODES, K.KINDS)
-        return df
+        return traced_call(self, self.run, K)
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        try:
-            import torch
-
-            torch.cuda.synchronize(self.dev)
-        except Exception:  # noqa: BLE001 - closing after a failed call
-            pass
+        sync_quietly(self.dev)
         if self.handle:
             self.lib.kosmos_moe_bwd_destroy(ctypes.c_void_p(self.handle))
             self.handle = None

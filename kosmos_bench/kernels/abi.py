@@ -94,3 +94,17 @@ def declare(lib: C.CDLL) -> C.CDLL:
               "kosmos_stream_destroy", "kosmos_ce_plan_set_waits", "kosmos_ce_plan_begin", "kosmos_ce_plan_end"):
         getattr(lib, f).restype = C.c_int
     return lib
+
+
+def struct_mismatches(struct: type, c_offset) -> list[str]:
+    """Fields whose offset differs between a ctypes Structure and its C struct, whose offsets
+    `c_offset(i)` returns (field i; i = the field count: sizeof): [] when they match."""
+    bad = []
+    for i, (name, _) in enumerate(struct._fields_):
+        c_off = c_offset(i)
+        if c_off != getattr(struct, name).offset:
+            bad.append(f"{name}: C {c_off}, Python {getattr(struct, name).offset}")
+    size = c_offset(len(struct._fields_))
+    if size != C.sizeof(struct):
+        bad.append(f"sizeof: C {size}, Python {C.sizeof(struct)}")
+    return bad

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes as C
 
 from . import libs
+from .abi import struct_mismatches
 from . import moe_sm90 as fwd
 
 LIB = libs.MOE_BWD_SM90
@@ -137,12 +138,4 @@ def last_error(lib: C.CDLL) -> str:
 
 def layout_mismatches(lib: C.CDLL) -> list[str]:
     """Fields whose offset differs between MoeBwdArgs and the C struct (and the size): [] when equal."""
-    bad = []
-    for i, (name, _) in enumerate(MoeBwdArgs._fields_):
-        c_off = lib.kosmos_moe_bwd_args_offset(i)
-        if c_off != getattr(MoeBwdArgs, name).offset:
-            bad.append(f"{name}: C {c_off}, Python {getattr(MoeBwdArgs, name).offset}")
-    size = lib.kosmos_moe_bwd_args_offset(len(MoeBwdArgs._fields_))
-    if size != C.sizeof(MoeBwdArgs):
-        bad.append(f"sizeof: C {size}, Python {C.sizeof(MoeBwdArgs)}")
-    return bad
+    return struct_mismatches(MoeBwdArgs, lib.kosmos_moe_bwd_args_offset)

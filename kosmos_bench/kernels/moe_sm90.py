@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes as C
 
 from . import libs
+from .abi import struct_mismatches
 
 LIB = libs.MOE_SM90
 ABI_VERSION = 3
@@ -120,12 +121,4 @@ def last_error(lib: C.CDLL) -> str:
 
 def layout_mismatches(lib: C.CDLL) -> list[str]:
     """Fields whose offset differs between MoeArgs and the C struct (and the size): [] when equal."""
-    bad = []
-    for i, (name, _) in enumerate(MoeArgs._fields_):
-        c_off = lib.kosmos_moe_args_offset(i)
-        if c_off != getattr(MoeArgs, name).offset:
-            bad.append(f"{name}: C {c_off}, Python {getattr(MoeArgs, name).offset}")
-    size = lib.kosmos_moe_args_offset(len(MoeArgs._fields_))
-    if size != C.sizeof(MoeArgs):
-        bad.append(f"sizeof: C {size}, Python {C.sizeof(MoeArgs)}")
-    return bad
+    return struct_mismatches(MoeArgs, lib.kosmos_moe_args_offset)
