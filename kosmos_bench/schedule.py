@@ -47,6 +47,14 @@ tokens x features, C_r = At^T @ B_r is ``M x N/W``); rank p's rows are ``[p*k_lo
   loads wait for each band in turn inside the tile (the kernel's per-k-block waits), so tiles
   start on the own rows and take peers' bands as they arrive. The order is by rank, never by
   arrival: each rank's result is bitwise the same every call.
+* builder ``AGW_BAND`` (``wgrad_items='band'``; group g, tile (mt, nt)): C tile's partial over
+  the K rows of band group g (groups: each shard in the tiles' order, own first, cut into
+  ``wgrad_group`` bands; ``peer`` = the shard's rank, ``kpart`` = the group's first row in it),
+  added in fp32 to the rank's carry buffer (``M x N/W`` fp32): group 0 stores the carry, later
+  groups load + add + store it, the last stores bf16 C. Deps: the group's band flags (none for
+  the own shard) and the order flag of (g-1, mt, nt); it releases order flag (g, mt, nt) of its
+  own rank (the last group releases nothing). Per tile the groups add in one fixed order:
+  bitwise deterministic whatever the arrival order.
 
 gemm-rs (push, owner reduces), rank r: A_r is ``M x K/W``, partials are ``M x N``.
 
@@ -76,7 +84,10 @@ Queue orders (``queue_order``): ``demand`` (below), ``fifo`` (natural id order),
   both operands), groups halving toward the end. Mover order = remote bands in the same
   ring order (= the order builders need them).
 * ag-wgrad demand: tiles in groups of ~sqrt(builders) tile rows, each group column by column
-  (every tile needs all of K: no band order to follow); movers as ag-gemm's.
+  (every tile needs all of K: no band order to follow); movers as ag-gemm's. Band variant:
+  group g's tiles (in that raster) after group g-1's, i.e. in the order the movers deliver;
+  every other queue order is corrected so that each tile's groups keep their order
+  (``_tile_order``: a WG never claims (g, t) before (g-1, t) was claimed).
 * gemm-rs demand: builders by destination r+1, r+2, ..., r (local last; ``local_first``
   puts the local destination first instead — an ablation), band-major within a
   destination; movers in the order their builder tiles finish (the host fabric interleaves
@@ -133,8 +144,10 @@ AG_OPS = ("ag-gemm", "ag-wgrad")  # pull movers (AG_PULL) over band flags
 QUEUE_ORDERS = ("demand", "fifo", "reverse", "random")
 
 # Item kinds (column 'kind' of an item row).
-AG_PULL, AG_BUILD, RS_BUILD, RS_PUSH, RS_PROXY, RS_REDUCE, AGW_BUILD = range(7)
-KIND_NAMES = ("AG_PULL", "AG_BUILD", "RS_BUILD", "RS_PUSH", "RS_PROXY", "RS_REDUCE", "AGW_BUILD")
+AG_PULL, AG_BUILD, RS_BUILD, RS_PUSH, RS_PROXY, RS_REDUCE, AGW_BUILD, AGW_BAND = range(8)
+KIND_NAMES = ("AG_PULL", "AG_BUILD", "RS_BUILD", "RS_PUSH", "RS_PROXY", "RS_REDUCE", "AGW_BUILD", "AGW_BAND")
+WGRAD_ITEMS = ("tile", "band")  # ag-wgrad builders: one tile over all of K | (band group, tile) partials
+WGRAD_GROUP_ROWS = 2048  # band variant, auto group: K rows per group (carry traffic <= 1/8 of the operands')
 # Roles in traces (TRACE_COLUMNS 'role').
 ROLE_MOVE, ROLE_BUILD, ROLE_REDUCE, ROLE_WAIT = range(4)
 ROLE_NAMES = ("MOVE", "BUILD", "REDUCE", "WAIT")
@@ -144,7 +157,9 @@ Q_BUILD, Q_MOVE, Q_REDUCE = range(3)
 ITEM_FIELDS = ("kind", "peer", "m0", "rows", "n0", "cols", "dep_begin", "dep_count", "rel_rank", "rel_flag",
                "kpart")
 ITEM_STRIDE = len(ITEM_FIELDS)  # int32 words per item row; must match csrc/kosmos/queue.cuh
-# kpart: ag-wgrad builders: rows of At per band (the granularity of the tile's waits); else 0.
+# kpart: AGW_BUILD: rows of At per band (the granularity of the tile's waits); AGW_BAND: the
+# group's first row inside its peer's shard (rows: meta["group_rows"], the last group of a
+# shard shorter); else 0.
 F = {name: i for i, name in enumerate(ITEM_FIELDS)}
 
 ELEM_BYTES = 2  # bf16
@@ -186,7 +201,8 @@ class FlagLayout:
       my buffers"), written by s into every rank's array at ``entry + s``.
     * ``[exit, exit+W)``: exit flag of rank s ("I will not touch your buffers again this
       call"), written by s into every rank's array at ``exit + s``.
-    * ag-gemm, ag-wgrad: band flag (p, j) at ``band + p*num_bands + j``.
+    * ag-gemm, ag-wgrad: band flag (p, j) at ``band + p*num_bands + j``; ag-wgrad band variant:
+      order flag (g, mt, nt) at ``built + g*m_tiles*n_tiles + mt*n_tiles + nt``.
     * gemm-rs: builder flag (d, mt, nt) at ``built + (d*mt_per_band_set + mt)*nt_n + nt``
       (``mt_per_band_set = m_tiles``), arrival flag (s, j, nt) at
       ``arrived + (s*num_bands + j)*nt_n + nt``.
@@ -540,6 +556,26 @@ def _order(natural: list[int], demand: list[int], queue_order: str, rng: np.rand
     raise ValueError(f"queue_order {queue_order!r}: expected one of {', '.join(QUEUE_ORDERS)}")
 
 
+def _tile_order(q: list[int], key: dict[int, tuple]) -> list[int]:
+    """``q`` with each tile's items in group order (key: item -> (tile, group)); the positions
+    a tile's items take in ``q`` stay its positions."""
+    by_tile: dict = {}
+    for i in q:
+        by_tile.setdefault(key[i][0], []).append(i)
+    for v in by_tile.values():
+        v.sort(key=lambda i: key[i][1])
+    nxt = {t: iter(v) for t, v in by_tile.items()}
+    return [next(nxt[key[i][0]]) for i in q]
+
+
+def wgrad_group_bands(band_rows: int, bands_per_shard: int, group: int | None = None) -> int:
+    """Bands per ag-wgrad band-variant group: ``group`` when given, else the fewest bands with
+    at least WGRAD_GROUP_ROWS K rows (a 128 x 256 tile's fp32 carry load + store is 8*128*256
+    bytes against 2*k*(128+256) of operands: 1/8 or less from k = 2048 on), at most a shard."""
+    g = int(group) if group else cdiv(WGRAD_GROUP_ROWS, band_rows)
+    return max(1, min(g, bands_per_shard))
+
+
 def validate(op: str, M: int, N: int, K: int, world: int, BM: int = 128, BN: int = 128, chunk: int = 1) -> str | None:
     """None if the kernels take this problem, else a one-line reason."""
     if op not in OPS:
@@ -569,7 +605,8 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
                    model: dict | None = None, mover_bytes: int = 256 * 1024,
                    stream_k: bool = False, band_group: int | str | None = None,
                    tail_bands: int | None = None, ramp: bool | None = None, halve: bool = True,
-                   local_group: int | None = None, max_inflight: int | None = None) -> RankSchedule:
+                   local_group: int | None = None, max_inflight: int | None = None,
+                   wgrad_items: str = "tile", wgrad_group: int | None = None) -> RankSchedule:
     """The schedule of one rank. ``num_wgs`` is the WG count of THIS rank (on the local
     fabric: ``np.diff(wg_starts(G, W))[rank]``). ``local_first`` defaults to True for
     ag-gemm and False (local destination last) for gemm-rs. ``fabric='host'`` adds the
@@ -586,8 +623,12 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
     (ready at entry) are in regular groups (halving buys nothing where nothing arrives);
     ``local_group`` (ag-gemm): bands per regular group of the own bands (default: as the remote
     ``band_group`` when given, else ~sqrt(builders)); ``max_inflight``: policy self's mover cap
-    instead of ``max_inflight_movers``' rule (0: none).
+    instead of ``max_inflight_movers``' rule (0: none). ``wgrad_items`` (ag-wgrad): ``tile``
+    (AGW_BUILD) or ``band`` (AGW_BAND items of ``wgrad_group`` bands, default
+    ``wgrad_group_bands``' rule).
     """
+    if wgrad_items not in WGRAD_ITEMS:
+        raise ValueError(f"wgrad_items {wgrad_items!r}: expected one of {', '.join(WGRAD_ITEMS)}")
     why = validate(op, M, N, K, world, BM, BN, chunk)
     if why:
         raise ValueError(why)
@@ -657,25 +698,51 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
         nb = cdiv(k_loc, band_rows)
         lay = FlagLayout(W, entry=0, exit=W, band=2 * W, num_flags=2 * W + W * nb)
         pull_id = _pulls(mv, mult, deps, lay, W, r, nb, band_rows, k_loc, M, mover_bytes)
-        # the remote band flags in the tiles' K order (own rows first, then r+1, r+2, ...): one
-        # list, shared by every tile (dep_begin / dep_count of each builder row)
-        kdeps = [lay.band + p * nb + j for p in ring for j in range(nb)]
-        k_begin = len(deps)
-        deps.extend(kdeps)
-        build_id = {}
-        for mt, m0, rows, nt, n0, cols in _tiles(M, BM, n_loc, BN):
-            build_id[mt, nt] = bt.add(AGW_BUILD, r, m0, rows, n0, cols, [], deps, -1, -1, 2.0 * rows * cols * K,
-                                      (rows * K + K * cols + rows * cols) * ELEM_BYTES, kpart=band_rows)
-            bt.rows[-1][F["dep_begin"]], bt.rows[-1][F["dep_count"]] = k_begin, len(kdeps)
         builders_n = num_wgs - (k_movers or 0)
-        b_demand = [build_id[mt, nt] for grp in band_groups(mt_n, builders_n, size=local_group, halve=False)
-                    for nt in range(nt_n) for mt in range(grp.start, grp.stop)]
+        raster = [(mt, nt) for grp in band_groups(mt_n, builders_n, size=local_group, halve=False)
+                  for nt in range(nt_n) for mt in range(grp.start, grp.stop)]
+        if wgrad_items == "tile":
+            # the remote band flags in the tiles' K order (own rows first, then r+1, r+2, ...): one
+            # list, shared by every tile (dep_begin / dep_count of each builder row)
+            kdeps = [lay.band + p * nb + j for p in ring for j in range(nb)]
+            k_begin = len(deps)
+            deps.extend(kdeps)
+            build_id = {}
+            for mt, m0, rows, nt, n0, cols in _tiles(M, BM, n_loc, BN):
+                build_id[mt, nt] = bt.add(AGW_BUILD, r, m0, rows, n0, cols, [], deps, -1, -1, 2.0 * rows * cols * K,
+                                          (rows * K + K * cols + rows * cols) * ELEM_BYTES, kpart=band_rows)
+                bt.rows[-1][F["dep_begin"]], bt.rows[-1][F["dep_count"]] = k_begin, len(kdeps)
+            b_demand = [build_id[t] for t in raster]
+            b_order = _order(list(range(len(bt.rows))), b_demand, queue_order, rng)
+        else:
+            gb = wgrad_group_bands(band_rows, nb, wgrad_group)
+            groups = [(p, j0, min(nb, j0 + gb)) for p in [r] + ring for j0 in range(0, nb, gb)]
+            ng, tn = len(groups), mt_n * nt_n
+            lay = FlagLayout(W, entry=0, exit=W, band=2 * W, built=2 * W + W * nb,
+                             num_flags=2 * W + W * nb + ng * tn)
+            build_id, key = {}, {}
+            for g, (p, j0, j1) in enumerate(groups):
+                k0, krows = j0 * band_rows, min(k_loc, j1 * band_rows) - j0 * band_rows
+                bdeps = [lay.band + p * nb + j for j in range(j0, j1)] if p != r else []
+                for mt, m0, rows, nt, n0, cols in _tiles(M, BM, n_loc, BN):
+                    t = mt * nt_n + nt
+                    dl = bdeps + ([lay.built + (g - 1) * tn + t] if g else [])
+                    carry = rows * cols * ((4 if g else 0) + (2 if g == ng - 1 else 4))
+                    build_id[g, mt, nt] = i = bt.add(
+                        AGW_BAND, p, m0, rows, n0, cols, dl, deps, r if g < ng - 1 else -1,
+                        lay.built + g * tn + t if g < ng - 1 else -1, 2.0 * rows * cols * krows,
+                        (rows * krows + krows * cols) * ELEM_BYTES + carry, kpart=k0)
+                    key[i] = ((mt, nt), g)
+            b_demand = [build_id[g, mt, nt] for g in range(ng) for mt, nt in raster]
+            b_order = _tile_order(_order(list(range(len(bt.rows))), b_demand, queue_order, rng), key)
+            meta_extra["group_rows"] = gb * band_rows
+            meta_extra["num_groups"] = ng
         m_demand = [i for p in ring for j in range(nb) for i in pull_id[p, j]]
-        builders = bt.done(_order(list(range(len(bt.rows))), b_demand, queue_order, rng))
+        builders = bt.done(b_order)
         movers = mv.done(_order(list(range(len(mv.rows))), m_demand, queue_order, rng))
         reduces = rd.done([])
         peer_flags = [lay.entry + s for s in range(W) if s != r] + [lay.exit + s for s in range(W) if s != r]
-        meta_extra = {"k_loc": k_loc, "band_rows": band_rows}
+        meta_extra.update(k_loc=k_loc, band_rows=band_rows, wgrad_items=wgrad_items)
     else:
         k_loc = K // W
         nt_n = cdiv(N, BN)
@@ -785,6 +852,11 @@ def build_all(op: str, M: int, N: int, K: int, world: int, num_wgs_total: int, *
     return [build_schedule(op, M, N, K, world, r, num_wgs=int(sizes[r]), **kw) for r in range(world)]
 
 
+def wgrad_tiles(s: RankSchedule) -> bool:
+    """An ag-wgrad schedule of tile-resident items (their waits are inside the tile)."""
+    return s.op == "ag-wgrad" and s.meta.get("wgrad_items", "tile") == "tile"
+
+
 # ---------------------------------------------------------------------------------------
 # A step-level model of the WG loop, used by the tests to prove the orders deadlock-free
 # (and usable by the simulator as a reference for the claim rules).
@@ -867,7 +939,7 @@ def simulate_steps(scheds: list[RankSchedule], durations=None, max_steps: int = 
             return claim(self.s, q)
 
         def ready(self, q, i):  # claim readiness: ag-wgrad tiles wait for their bands inside (below)
-            return (q == Q_BUILD and self.s.op == "ag-wgrad") or ready(self.s, q, i)
+            return (q == Q_BUILD and wgrad_tiles(self.s)) or ready(self.s, q, i)
 
         def under_cap(self):
             return under_cap(self.s)

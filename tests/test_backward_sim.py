@@ -1,5 +1,6 @@
 """The backward ops and the layer step without a GPU: sweep expansion and the simulator."""
 import numpy as np
+import pytest
 
 from kosmos_bench import sim
 from kosmos_bench.models import get_model, op_shape
@@ -85,3 +86,28 @@ def test_kosmos_ag_wgrad_on_the_simulator():
             raise AssertionError("kosmos ag-wgrad is the sm90 builder with SM movers only")
         except sim.Unsupported as e:
             assert "sm90" in str(e)
+
+
+def test_kosmos_ag_wgrad_band_items_on_the_simulator():
+    """wgrad_items=band: (group, tile) items with claim-time deps (no stream deps), ahead of the
+    tile-resident design on the host fabric (its first wave no longer holds its CTAs until the
+    last band); refused on the GPU backend until its carry kernel exists."""
+    from kosmos_bench.impls.kosmos import KosmosImpl
+    from kosmos_bench.kosmos.config import KosmosConfig
+    from kosmos_bench.sim import model, profiles
+
+    p = Point("ag-wgrad", "kosmos", 8192, 57344, 8192, 8, backend="sim", policy="self")
+    band = p.replace(knobs=(("wgrad_items", "band"),))
+    assert KosmosConfig.from_point(band).wgrad_items == "band"
+    built = model.build(band, profiles.load(sim.profiles.default_for("host", 8)))
+    assert built.problem.end_dep_ptr is None and built.scheds[0].meta["num_groups"] == 8
+    t_tile, t_band = sim.simulate_point(p)[0]["t_median_us"], sim.simulate_point(band)[0]["t_median_us"]
+    assert t_band < 0.9 * t_tile
+    for W in (2, 4):
+        q = Point("ag-wgrad", "kosmos", 2048, 1024 * W, 2048 * W, W, backend="sim", policy="self", fabric="local",
+                  knobs=(("wgrad_group", 1), ("wgrad_items", "band")))
+        assert sim.simulate_point(q)[0]["t_median_us"] > 0
+    why = KosmosImpl().unsupported(band.replace(backend="gpu", M=264, N=1088, K=1600))
+    assert why and "wgrad_items=band" in why
+    with pytest.raises(sim.Unsupported, match="wgrad_group=2"):
+        sim.simulate_point(p.replace(knobs=(("wgrad_group", 2),)))

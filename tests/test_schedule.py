@@ -522,3 +522,98 @@ def test_wgrad_validate_and_model():
     assert S._comm_and_compute("ag-wgrad", 4096, 8192, 16384, 8)[0] == S._comm_and_compute("ag-gemm", 16384, 8192, 4096, 8)[0]
     assert S.predicted_movers("ag-wgrad", 4096, 8192, 16384, 8, 132, fabric="host") == S.predicted_movers(
         "ag-gemm", 16384, 8192, 4096, 8, 132, fabric="host")
+
+
+# ag-wgrad band variant (wgrad_items='band'): (band group, tile) partials in a fixed order per tile
+
+
+def _band_sched(W, r, **kw):
+    kw = {"BM": 128, "BN": 256, "num_wgs": 16, "mover_bytes": 64 * 1024, "wgrad_items": "band", **kw}
+    return S.build_schedule("ag-wgrad", 3000, 777 * W, 1000 * W, W, r, **kw)
+
+
+@pytest.mark.parametrize("W", [1, 2, 3, 8])
+@pytest.mark.parametrize("group", [None, 1, 3])
+def test_wgrad_band_items_cover_every_tile_once_per_group(W, group):
+    """Every tile once per group; the groups cover each shard's K rows once, own shard first,
+    then r+1, r+2, ...; per tile, group g waits for its bands and (g-1)'s order flag, which
+    only (g-1, tile) releases; the last group releases nothing (it stores C)."""
+    M, N, K = 3000, 777 * W, 1000 * W
+    for r in sorted({0, W - 1}):
+        sch = _band_sched(W, r, wgrad_group=group)
+        _check_queues(sch)
+        bt, nb, tn = sch.builders, sch.meta["num_bands"], S.cdiv(M, 128) * S.cdiv(N // W, 256)
+        gb = group or S.wgrad_group_bands(128, nb)
+        ng = sch.meta["num_groups"]
+        assert set(bt.col("kind")) == {S.AGW_BAND} and ng == W * S.cdiv(nb, gb) and len(bt) == ng * tn
+        assert bt.flops.sum() == 2.0 * M * (N // W) * K
+        tiles: dict = {}
+        rel = {}
+        for i, row in enumerate(bt.table.tolist()):
+            tiles.setdefault((row[2], row[4]), []).append(i)
+            if row[S.F["rel_flag"]] >= 0:
+                assert row[S.F["rel_rank"]] == r and row[S.F["rel_flag"]] not in rel
+                rel[row[S.F["rel_flag"]]] = i
+        for (m0, n0), items in tiles.items():
+            assert len(items) == ng
+            cover = np.zeros((M, N // W), dtype=np.int32)
+            m_, rr, n_, cc = bt.table[items[0], 2:6]
+            cover[m_:m_ + rr, n_:n_ + cc] += 1
+            kseen = []
+            for g, i in enumerate(items):  # natural order = group order
+                row = bt.table[i]
+                p, k0 = int(row[S.F["peer"]]), int(row[S.F["kpart"]])
+                assert p == (r + g // S.cdiv(nb, gb)) % W
+                kseen.append((p, k0))
+                d = bt.deps_of(i, sch.deps).tolist()
+                bands = [f for f in d if sch.flags.band <= f < sch.flags.built]
+                assert bands == ([] if p == r else
+                                 [sch.flags.band + p * nb + k0 // 128 + j for j in range(len(bands))])
+                order = [f for f in d if f >= sch.flags.built]
+                assert order == ([] if g == 0 else [bt.table[items[g - 1], S.F["rel_flag"]]])
+                assert (row[S.F["rel_flag"]] < 0) == (g == ng - 1)
+            assert kseen == [((r + s) % W, j * 128 * gb) for s in range(W) for j in range(S.cdiv(nb, gb))]
+        assert sch.flags.num_flags == sch.flags.built + ng * tn
+        assert np.all(sch.flag_mult[sch.flags.built:] == 1)
+
+
+def test_wgrad_band_demand_order_follows_the_movers_and_every_order_keeps_each_tiles_groups():
+    """demand: group g's tiles after group g-1's (the movers' order); fifo / reverse / random
+    permute, but each tile's items stay in group order (never (g, t) before (g-1, t))."""
+    W, r = 4, 1
+    for order in ORDERS:
+        sch = _band_sched(W, r, wgrad_group=2, queue_order=order, seed=5)
+        _check_queues(sch)
+        bt = sch.builders
+        seen: dict = {}
+        for i in sch.builders.queue.tolist():
+            row = bt.table[i]
+            t = (int(row[2]), int(row[4]))
+            seen.setdefault(t, []).append(i)
+        for items in seen.values():
+            assert items == sorted(items)  # natural ids ascend with the group
+        if order == "demand":  # natural ids are group-major: group of item i = i // tiles
+            tn = len(bt) // sch.meta["num_groups"]
+            gq = [int(i) // tn for i in bt.queue]
+            assert gq == sorted(gq)
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("policy", ["self", "fixed:1", "fixed:3"])
+@pytest.mark.parametrize("W", [1, 2, 3])
+def test_wgrad_band_is_deadlock_free(order, policy, W):
+    """Every queue order and policy, even with one builder WG and no mover cap override."""
+    for wgs in (4, 7):
+        sch = S.build_all("ag-wgrad", 64 * 5, 64 * 4 * W, 64 * 6 * W, W, wgs * W, BM=64, BN=64, chunk=1,
+                          policy=policy, queue_order=order, seed=2, wgrad_items="band", wgrad_group=2)
+        S.simulate_steps(sch)
+        S.simulate_steps(sch, durations=lambda rank, q, i: 1 + (7 * i + 3 * rank) % 5)
+
+
+def test_wgrad_band_needs_no_claim_time_wait_and_rejects_bad_items():
+    sch = _band_sched(2, 0, wgrad_group=1)
+    assert not S.wgrad_tiles(sch) and S.wgrad_tiles(_band_sched(2, 0, wgrad_items="tile"))
+    with pytest.raises(ValueError, match="wgrad_items"):
+        _band_sched(2, 0, wgrad_items="tiles")
+    assert S.wgrad_group_bands(128, 8) == 8 and S.wgrad_group_bands(128, 32) == 16
+    assert S.wgrad_group_bands(256, 32, 3) == 3 and S.wgrad_group_bands(128, 2, 5) == 2

@@ -172,6 +172,8 @@ class KosmosImpl:
                 return f"ag-wgrad: At read transposed needs the sm90 builder (TMA), not {cfg.builder}"
             if cfg.mover == "ce":
                 return "ag-wgrad: no copy-engine movers (SM movers pull the bands)"
+            if cfg.wgrad_items == "band" or cfg.wgrad_group:
+                return "ag-wgrad wgrad_items=band / wgrad_group: simulator only (no carry-epilogue kernel yet)"
             cfg = cfg.replace(builder="sm90")
         if cfg.builder == "sm90":
             why = kb.validate(point.M, point.N, point.K, point.world, op=point.op)

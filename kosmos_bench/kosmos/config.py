@@ -177,6 +177,16 @@ FIELDS: dict[str, Knob] = {k.name: k for k in (
     Knob("local_group", lambda v: _to_int(v, lo=0), "integer >= 0", "0: as band_group when set, else ~sqrt(builders)",
          "Bands per regular group of the rank's own bands (an ablation of the raster: L2 reuse, "
          "hence power at the 700 W limit)."),
+    Knob("wgrad_items", _choice("tile", "band"), "tile | band",
+         "tile while band has no kernel (the gpu backend refuses band); the simulator prefers band",
+         "ag-wgrad builder items: tile (one C tile over all of K, waiting per band inside it) or band "
+         "((band group, tile) partials added in a fixed per-tile order into an fp32 carry, queued as "
+         "the movers deliver). Simulator, sweeps/ag-wgrad.yaml (host W=8, h200-host-pcie): kosmos[self] "
+         "band 1.11x nccl-seq geomean, tile 0.96x, nccl-overlap 1.22x (2026-12-05)."),
+    Knob("wgrad_group", lambda v: _to_int(v, lo=0), "integer >= 0",
+         "0: the fewest bands with >= 2048 K rows (carry traffic <= 1/8 of the operands'), at most a shard "
+         "(schedule.wgrad_group_bands)",
+         "wgrad_items band: bands per group."),
     Knob("ahead_blocks", lambda v: _to_int(v, lo=-1), "integer >= -1", "-",
          "sm90: claim the next tile this many k-blocks before the last load (-1: after the loads, "
          "2.6 us per tile lost; at the first load copy-bound FC1 2-3.5% slower). 24: 70b FC1 8k "
@@ -207,6 +217,8 @@ class KosmosConfig:
     band_ramp: bool | None = None
     band_halve: bool = True
     local_group: int = 0
+    wgrad_items: str = "tile"
+    wgrad_group: int = 0
     ahead_blocks: int = 24
     spin_ns: int = 32
     gemm_kernel: str = "fused"

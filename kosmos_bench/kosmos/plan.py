@@ -76,7 +76,8 @@ def plan(point, cfg: KosmosConfig, sizes: dict[int, int], *, builder: str, fabri
               seed=point.seed, local_first=cfg.local_first, fabric=fabric,
               model=tuple(sorted(model.items())) if (cached and model) else model,
               stream_k=res.k_stream, band_group=res.band_group, tail_bands=res.tail_bands, ramp=res.ramp,
-              halve=res.halve, local_group=res.local_group or None, max_inflight=cfg.max_inflight)
+              halve=res.halve, local_group=res.local_group or None, max_inflight=cfg.max_inflight,
+              wgrad_items=cfg.wgrad_items, wgrad_group=cfg.wgrad_group or None)
     pl = Plan(cfg, res, builder, kw, op, (M, N, K, W), cached=cached)
     pl.scheds = {r: pl.schedule(r, n) for r, n in sizes.items()}
     if ce and op == "ag-gemm":

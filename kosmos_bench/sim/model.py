@@ -56,7 +56,8 @@ LOOP_RULES = {
 }
 
 _ROLE_OF_KIND = {S.AG_PULL: E.MOVE, S.AG_BUILD: E.BUILD, S.RS_BUILD: E.BUILD,
-                 S.RS_PUSH: E.MOVE, S.RS_PROXY: E.MOVE, S.RS_REDUCE: E.REDUCE, S.AGW_BUILD: E.BUILD}
+                 S.RS_PUSH: E.MOVE, S.RS_PROXY: E.MOVE, S.RS_REDUCE: E.REDUCE, S.AGW_BUILD: E.BUILD,
+                 S.AGW_BAND: E.BUILD}
 
 
 class Unsupported(Exception):
@@ -257,6 +258,8 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     if p.op == "ag-wgrad" and (builder != "sm90" or cfg.mover == "ce"):
         raise Unsupported("kosmos ag-wgrad: the sm90 builder with SM movers only "
                           f"(builder {builder}, mover {cfg.mover or 'auto'}; profile {prof['name']})")
+    if p.op == "ag-wgrad" and cfg.wgrad_group and cfg.wgrad_items != "band":
+        raise Unsupported(f"wgrad_group={cfg.wgrad_group}: groups are wgrad_items=band's (items {cfg.wgrad_items})")
     if cfg.mover == "ce" and p.op == "gemm-rs" and builder != "sm90":
         raise Unsupported("mover ce: gemm-rs copy-engine movers need the sm90 builder")
     sm90 = builder == "sm90"
@@ -360,6 +363,9 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
                 k = t.flops / (2.0 * rows * cols)
                 # a partial edge tile costs a full tile on the tensor cores
                 work[sl] = 2.0 * BM * BN * k / per_sm_flop_ns + tile_ovh
+                # ag-wgrad band items: the fp32 carry's load + store (bytes past the operands'), unhidden
+                carry = np.where(kinds == S.AGW_BAND, t.bytes - S.ELEM_BYTES * k * (rows + cols), 0.0)
+                work[sl] += carry * elem_scale / wg_hbm
             elif qi == S.Q_REDUCE:
                 work[sl] = t.bytes * elem_scale / wg_hbm + tile_ovh
             else:
@@ -436,7 +442,7 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     src_a = np.concatenate(srcs) if srcs else np.zeros(0, np.int64)
     lat_a = np.concatenate(lats) if lats else np.zeros(0)
     stream = None
-    if p.op == "ag-wgrad":  # tiles wait for their bands inside, in K order: stream dependencies
+    if S.wgrad_tiles(scheds[ranks[0]]):  # tiles wait for their bands inside, in K order: stream dependencies
         stream, keep = _wgrad_stream(scheds, ranks, offset, rank, work, cons_a, src_a, lat_a,
                                      np.concatenate(cflags) if cflags else np.zeros(0, np.int64), n)
         cons_a, src_a, lat_a = cons_a[keep], src_a[keep], lat_a[keep]
