@@ -125,6 +125,19 @@ def test_check_all_names_what_it_compiled(monkeypatch):
     assert seen == [("kosmos", "sm_80")]
 
 
+def test_build_builds_every_library_of_the_arch(monkeypatch, tmp_path):
+    # `kosmos-bench build` fills the cache a GPU machine without nvcc/CUTLASS loads from
+    seen = []
+    monkeypatch.setattr(libs, "build", lambda lib, arch, force=False: seen.append(lib.name) or libs.BuildResult(
+        (lib,), tmp_path / lib.name, arch, False, "built"))
+    monkeypatch.setattr(libs, "cache_dir", lambda: tmp_path)
+    res = kernels.build(arch="sm_90a")
+    assert seen == [lib.name for lib in libs.LIBRARIES] and str(res).startswith(f"kosmos kernels built in {tmp_path} ")
+    seen.clear()
+    kernels.build(arch="sm_80")
+    assert seen == ["kosmos"]
+
+
 def test_missing_nvcc_is_named(tree, monkeypatch):
     monkeypatch.setattr(libs.shutil, "which", lambda *a, **k: None)
     with pytest.raises(libs.BuildError, match="nvcc"):

@@ -32,11 +32,11 @@ source_hash, lib_name, find_lib = LIB.source_hash, LIB.lib_name, LIB.find_lib  #
 
 
 def build(check_only: bool = False, arch: str | None = None, force: bool = False) -> BuildResult:
-    """Build the shared library into the cache (or, with check_only, compile every source of
-    every library that builds for `arch` to an object in a temp dir: needs nvcc, no GPU)."""
+    """Build every library that builds for `arch` into the cache (or, with check_only, compile
+    every source of those libraries to an object in a temp dir: needs nvcc, no GPU)."""
     if check_only:
         return libs.check_all(arch)
-    return LIB.build(arch, force=force)
+    return libs.build_all(arch, force=force)
 
 
 def _declare(lib: ctypes.CDLL) -> None:

@@ -133,7 +133,8 @@ class BuildResult:
     log: str
 
     def __str__(self) -> str:
-        what = "compile-checked" if self.check_only else f"built {self.path}"
+        what = ("compile-checked" if self.check_only else
+                f"built in {self.path}" if self.path is not None and self.path.is_dir() else f"built {self.path}")
         srcs = [s for lib in self.libs for s in lib.sources]
         return f"kosmos kernels {what} for {self.arch} ({', '.join(srcs)})"
 
@@ -334,6 +335,15 @@ def build(lib: Library, arch: str | None = None, force: bool = False, out_dir: P
             if os.path.exists(tmp):
                 os.unlink(tmp)
     return BuildResult((lib,), out, arch, False, log)
+
+
+def build_all(arch: str | None = None, force: bool = False) -> BuildResult:
+    """Build every library that builds for `arch` into the cache (path: the cache directory):
+    what a GPU machine without nvcc or the CUTLASS headers loads when the cache is carried there."""
+    arch = arch or detect_arch()
+    libs = tuple(lib for lib in LIBRARIES if lib.supports(arch))
+    logs = [build(lib, arch, force).log for lib in libs]
+    return BuildResult(libs, cache_dir(), arch, False, "\n".join(logs))
 
 
 def check_all(arch: str | None = None) -> BuildResult:
