@@ -569,9 +569,12 @@ def test_wgrad_band_items_cover_every_tile_once_per_group(W, group):
                 bands = [f for f in d if sch.flags.band <= f < sch.flags.built]
                 assert bands == ([] if p == r else
                                  [sch.flags.band + p * nb + k0 // 128 + j for j in range(len(bands))])
+                # order flag (g, mt, nt) at built + g*m_tiles*n_tiles + mt*n_tiles + nt (FlagLayout)
+                tile_flag = (m0 // 128) * S.cdiv(N // W, 256) + n0 // 256
                 order = [f for f in d if f >= sch.flags.built]
+                assert order == ([] if g == 0 else [sch.flags.built + (g - 1) * tn + tile_flag])
                 assert order == ([] if g == 0 else [bt.table[items[g - 1], S.F["rel_flag"]]])
-                assert (row[S.F["rel_flag"]] < 0) == (g == ng - 1)
+                assert row[S.F["rel_flag"]] == (-1 if g == ng - 1 else sch.flags.built + g * tn + tile_flag)
             assert kseen == [((r + s) % W, j * 128 * gb) for s in range(W) for j in range(S.cdiv(nb, gb))]
         assert sch.flags.num_flags == sch.flags.built + ng * tn
         assert np.all(sch.flag_mult[sch.flags.built:] == 1)
