@@ -237,10 +237,7 @@ class MoeRunner:
         if self.closed:
             raise RuntimeError("kosmos moe runner used after close()")
         name = lambda flag: K.counter_name(flag, self.T, self.k, self.args.E_tiles, self.args.peer_rows)  # noqa: E731
-        self.err_seen, msg = watchdog_message(self.err, self.err_seen, "kosmos moe", K.KINDS, name)
-        if msg:
-            _reset_after_abort(self.ctr, self.dev)
-            raise WatchdogError(msg)
+        raise_on_watchdog(self, "kosmos moe", K.KINDS, name)
 
     def set_debug_skip_scan(self, skip: bool) -> None:
         """Test hook: the SCAN item never runs (every item after it waits: the watchdog fires)."""
@@ -328,6 +325,15 @@ def watchdog_message(err, seen: int, what: str, kinds, counter_name) -> tuple[in
     kind = kinds[queue] if 0 <= queue < len(kinds) else str(queue)
     return int(count), (f"{what} watchdog: {kind} item {item} (CTA {wg}) waited {waited / 1e6:.1f} ms for "
                         f"{counter_name(int(flag))} (expected >= {expected}, saw {seen_v}) in call {epoch}")
+
+
+def raise_on_watchdog(r, what: str, kinds, counter_name) -> None:
+    """Raise WatchdogError when runner r's kernel recorded a new watchdog abort (after zeroing
+    its counters, so that the next call starts clean)."""
+    r.err_seen, msg = watchdog_message(r.err, r.err_seen, what, kinds, counter_name)
+    if msg:
+        _reset_after_abort(r.ctr, r.dev)
+        raise WatchdogError(msg)
 
 
 def _reset_after_abort(ctr, dev) -> None:

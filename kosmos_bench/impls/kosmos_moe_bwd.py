@@ -33,9 +33,8 @@ from __future__ import annotations
 import ctypes
 
 from ..kernels import moe_bwd_sm90 as K
-from .kosmos import DEFAULT_TIMEOUT_S, WatchdogError
-from .kosmos_moe import (DEFAULT_TRACE_CAP, MoeRunner, _reset_after_abort, sync_quietly, traced_call, unsupported,
-                         watchdog_message)
+from .kosmos import DEFAULT_TIMEOUT_S
+from .kosmos_moe import DEFAULT_TRACE_CAP, MoeRunner, raise_on_watchdog, sync_quietly, traced_call, unsupported
 
 
 def unsupported_bwd(shape, fabric: str) -> str | None:
@@ -167,10 +166,7 @@ class MoeBwdRunner:
             raise RuntimeError("kosmos moe backward runner used after close()")
         fa = self.args.f
         name = lambda flag: K.counter_name(flag, fa.T, fa.topk, fa.E_tiles, fa.peer_rows)  # noqa: E731
-        self.err_seen, msg = watchdog_message(self.err, self.err_seen, "kosmos moe backward", K.KINDS, name)
-        if msg:
-            _reset_after_abort(self.ctr, self.dev)
-            raise WatchdogError(msg)
+        raise_on_watchdog(self, "kosmos moe backward", K.KINDS, name)
 
     def set_debug_skip_gather(self, skip: bool) -> None:
         """Test hook: the GATHER items never run (DH / WG2 wait for rows that never arrive: the watchdog fires)."""
