@@ -737,6 +737,9 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
             b_order = _tile_order(_order(list(range(len(bt.rows))), b_demand, queue_order, rng), key)
             meta_extra["group_rows"] = gb * band_rows
             meta_extra["num_groups"] = ng
+            # the remote groups' bands as (peer, first row // BM), ag-gemm's keys: copy-engine movers
+            # copy a group's bands together (ce_plan.build). Tile items have none: one copy per peer.
+            remote_groups = [[(p, j * chunk) for j in range(j0, j1)] for p, j0, j1 in groups if p != r]
         m_demand = [i for p in ring for j in range(nb) for i in pull_id[p, j]]
         builders = bt.done(b_order)
         movers = mv.done(_order(list(range(len(mv.rows))), m_demand, queue_order, rng))

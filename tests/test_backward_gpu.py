@@ -47,7 +47,7 @@ def _check(p: Point) -> dict:
                     wrong += op.check(outs[r], op.reference(A, B, r, p.world), p.dtype, B)[0]
             else:
                 same = same and all(torch.equal(first[r], outs[r]) for r in outs)
-        return {"wrong": wrong, "same": same}
+        return {"wrong": wrong, "same": same, "info": dict(getattr(runner, "info", None) or {})}
     finally:
         runner.close()
 
@@ -136,6 +136,61 @@ def test_kosmos_ag_wgrad_watchdog_missing_peer():
             runner.check()
             for r in range(W):
                 assert op.check(runner.outputs[r], op.reference(A, B, r, W), p.dtype, B)[0] == 0
+    finally:
+        runner.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.hopper
+@pytest.mark.parametrize("shape,chunk", [((264, 136 * 8, 200 * 8), 1), ((1024, 256 * 8, 512 * 8), 1),
+                                         ((1024, 256 * 8, 512 * 8), 2), ((4096, 1024 * 8, 1024 * 8), 1)])
+def test_kosmos_ag_wgrad_host_copy_engine_movers(shape, chunk):
+    """mover ce (host W=8, policy self): the copy engine brings each peer's At rows in one copy (the
+    ag-gemm plan over At's rows, ring order = the tiles' K order), one release per copy that the
+    tiles' per-band waits read (deps aliased, flag_mult 1); every CTA builds. Right, and bitwise the
+    same over 20 calls."""
+    r = _check(Point("ag-wgrad", "kosmos", *shape, 8, fabric="host", policy="self", mover="ce", chunk=chunk))
+    assert r["wrong"] == 0, r
+    assert r["same"], f"{CALLS} calls not bitwise equal: {r}"
+    info = r["info"]
+    assert info["mover"] == "ce" and info["ce_copies"] == 7 and info["ce_releases"] == 7, info
+    assert info["builder"] == "sm90" and not info["num_movers"], info
+
+
+@pytest.mark.gpu
+@pytest.mark.hopper
+def test_kosmos_ag_wgrad_host_copy_engine_watchdog():
+    """The last copy's release held back: the tiles' in-tile band waits time out (a WatchdogError
+    naming a builder item), the launch drains, and the runner is right once it is restored."""
+    import time
+
+    import torch
+
+    from kosmos_bench.impls.base import RankCtx
+    from kosmos_bench.impls.kosmos import IMPLS, WatchdogError
+    from kosmos_bench.ops import get_op
+
+    W, timeout_s = 8, 0.5
+    p = Point("ag-wgrad", "kosmos", 1024, 256 * W, 512 * W, W, fabric="host", policy="self", mover="ce")
+    dev = torch.device("cuda", 0)
+    ctx = RankCtx(rank=0, world=W, procs=1, device=dev, fabric="host", backend="gpu")
+    op = get_op(p.op)
+    inputs, A, B = op.inputs(p, list(range(W)), dev, 31)
+    runner = IMPLS[0].prepare(p, ctx, inputs, timeout_s=timeout_s)
+    try:
+        runner.ce_back[-1] += 1
+        runner._ce_commit()
+        t0 = time.perf_counter()
+        runner.run()
+        with pytest.raises(WatchdogError, match="builder item"):
+            runner.check()
+        assert time.perf_counter() - t0 < timeout_s + 5.0
+        runner.ce_back[-1] -= 1
+        runner._ce_commit()
+        for _ in range(2):
+            runner.run()
+            runner.check()
+            assert op.check(runner.outputs[0], op.reference(A, B, 0, W), p.dtype, B)[0] == 0
     finally:
         runner.close()
 

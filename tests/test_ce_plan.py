@@ -300,3 +300,79 @@ def test_build_rs_refuses_ag_gemm():
 
     with pytest.raises(ValueError):
         build_rs(S.build_schedule("ag-gemm", 1024, 1024, 1024, 2, 0))
+
+
+# ---- ag-wgrad (the same plan over At's rows: K x M gathered along K) ----
+
+def _wgrad_plan(M, N, K, W, chunk=1, items="tile", group=0, wgs=132):
+    """The runner's plan (kosmos.plan.plan) of a host ag-wgrad point with copy-engine movers."""
+    from kosmos_bench.kosmos.config import KosmosConfig
+    from kosmos_bench.kosmos.plan import plan
+    from kosmos_bench.point import Point
+
+    knobs = (("wgrad_group", group), ("wgrad_items", items)) if items == "band" else ()
+    p = Point("ag-wgrad", "kosmos", M, N, K, W, fabric="host", policy="self", mover="ce", chunk=chunk, knobs=knobs)
+    return plan(p, KosmosConfig.from_point(p), {0: wgs}, builder="sm90")
+
+
+@pytest.mark.parametrize("shape,chunk", [((8192, 57344, 8192), 1), ((16384, 16384, 8192), 2), ((264, 1088, 1600), 1),
+                                         ((1024, 2048, 4096), 2), ((4096, 4096, 8 * 8 * 128 * 3), 1)])
+def test_wgrad_plan_covers_every_remote_band_once_in_the_tiles_k_order(shape, chunk):
+    """ag-wgrad with copy-engine movers: the ag-gemm plan over At's rows (whole rows of M columns,
+    no K-slices); every remote row of At copied exactly once, one copy per peer in ring order; the
+    kernel's per-band waits (band_wait: deps[dep_begin + (s-1)*nb + j] of every tile, read through
+    ce_rank_arrays) each wait for a flag that only reaches its target once that band's bytes are
+    in, and in the tiles' K order the flags complete in copy order (no tile waits on a band that a
+    later copy brings while an earlier band of its K order is still missing)."""
+    from kosmos_bench.kosmos.plan import ce_rank_arrays
+
+    M, N, K = shape
+    W, r, epoch = 8, 0, 5
+    pl = _wgrad_plan(M, N, K, W, chunk)
+    sch = pl.scheds[r]
+    k_loc, nb, band_rows = K // W, sch.meta["num_bands"], sch.meta["band_rows"]
+    assert not pl.resolved.k_stream and pl.ce_slices == 1
+    cover, _ = _replay(sch, pl.ce_entries, M, k_loc, epoch)
+    _assert_remote_bytes_once(cover, W, r, k_loc)
+    copies = [e for e in pl.ce_shared if e.rows]
+    ring = [(r + i) % W for i in range(1, W)]
+    assert [e.peer for e in copies] == ring and all(e.col0 == 0 and e.cols == M for e in copies)
+    assert all(e.rows for e in pl.ce_shared), "one release per copy"
+    arrs = ce_rank_arrays(pl, sch.arrays())
+    deps, mult = arrs["deps"], arrs["flag_mult"]
+    # the flag values after each copy of the shared plan (its release rides on the copy)
+    landed, value = [], {}
+    for e in pl.ce_shared:
+        value[e.flag] = e.value(epoch)
+        landed.append(dict(value))
+    tiles = sch.builders.table
+    assert len(tiles) and set(tiles[:, S.F["kind"]].tolist()) == {S.AGW_BUILD}
+    for t in tiles[:3]:
+        d0, dn = int(t[S.F["dep_begin"]]), int(t[S.F["dep_count"]])
+        assert dn == (W - 1) * nb and int(t[S.F["kpart"]]) == band_rows
+        first_copy = []  # per wait in K order: the first copy after which it is satisfied
+        for s in range(1, W):
+            for j in range(nb):
+                f = int(deps[d0 + (s - 1) * nb + j])
+                target = epoch * int(mult[f])
+                c = next(i for i, v in enumerate(landed) if v.get(f, 0) >= target)
+                e = copies[c]
+                assert e.peer == ring[s - 1] and e.row0 <= j * band_rows < e.row0 + e.rows, (s, j, e)
+                assert all(v.get(f, 0) < target for v in landed[:c]), "a flag is complete before its bytes"
+                first_copy.append(c)
+        assert first_copy == sorted(first_copy)
+
+
+def test_wgrad_band_items_copy_each_remote_group_together():
+    """wgrad_items=band (simulator only): the copies follow the schedule's band groups, so a
+    group's items are released when its own bands land, not the peer's last ones."""
+    M, N, K, W = 8192, 57344, 8192, 8
+    for group, per_peer in ((2, 4), (4, 2), (0, 1)):
+        pl = _wgrad_plan(M, N, K, W, items="band", group=group)
+        sch = pl.scheds[0]
+        copies = [e for e in pl.ce_entries if e.rows]
+        assert len(copies) == (W - 1) * per_peer, group
+        rows = sch.meta["group_rows"]
+        assert all(e.rows == rows and e.row0 % rows == 0 for e in copies)
+        cover, _ = _replay(sch, pl.ce_entries, M, K // W)
+        _assert_remote_bytes_once(cover, W, 0, K // W)

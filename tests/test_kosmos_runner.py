@@ -81,7 +81,8 @@ def test_plan_streams_failure_names_the_cause(monkeypatch):
 
 
 def test_ag_wgrad_points_kosmos_takes_and_refuses():
-    """kosmos ag-wgrad: the sm90 builder with SM movers only; the reasons name what is missing."""
+    """kosmos ag-wgrad: the sm90 builder, SM or (host, policy self) copy-engine movers; the reasons
+    name what is missing."""
     from kosmos_bench.impls.kosmos import IMPLS, _out_tensor
 
     impl = IMPLS[0]
@@ -89,7 +90,10 @@ def test_ag_wgrad_points_kosmos_takes_and_refuses():
     p = Point(op="ag-wgrad", impl="kosmos", M=264, N=1088, K=1600, world=8, fabric="host", policy="self")
     assert impl.unsupported(p) is None
     assert "sm90" in impl.unsupported(p.replace(builder="mma"))
-    assert "copy-engine" in impl.unsupported(p.replace(mover="ce"))
+    assert impl.unsupported(p.replace(mover="ce")) is None
+    assert "policies" in impl.unsupported(p.replace(mover="ce", policy="fixed:8"))
+    assert "host-fabric" in impl.unsupported(p.replace(mover="ce", fabric="local"))
+    assert "wgrad_items=band" in impl.unsupported(p.replace(mover="ce", knobs=(("wgrad_items", "band"),)))
     assert "multiple of 8" in impl.unsupported(p.replace(M=260))
     assert "divisible" in impl.unsupported(p.replace(K=1601))
     assert "bf16" in impl.unsupported(p.replace(dtype="fp16"))

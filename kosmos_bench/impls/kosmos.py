@@ -20,7 +20,8 @@ The tunables are the point's configuration (``kosmos.config.KosmosConfig.from_po
 Point fields policy, queue_order, local_first, chunk, builder, mover and the point's
 ``knobs``; docs/knobs.md lists them); the schedules and the copy-engine plan come from
 ``kosmos.plan.plan``, as in the simulator. bf16 only. ``mover`` 'ce': host-fabric ag-gemm
-bands move by the copy engine, flags released by stream memory operations, every WG builds;
+bands (ag-wgrad: At's row bands, whole, in the tiles' K order) move by the copy engine, flags
+released by stream memory operations, every WG builds;
 unset (auto), ``kosmos.builder.mover_choice`` picks it (ce for host ag-gemm with the sm90
 builder and policy self, else sm).
 ``builder`` 'mma': the portable mma.sync builder, 256-thread WGs, 128x128 tiles; 'sm90':
@@ -55,6 +56,7 @@ from .. import schedule as S
 from .. import sharing
 from ..kosmos import builder as kb
 from ..kosmos.config import KosmosConfig
+from ..kosmos.plan import ce_rank_arrays
 from ..kosmos.plan import info as plan_info
 from ..kosmos.plan import plan as make_plan
 from ..point import Point, parse_policy
@@ -170,8 +172,6 @@ class KosmosImpl:
         if point.op == "ag-wgrad":  # A read transposed: the sm90 builder's TMA only (library kosmos_ag_sm90_at)
             if cfg.builder not in (None, "sm90"):
                 return f"ag-wgrad: At read transposed needs the sm90 builder (TMA), not {cfg.builder}"
-            if cfg.mover == "ce":
-                return "ag-wgrad: no copy-engine movers (SM movers pull the bands)"
             if cfg.wgrad_items == "band" or cfg.wgrad_group:
                 return "ag-wgrad wgrad_items=band / wgrad_group: simulator only (no carry-epilogue kernel yet)"
             cfg = cfg.replace(builder="sm90")
@@ -371,8 +371,6 @@ class KosmosRunner:
         cfg = self.config = cfg.replace(mover=self.mover)
         if self.mover == "ce" and (fabric != "host" or (op == "gemm-rs" and self.builder != "sm90")):
             raise ValueError("mover='ce' is implemented on the host fabric only (gemm-rs: with the sm90 builder)")
-        if self.mover == "ce" and op == "ag-wgrad":
-            raise ValueError("ag-wgrad: no copy-engine movers (SM movers pull the bands)")
         self.spin_ns = cfg.spin_ns
         self.calls = 0  # completed launches since the last reset (epoch of the next = calls + 1)
         dev_index = self.dev.index if self.dev.index is not None else torch.cuda.current_device()
@@ -471,7 +469,7 @@ class KosmosRunner:
                 self.outputs[r] = C
                 self.gathered[r] = work  # peers' bands after a call (own band: read from A_r, not here)
                 if self.mover == "ce":
-                    self._ce_plan(work, flags[r], m_loc, K)
+                    self._ce_plan(work, flags[r], s_rows, g_cols)
                 per_rank[r] = dict(A=A[r].data_ptr(), B=B[r].data_ptr(), C=C.data_ptr(), work=work.data_ptr(),
                                    peer_A=[peer_A.get(p, 0) for p in range(W)])
         else:
@@ -546,12 +544,8 @@ class KosmosRunner:
                 self._keep += [ti, tq]
                 a.items[q], a.queue[q] = ti.data_ptr(), tq.data_ptr()
                 a.count[q] = len(queue)
-            if self.mover == "ce" and op == "ag-gemm":  # band flags count the copy engine's releases (ce_plan.build)
-                arrs["flag_mult"] = arrs["flag_mult"].copy()
-                for f, m in self.ce_flag_mult.items():
-                    arrs["flag_mult"][f] = m
-                if getattr(self, "ce_alias", None):  # a copy's bands wait on the one flag it releases
-                    arrs["deps"] = np.array([self.ce_alias.get(int(f), int(f)) for f in arrs["deps"]], dtype=np.int32)
+            if self.mover == "ce" and op in S.AG_OPS:  # band flags count the copy engine's releases (ce_plan.build)
+                arrs = ce_rank_arrays(self.plan, arrs)  # a copy's bands wait on the one flag it releases
             for name in ("deps", "peer_flags", "flag_mult"):
                 t = _i32(self.dev, arrs[name])
                 self._keep.append(t)
@@ -762,18 +756,20 @@ class KosmosRunner:
         p.spin_ns = self.spin_ns
         return p
 
-    def _ce_plan(self, work, flag_base: int, m_loc: int, K: int) -> None:
+    def _ce_plan(self, work, flag_base: int, s_rows: int, row_elems: int) -> None:
         """Copy-engine movers: kosmos_bench/ce_plan.py's entries as addresses (copies of the
-        pinned A_p into the gathered buffer, 2-D for K-slices; flag addresses)."""
+        pinned shard rows, A_p or ag-wgrad's At_p (``s_rows`` rows of ``row_elems``), into the
+        gathered buffer, 2-D for K-slices; flag addresses). ag-wgrad's bands are whole row blocks of
+        At_p (its plan has no K-slices), in the ring order its tiles read K."""
         import torch
 
         # one release per copy: a copy's bands share its first band's flag (ce_plan.share_flags)
-        entries, self.ce_alias, self.ce_flag_mult = self.plan.ce_shared, self.plan.ce_alias, self.plan.ce_flag_mult
-        pitch = K * 2
+        entries = self.plan.ce_shared
+        pitch = row_elems * 2
         cols = {n: [] for n in ("dst", "src", "width", "height", "pitch", "flag")}
         for e in entries:
             copy = e.rows > 0
-            cols["dst"].append(work[e.peer * m_loc + e.row0, e.col0:].data_ptr() if copy else 0)
+            cols["dst"].append(work[e.peer * s_rows + e.row0, e.col0:].data_ptr() if copy else 0)
             cols["src"].append(self._host_A[e.peer][e.row0, e.col0:].data_ptr() if copy else 0)
             cols["width"].append(e.cols * 2 if copy else 0)
             cols["height"].append(e.rows)

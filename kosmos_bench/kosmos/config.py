@@ -142,9 +142,11 @@ FIELDS: dict[str, Knob] = {k.name: k for k in (
     Knob("mover", _none_or(_choice("sm", "ce")), "sm | ce | auto",
          "auto: ce for ag-gemm on the host fabric with the sm90 builder and policy self, else sm "
          "(kosmos.builder.mover_choice)",
-         "Who moves: WGs (sm), or the copy engine (ce: host-fabric ag-gemm, every CTA builds). Host "
-         "ag-gemm, sm90: ce 1.38x nccl-seq geomean, eff* 0.977 vs nccl-overlap 1.33x / 0.944; sm "
-         "1.21x / 0.865 (H200, 2026-12-04, issue 30)."),
+         "Who moves: WGs (sm), or the copy engine (ce: host-fabric ag-gemm and ag-wgrad, every CTA "
+         "builds). Host ag-gemm, sm90: ce 1.38x nccl-seq geomean, eff* 0.977 vs nccl-overlap 1.33x / "
+         "0.944; sm 1.21x / 0.865 (H200, 2026-12-04, issue 30). Host ag-wgrad, simulator: ce 1.06x "
+         "(tile) / 1.24x (band), sm 0.96x / 1.11x, nccl-overlap 1.22x (2026-12-05; auto stays sm "
+         "until a GPU measurement)."),
     Knob("mover_bulk", _to_bool, "on | off", "-",
          "ag-gemm mma-builder movers use TMA bulk copies (needs the mma builder)."),
     Knob("max_inflight", _none_or(lambda v: _to_int(v, lo=0)), "integer >= 0 | auto",
@@ -182,7 +184,8 @@ FIELDS: dict[str, Knob] = {k.name: k for k in (
          "ag-wgrad builder items: tile (one C tile over all of K, waiting per band inside it) or band "
          "((band group, tile) partials added in a fixed per-tile order into an fp32 carry, queued as "
          "the movers deliver). Simulator, sweeps/ag-wgrad.yaml (host W=8, h200-host-pcie): kosmos[self] "
-         "band 1.11x nccl-seq geomean, tile 0.96x, nccl-overlap 1.22x (2026-12-05)."),
+         "band 1.11x nccl-seq geomean, tile 0.96x, nccl-overlap 1.22x; with copy-engine movers band "
+         "1.24x, tile 1.06x (2026-12-05)."),
     Knob("wgrad_group", lambda v: _to_int(v, lo=0), "integer >= 0",
          "0: the fewest bands with >= 2048 K rows (carry traffic <= 1/8 of the operands'), at most a shard "
          "(schedule.wgrad_group_bands)",

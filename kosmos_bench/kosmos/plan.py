@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+import numpy as np
+
 from .. import ce_plan
 from .. import schedule as S
 from . import builder as B
@@ -50,6 +52,11 @@ class Plan:
         return self.resolved.slices if self.resolved.k_stream else 1
 
 
+def row_elems(op: str, M: int, K: int) -> int:
+    """Elements per row of the gathered operand: A (M x K) of ag-gemm, At (K x M) of ag-wgrad."""
+    return M if op == "ag-wgrad" else K
+
+
 @lru_cache(maxsize=64)
 def _schedule(op, M, N, K, W, rank, num_wgs, kw_items):
     kw = {k: (dict(v) if k == "model" and v is not None else v) for k, v in kw_items}
@@ -80,14 +87,30 @@ def plan(point, cfg: KosmosConfig, sizes: dict[int, int], *, builder: str, fabri
               wgrad_items=cfg.wgrad_items, wgrad_group=cfg.wgrad_group or None)
     pl = Plan(cfg, res, builder, kw, op, (M, N, K, W), cached=cached)
     pl.scheds = {r: pl.schedule(r, n) for r, n in sizes.items()}
-    if ce and op == "ag-gemm":
+    if ce and op in S.AG_OPS:  # ag-wgrad: the same plan over At's rows (M columns each), whole bands
         sch = pl.scheds[next(iter(sizes))]
-        pl.ce_entries, pl.ce_flag_mult = ce_plan.build(sch, K, pl.ce_slices, bk=B.BK,
+        pl.ce_entries, pl.ce_flag_mult = ce_plan.build(sch, row_elems(op, M, K), pl.ce_slices, bk=B.BK,
                                                        split=res.split if res.k_stream else None, merge=res.merge)
         pl.ce_shared, pl.ce_alias = ce_plan.share_flags(pl.ce_entries)
     if ce and op == "gemm-rs":
         pl.rs_ce = ce_plan.build_rs(pl.scheds[next(iter(sizes))])
     return pl
+
+
+def ce_rank_arrays(pl: Plan, arrs: dict) -> dict:
+    """The schedule arrays (``RankSchedule.arrays()``) the kernel reads with AG copy-engine movers
+    (ag-gemm, ag-wgrad): the band flags' multiplicities of the copy plan (``ce_flag_mult``) and the
+    deps pointed at the flag each copy releases (``ce_alias``: one release per copy). Unchanged
+    without a copy plan."""
+    if pl.ce_entries is None:
+        return arrs
+    out = dict(arrs)
+    out["flag_mult"] = arrs["flag_mult"].copy()
+    for f, m in pl.ce_flag_mult.items():
+        out["flag_mult"][f] = m
+    if pl.ce_alias:
+        out["deps"] = np.array([pl.ce_alias.get(int(f), int(f)) for f in arrs["deps"]], dtype=np.int32)
+    return out
 
 
 def info(pl: Plan, sched=None) -> dict:

@@ -28,6 +28,7 @@ from ..kosmos import builder as kb
 from ..kosmos.config import KosmosConfig
 from ..kosmos.plan import info as plan_info
 from ..kosmos.plan import plan as make_plan
+from ..kosmos.plan import row_elems
 from ..point import Point
 from . import engine as E
 
@@ -235,7 +236,7 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     ``mover`` unset (auto): ``kosmos.builder.mover_choice``, as the runner resolves it.
     SM movers of the sm90 builder drive ``builder.mover_share`` (half) of the profile's
     per-WG link rate (the loader warpgroup's 128 threads, as the schedule model has it).
-    ``mover='ce'`` (host ag-gemm, policy self): every WG builds and one extra agent, the
+    ``mover='ce'`` (host ag-gemm and ag-wgrad, policy self): every WG builds and one extra agent, the
     copy engine (sm -1 in the timeline), moves the bands one after another in demand order at
     ``copy_engine_GBps.h2d``. With the sm90 builder the runner's defaults apply (impls/kosmos.py:
     regime, K-slices of the last group, 1-band groups when copy-bound): the last group's tiles
@@ -255,9 +256,8 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     if cfg.mover == "ce" and (p.fabric != "host" or cfg.policy != "self"):
         raise Unsupported("mover ce is the host fabric with policy self only")
     builder = resolve_builder(p, prof, cfg)
-    if p.op == "ag-wgrad" and (builder != "sm90" or cfg.mover == "ce"):
-        raise Unsupported("kosmos ag-wgrad: the sm90 builder with SM movers only "
-                          f"(builder {builder}, mover {cfg.mover or 'auto'}; profile {prof['name']})")
+    if p.op == "ag-wgrad" and builder != "sm90":
+        raise Unsupported(f"kosmos ag-wgrad: the sm90 builder only (builder {builder}; profile {prof['name']})")
     if p.op == "ag-wgrad" and cfg.wgrad_group and cfg.wgrad_items != "band":
         raise Unsupported(f"wgrad_group={cfg.wgrad_group}: groups are wgrad_items=band's (items {cfg.wgrad_items})")
     if cfg.mover == "ce" and p.op == "gemm-rs" and builder != "sm90":
@@ -379,8 +379,8 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     start_ns = float(prof.get("copy_engine_start_ns", 0.0))
     if rs_ce:
         _rs_ce_copies(scheds[ranks[0]], pl.rs_ce, BM, offset[ranks[0], S.Q_MOVE], work, nbytes, setup_ns, start_ns)
-    sliced_extra = _ce_copies(scheds[ranks[0]], pl.ce_entries, p.K, ce_slices, BM, offset[ranks[0], S.Q_MOVE], work,
-                              nbytes, setup_ns, start_ns) if ce and not rs_ce else {}
+    sliced_extra = _ce_copies(scheds[ranks[0]], pl.ce_entries, row_elems(p.op, p.M, p.K), ce_slices, BM,
+                              offset[ranks[0], S.Q_MOVE], work, nbytes, setup_ns, start_ns) if ce and not rs_ce else {}
 
     # ---- dependencies: every dependency flag -> all items that release it
     remote_lat = float(prof["flag_latency_ns"]["remote"])
