@@ -48,8 +48,16 @@
 // (BuilderSm90::produce_rotated over the gathered buffer viewed as (M, K/W, W)); before the
 // first k-block of each remote band the issuing lane waits (watchdog) for that band's flag
 // (band_wait), so a tile starts on the own rows and takes the peers' bands as they arrive. The
-// order is by rank, never by arrival: every call sums K the same way (bitwise repeatable). The
-// GEMM+RS kernel is not instantiated in this library (its entry points fail).
+// order is by rank, never by arrival: every call sums K the same way (bitwise repeatable).
+// Band items (kAgwBand, schedule wgrad_items=band): a (band group g, tile) partial over the group's
+// K rows only (BuilderSm90::produce_span: rows [kpart, kpart + Params.wgrad_group_rows) of shard
+// `peer`, own rows in place). The scheduler claims one once its group's band flags and its tile's
+// order flag of group g-1 are there (decide(), as any item with deps: watchdog-bounded waits), so
+// the groups of a tile run one after another in the schedule's order; the math warps add the
+// partial to the rank's fp32 carry (RankArgs.carry, carry_step: group 0 stores it, later groups
+// load + add + store, the last adds and stores bf16 C_r) and thread 128 releases order flag g
+// (every carry store before it). Bitwise repeatable as the tiles: one fixed summation order.
+// The GEMM+RS kernel is not instantiated in this library (its entry points fail).
 #include <cuda_runtime.h>
 
 #include <cstdarg>
@@ -211,6 +219,66 @@ struct SliceWait {
   __device__ __forceinline__ int operator()(int k) const { return flag < 0 ? nkb : slice_wait(w, flag, item, nkb, k); }
 };
 
+// ag-wgrad band items (kAgwBand, schedule wgrad_items=band; group g, tile (mt, nt)): the k-blocks of
+// the item's band group, rows [kpart, kpart + min(group_rows, K/W - kpart)) of its shard (a shard's
+// last group shorter; a partial last k-block reads zeros: TMA, as the tile items' segments).
+__device__ __forceinline__ int band_kblocks(int group_rows, int k_loc, int kpart) {
+  return (min(group_rows, k_loc - kpart) + AgBuilder::kBK - 1) / AgBuilder::kBK;
+}
+
+// The band items' fp32 carry of one C tile (RankArgs.carry: one kBM x kBN tile per C_r tile), in the
+// math warps' fragment order: value v of math thread t at [(v / 4) * 4 * kNumMathThreads + 4 * t + v % 4]
+// (16-byte vectors, a warp's 512 contiguous bytes; every group of a tile has the same fragment
+// layout, so the carry needs no row/column map and no masks). `ct` is the tile's carry + 4 * t.
+// Group 0 (first) stores its partial; each later group adds the carry to its partial (one fp32 add
+// per value; the groups in the schedule's fixed order, so bitwise the same every call) and stores
+// the sum (middle groups) or keeps it in `acc` for the bf16 store (the last). L2 only (.cg): other
+// SMs wrote it (their release: the order flag the scheduler acquired before the item was handed here).
+template <class Accum>
+__device__ __forceinline__ void carry_step(Accum& acc, float* ct, bool first, bool last) {
+  constexpr int kV = decltype(cute::size(acc))::value;
+  static_assert(kV % 4 == 0, "the carry moves 16-byte vectors of 4 accumulator values");
+  float4* c = reinterpret_cast<float4*>(ct);
+  CUTLASS_PRAGMA_UNROLL
+  for (int j = 0; j < kV / 4; ++j) {
+    float4* cj = c + j * AgBuilder::kNumMathThreads;
+    if (!first) {
+      const float4 v = __ldcg(cj);
+      acc(4 * j) += v.x;
+      acc(4 * j + 1) += v.y;
+      acc(4 * j + 2) += v.z;
+      acc(4 * j + 3) += v.w;
+    }
+    if (!last) __stcg(cj, make_float4(acc(4 * j), acc(4 * j + 1), acc(4 * j + 2), acc(4 * j + 3)));
+  }
+}
+
+// math_loop without band items: every item is a whole tile (consume_to; the GEMM+RS kernel and the
+// builds without the A-transposed kernel compile exactly as before band items).
+struct NoBandItems {};
+
+// ag-wgrad band items (the A-transposed build): kblocks: the band group's (the loader issued
+// them so), carry: the carry step (carry_step); true only for the last group (it stores C).
+// First group: peer == rank at row 0 of its shard (schedule: the own shard first), last: no release.
+struct BandItems {
+  const KosmosParams& p;
+  const KosmosRankArgs& ra;
+  int k_loc;
+  int n_tiles;  // C_r tiles per row of tiles
+  __device__ __forceinline__ int kblocks(const int32_t* row, int tile_kb) const {
+    return row[0] == kAgwBand ? band_kblocks(p.wgrad_group_rows, k_loc, row[10]) : tile_kb;
+  }
+  template <class Accum>
+  __device__ __forceinline__ bool carry(Accum& acc, const int32_t* row) const {
+    if (row[0] != kAgwBand) return true;
+    const int64_t t = int64_t(row[2] / AgBuilder::kBM) * n_tiles + row[4] / AgBuilder::kBN;
+    const bool last = row[9] < 0;
+    carry_step(acc, ra.carry + t * (AgBuilder::kBM * AgBuilder::kBN) + 4 * (int(threadIdx.x) - 128),
+               row[1] == ra.rank && row[10] == 0, last);
+    return last;
+  }
+};
+
 __device__ __forceinline__ void named_bar_sync(int id, int nthreads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(nthreads) : "memory");
 }
@@ -218,11 +286,12 @@ __device__ __forceinline__ void named_bar_sync(int id, int nthreads) {
 // The math warpgroups of both kernels: pop builder item ids from the ring until -1; build each
 // tile (num_k_blk k-blocks, as the loader issued them) into tile_of(item row) (row stride ldc,
 // the row's rows x cols), then thread 128 releases its flag (every store of the tile before the
-// release) and records the BUILD interval.
-template <class TileOf>
+// release) and records the BUILD interval. band (NoBandItems, BandItems): an item's k-blocks, and
+// its carry epilogue before (or instead of) the bf16 store.
+template <class TileOf, class Band = NoBandItems>
 __device__ __forceinline__ void math_loop(AgBuilder& builder, AgRing& ring, const KosmosParams& p,
                                           const KosmosRankArgs& ra, int block, int kind, int64_t ldc,
-                                          int num_k_blk, TileOf tile_of) {
+                                          int num_k_blk, TileOf tile_of, Band band = {}) {
   const int tid = int(threadIdx.x);
   for (;;) {
     const int id = ring.pop();  // builder item id
@@ -234,8 +303,14 @@ __device__ __forceinline__ void math_loop(AgBuilder& builder, AgRing& ring, cons
     done.kind = kind;
     done.rel_rank = row[8];
     done.rel_flag = row[9];
-    builder.consume_to(reinterpret_cast<AgBuilder::dtype_t*>(tile), ldc, row[3], row[5], num_k_blk);  // rows, cols
-    named_bar_sync(kBarMath, AgBuilder::kNumMathThreads);  // every store of the tile before its release
+    if constexpr (cute::is_same_v<Band, NoBandItems>) {
+      builder.consume_to(reinterpret_cast<AgBuilder::dtype_t*>(tile), ldc, row[3], row[5], num_k_blk);  // rows, cols
+    } else {
+      auto acc = AgBuilder::make_accum();
+      builder.mma_k(acc, band.kblocks(row, num_k_blk));
+      if (band.carry(acc, row)) builder.store_staged_to(acc, tid - 128, tile, ldc, row[3], row[5]);
+    }
+    named_bar_sync(kBarMath, AgBuilder::kNumMathThreads);  // every store of the tile (or carry) before its release
     if (tid == 128) {
       // (re)built here so that none of the scheduling state stays live across the MMAs
       Wg wm = make_wg(p, ra, block);
@@ -316,23 +391,33 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
         const Item it = load_item(ra.items[q], id);
         int ahead = -1;
         bool ahead_landed = false;
-        if (it.kind == kAgBuildKind) {
+        const bool band_item = kAT && it.kind == kAgwBand;
+        if (it.kind == kAgBuildKind || band_item) {
           // decide() returned it with its band flag acquired (watchdog-bounded wait); A-transposed:
-          // with none (its bands are waited for inside the tile, BandWait).
+          // tiles with none (their bands are waited for inside the tile, BandWait), band items with
+          // their group's band flags and their tile's order flag of the group before.
+          // kpart (item word 10), A-transposed: tiles: rows of At per band (a multiple of kBK,
+          // kosmos.builder.validate); band items: the group's first row in its shard (ditto)
+          const int kpart = kAT ? ra.items[kQBuild][static_cast<size_t>(id) * KOSMOS_ITEM_STRIDE + 10] : 0;
+          const int item_kb = band_item ? band_kblocks(p.wgrad_group_rows, P.k_loc, kpart) : tile_kb();
           // k-block at which the loads signal the scheduler's lookahead claim (-1: no lookahead)
-          const int ahead_at = P.ahead_blocks < 0 ? -1 : max(0, tile_kb() - max(1, P.ahead_blocks));
+          const int ahead_at = P.ahead_blocks < 0 ? -1 : max(0, item_kb - max(1, P.ahead_blocks));
           if (warp_idx == 0) {
             fence_proxy_async_global();  // movers' / copy engine's writes -> this warp's TMA reads
             if (lane == 0) ring.push(id);
             __syncwarp();
             const int m_blk = it.m0 / AgBuilder::kBM, n_blk = it.n0 / AgBuilder::kBN;
             if constexpr (kAT) {
-              // kpart (item word 10): rows of At per band, a multiple of kBK (kosmos.builder.validate)
-              const int band_rows = ra.items[kQBuild][static_cast<size_t>(id) * KOSMOS_ITEM_STRIDE + 10];
-              const int nb = p.world > 1 ? it.dep_count / (p.world - 1) : 1;
-              builder.produce_rotated(maps.own, maps.work, m_loc, p.world, ra.rank, m_blk, n_blk,
-                                      BandWait{&w, id, it.dep_begin, nb, band_rows / AgBuilder::kBK, P.bp.num_k_blk},
-                                      AheadSignal{&smem.ahead_bar, ahead_at});
+              if (band_item) {  // the group's k-blocks of shard `peer`: own rows in place, a peer's gathered
+                builder.produce_span(maps.own, maps.work, m_loc, p.world, it.peer, it.peer == ra.rank,
+                                     kpart / AgBuilder::kBK, item_kb, m_blk, n_blk,
+                                     AheadSignal{&smem.ahead_bar, ahead_at});
+              } else {
+                const int nb = p.world > 1 ? it.dep_count / (p.world - 1) : 1;
+                builder.produce_rotated(maps.own, maps.work, m_loc, p.world, ra.rank, m_blk, n_blk,
+                                        BandWait{&w, id, it.dep_begin, nb, kpart / AgBuilder::kBK, P.bp.num_k_blk},
+                                        AheadSignal{&smem.ahead_bar, ahead_at});
+              }
             } else {
               const bool own = it.peer == ra.rank;
               // K-slices of a remote band may still be arriving: load each k-block once its slice is there
@@ -376,10 +461,16 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
   } else {
     cutlass::arch::warpgroup_reg_alloc<kMathRegs>();
     bf16* C = static_cast<bf16*>(ra.C);
-    math_loop(builder, ring, p, ra, block, kAgBuildKind, n_loc, tile_kb(), [=](const int32_t* row) {
+    auto tile_of = [=](const int32_t* row) {
       // peer, m0, n0 (A-transposed: C_r rows m0.., the tile's peer is the rank itself)
       return C + ((kAT ? 0 : row[1] * int64_t(m_loc)) + row[2]) * n_loc + row[4];
-    });
+    };
+    if constexpr (kAT) {  // band items: their group's k-blocks, then the carry epilogue
+      math_loop(builder, ring, p, ra, block, kAgBuildKind, n_loc, tile_kb(), tile_of,
+                BandItems{p, ra, P.k_loc, P.bp.num_n_blk});
+    } else {
+      math_loop(builder, ring, p, ra, block, kAgBuildKind, n_loc, tile_kb(), tile_of);
+    }
   }
   __syncthreads();
   if (tid == 0) exit_protocol(w);
@@ -723,6 +814,9 @@ int kosmos_sm90_ag_launch(void* h, const KosmosParams* params, void* stream) {
   if (int rc = kosmos::check_common_params(p)) return rc;
   if (p.mover_bulk) return fail(KOSMOS_ERR_INVALID, "sm90 ag-gemm: mover_bulk is not supported (no smem beside the builder)");
   if (kAT && p.k_stream) return fail(KOSMOS_ERR_INVALID, "sm90 ag-wgrad: no k_stream (its tiles wait per band)");
+  if (p.wgrad_group_rows % AgBuilder::kBK)
+    return fail(KOSMOS_ERR_INVALID, "sm90 ag-wgrad: band groups of %d rows are not whole k-blocks of %d", p.wgrad_group_rows,
+                AgBuilder::kBK);
   if (const char* why = validate(p.M, p.N, p.K, p.world)) return fail(KOSMOS_ERR_INVALID, "%s", why);
   AgSm90Params& P = *static_cast<AgSm90Params*>(h);
   const bool same = kAT ? (P.m_loc == p.M && P.n_loc == p.N / p.world && P.k_loc == p.K / p.world)

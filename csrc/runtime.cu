@@ -1,6 +1,7 @@
 // runtime.cu — host launchers and the C ABI (params.h). Every CUDA call is checked; every
 // entry point returns a KosmosStatus and leaves a message for kosmos_last_error().
 #include <cstdarg>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <new>
@@ -36,6 +37,27 @@ int prepare_kernel(const void* k) {
 extern "C" {
 
 int kosmos_abi_version(void) { return KOSMOS_ABI_VERSION; }
+
+// Offset of field i of KosmosRankArgs / KosmosParams (the ctypes mirror's layout test, abi.py
+// struct_mismatches; field order as abi.py lists them), sizeof at i = the field count, -1 past it.
+long kosmos_rank_args_offset(int i) {
+#define F(name) offsetof(KosmosRankArgs, name)
+  static const long off[] = {F(items), F(queue), F(deps), F(peer_flags), F(flag_mult), F(ctr), F(A), F(B), F(C),
+                             F(work), F(carry), F(flags), F(peer_A), F(push_dst), F(slot), F(proxy_src), F(count),
+                             F(rank), F(wg_begin), F(wg_end), F(num_mover_wgs), F(num_peer_flags), F(skip),
+                             F(max_inflight_movers), sizeof(KosmosRankArgs)};
+#undef F
+  return (i >= 0 && i < int(sizeof(off) / sizeof(off[0]))) ? off[i] : -1;
+}
+
+long kosmos_params_offset(int i) {
+#define F(name) offsetof(KosmosParams, name)
+  static const long off[] = {F(ranks), F(state), F(err), F(trace), F(trace_count), F(timeout_ns), F(op), F(num_ranks),
+                             F(world), F(M), F(N), F(K), F(trace_cap), F(sys_scope), F(static_peers), F(grid),
+                             F(mover_bulk), F(k_stream), F(spin_ns), F(wgrad_group_rows), sizeof(KosmosParams)};
+#undef F
+  return (i >= 0 && i < int(sizeof(off) / sizeof(off[0]))) ? off[i] : -1;
+}
 
 const char* kosmos_last_error(void) { return g_err; }
 
@@ -325,7 +347,7 @@ int kosmos_free_mapped(void* host) {
 }  // extern "C"
 
 // The ctypes mirror (kosmos_bench/kernels/abi.py) asserts the same sizes.
-static_assert(sizeof(KosmosRankArgs) == 8 * (3 + 3 + 8 + 5 * KOSMOS_MAX_WORLD) + 4 * 10, "RankArgs layout");
+static_assert(sizeof(KosmosRankArgs) == 8 * (3 + 3 + 9 + 5 * KOSMOS_MAX_WORLD) + 4 * 10, "RankArgs layout");
 static_assert(sizeof(KosmosErrorRecord) == 48, "ErrorRecord layout");
 static_assert(sizeof(KosmosTraceRecord) == 24, "TraceRecord layout");
 static_assert(sizeof(KosmosParams) == 6 * 8 + 14 * 4, "Params layout");

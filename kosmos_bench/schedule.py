@@ -105,8 +105,9 @@ saturated, the other WGs build), without a cap (the local fabric) builder-first.
 * ag-gemm: pending ready > [cap: mover if a slot is free] > builder head ready ? claim the
   next builder (ready: run, else pending) : mover if a slot is free >
   [no slot: poll] > block on the pending / next builder (movers exhausted) > done.
-* ag-wgrad: ag-gemm's rule; its builders are always ready to claim (their waits are inside
-  the tile). It always has a mover cap (>= 1, every fabric: ``max_inflight_movers``): the WGs
+* ag-wgrad: ag-gemm's rule; its tile builders are always ready to claim (their waits are inside
+  the tile), its band items (``wgrad_items='band'``) are ready when their deps are (the group's
+  band flags and the tile's previous order flag; the kernel's deps_in_tile is tile items only). It always has a mover cap (>= 1, every fabric: ``max_inflight_movers``): the WGs
   holding mover slots return to the loop and take the next mover, so movers progress while
   every other WG waits inside a tile (with no cap every WG could be in a tile, none moving).
 * gemm-rs: pending ready (a mover also needs a free slot) > reduce head ready ? claim the

@@ -1,5 +1,5 @@
 """The backward ops and the layer step on a GPU: kosmos (forward kernels, B_r read transposed; ag-wgrad:
-the sm90 A-transposed kernel) on the local fabric at W = 2..8 and every implementation on the host
+the sm90 A-transposed kernel, tile and band items) on the local fabric at W = 2..8 and every implementation on the host
 fabric; correct against the fp32 reference (the layer: outputs and every weight gradient) and
 bitwise the same over 20 calls."""
 from __future__ import annotations
@@ -191,6 +191,155 @@ def test_kosmos_ag_wgrad_host_copy_engine_watchdog():
             runner.run()
             runner.check()
             assert op.check(runner.outputs[0], op.reference(A, B, 0, W), p.dtype, B)[0] == 0
+    finally:
+        runner.close()
+
+
+BAND = (("wgrad_items", "band"),)
+
+
+def _band(shape, W, fabric, group=0, **kw) -> Point:
+    knobs = BAND + ((("wgrad_group", group),) if group else ())
+    return Point("ag-wgrad", "kosmos", *shape, W, fabric=fabric, policy=kw.pop("policy", "self"), knobs=knobs, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.hopper
+@pytest.mark.parametrize("group", [0, 1])
+@pytest.mark.parametrize("world", [2, 3, 4, 5, 6, 7, 8])
+def test_kosmos_ag_wgrad_band_local(world, group):
+    """wgrad_items=band: (band group, tile) partials over their group's K rows into the fp32 carry,
+    one group after another per tile (order flags), the last storing bf16 C_r. K/W = 200: group 1
+    (one band) = 128 + 72 rows (a partial k-block), default = the whole shard; M, N/W partial tiles."""
+    r = _check(_band(_shape("ag-wgrad", world), world, "local", group))
+    assert r["wrong"] == 0, r
+    assert r["same"], f"{CALLS} calls not bitwise equal: {r}"
+
+
+@pytest.mark.gpu
+@pytest.mark.hopper
+@pytest.mark.parametrize("order", ["fifo", "reverse", "random"])
+@pytest.mark.parametrize("policy", ["fixed:2", "predicted"])
+def test_kosmos_ag_wgrad_band_policies(policy, order):
+    """Fixed roles block on a claimed item: the queue keeps each tile's groups in order
+    (schedule._tile_order), so a WG never waits on a group nobody claimed."""
+    r = _check(_band((1024, 512 * 4, 1024 * 4), 4, "local", 1, policy=policy, queue_order=order))
+    assert r["wrong"] == 0, r
+    assert r["same"], f"{CALLS} calls not bitwise equal: {r}"
+
+
+@pytest.mark.gpu
+@pytest.mark.hopper
+@pytest.mark.parametrize("mover", ["sm", "ce"])
+@pytest.mark.parametrize("shape,group", [((264, 136 * 8, 200 * 8), 1), ((1024, 256 * 8, 512 * 8), 0),
+                                         ((4096, 1024 * 8, 1024 * 8), 2)])
+def test_kosmos_ag_wgrad_band_host(shape, group, mover):
+    """Host W=8, SM movers or copy-engine movers (one copy per band group and peer: the group's band
+    items wait on that copy's release)."""
+    r = _check(_band(shape, 8, "host", group, mover=mover))
+    assert r["wrong"] == 0, r
+    assert r["same"], f"{CALLS} calls not bitwise equal: {r}"
+    assert r["info"]["mover"] == mover and r["info"]["builder"] == "sm90", r["info"]
+
+
+def _band_runner(p: Point, seed: int, **kw):
+    import torch
+
+    from kosmos_bench.impls.base import RankCtx
+    from kosmos_bench.impls.kosmos import IMPLS
+    from kosmos_bench.ops import get_op
+
+    dev = torch.device("cuda", 0)
+    ctx = RankCtx(rank=0, world=p.world, procs=1, device=dev, fabric=p.fabric, backend="gpu")
+    op = get_op(p.op)
+    inputs, A, B = op.inputs(p, list(range(p.world)), dev, seed)
+    return op, A, B, IMPLS[0].prepare(p, ctx, inputs, **kw)
+
+
+def _right_again(runner, op, A, B, p: Point) -> None:
+    for _ in range(2):
+        runner.run()
+        runner.check()
+        for r in runner.outputs:
+            assert op.check(runner.outputs[r], op.reference(A, B, r, p.world), p.dtype, B)[0] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.hopper
+def test_kosmos_ag_wgrad_band_watchdog_order_flag():
+    """An order flag never reaches its target (flag_mult 2 on the device: the group after waits for
+    a second release that never comes): the claim-time wait gives up (WatchdogError naming that flag
+    and a builder item), the launch drains, and the runner is right once it is restored."""
+    import time
+
+    from kosmos_bench.impls.kosmos import WatchdogError
+
+    W, timeout_s = 2, 0.5
+    p = _band((512, 256 * W, 512 * W), W, "local", 1)
+    op, A, B, runner = _band_runner(p, 7, timeout_s=timeout_s)
+    try:
+        f = runner.scheds[0].flags.built  # order flag (group 0, tile 0), on both ranks (none reaches its exit wait)
+        for a in runner.rank_arrays:
+            a["flag_mult"][f] = 2
+        t0 = time.perf_counter()
+        runner.run()
+        with pytest.raises(WatchdogError, match=f"on flag {f} .*builder item"):
+            runner.check()
+        assert time.perf_counter() - t0 < timeout_s + 5.0
+        for a in runner.rank_arrays:
+            a["flag_mult"][f] = 1
+        _right_again(runner, op, A, B, p)
+    finally:
+        runner.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.hopper
+def test_kosmos_ag_wgrad_band_watchdog_missing_peer():
+    """Rank 1 never signals: rank 0's movers and its band items' claim-time waits on rank 1's bands
+    give up (WatchdogError), the launch drains, and the next calls are right."""
+    import time
+
+    from kosmos_bench.impls.kosmos import WatchdogError
+
+    W, timeout_s = 2, 0.5
+    p = _band((512, 256 * W, 512 * W), W, "local", 1)
+    op, A, B, runner = _band_runner(p, 99, timeout_s=timeout_s, debug_skip_rank=1)
+    try:
+        t0 = time.perf_counter()
+        runner.run()
+        with pytest.raises(WatchdogError):
+            runner.check()
+        assert time.perf_counter() - t0 < timeout_s + 5.0
+        runner.set_debug_skip(None)
+        _right_again(runner, op, A, B, p)
+    finally:
+        runner.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.hopper
+def test_kosmos_ag_wgrad_band_host_copy_engine_watchdog():
+    """Host W=8, mover ce: the last copy's release held back: the band items of that group never
+    become ready (WatchdogError naming a builder item), the launch drains, right once restored."""
+    import time
+
+    from kosmos_bench.impls.kosmos import WatchdogError
+
+    W, timeout_s = 8, 0.5
+    p = _band((1024, 256 * W, 512 * W), W, "host", 1, mover="ce")
+    op, A, B, runner = _band_runner(p, 31, timeout_s=timeout_s)
+    try:
+        runner.ce_back[-1] += 1
+        runner._ce_commit()
+        t0 = time.perf_counter()
+        runner.run()
+        with pytest.raises(WatchdogError, match="builder item"):
+            runner.check()
+        assert time.perf_counter() - t0 < timeout_s + 5.0
+        runner.ce_back[-1] -= 1
+        runner._ce_commit()
+        _right_again(runner, op, A, B, p)
     finally:
         runner.close()
 

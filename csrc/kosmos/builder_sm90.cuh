@@ -385,9 +385,28 @@ struct BuilderSm90 {
   CUTLASS_DEVICE void produce_rotated(typename Mainloop::Params const& own, typename Mainloop::Params const& mp,
                                       int rows_a, int segs, int first, int m_blk, int n_blk, KWait kwait = {},
                                       KHook hook = {}) {
+    produce_segments(own, mp, rows_a, segs, first, segs, true, 0, params_.num_k_blk, m_blk, n_blk, kwait, hook);
+  }
+
+  // Loader: one span of a produce_rotated tile (the wgrad band items: a band group's partial):
+  // k-blocks [kb0, kb0 + nkb) of segment l only, A from `own` (batch 0) when own_a, else from
+  // `mp` batch l; B from `mp` batch l. The math side consumes nkb k-blocks (mma_k). hook takes
+  // the span's k-block index (0 .. nkb - 1).
+  template <class KHook = NoHook>
+  CUTLASS_DEVICE void produce_span(typename Mainloop::Params const& own, typename Mainloop::Params const& mp,
+                                   int rows_a, int segs, int l, bool own_a, int kb0, int nkb, int m_blk, int n_blk,
+                                   KHook hook = {}) {
+    produce_segments(own, mp, rows_a, segs, l, 1, own_a, kb0, nkb, m_blk, n_blk, AllThere{}, hook);
+  }
+
+  // produce_rotated / produce_span: nseg segments from `first` on (rotated), k-blocks
+  // [kb0, kb0 + nkb) of each; the first segment's A from `own` when own_first.
+  template <class KWait, class KHook>
+  CUTLASS_DEVICE void produce_segments(typename Mainloop::Params const& own, typename Mainloop::Params const& mp,
+                                       int rows_a, int segs, int first, int nseg, bool own_first, int kb0, int nkb,
+                                       int m_blk, int n_blk, KWait kwait, KHook hook) {
     static_assert(kClusterM == 1, "produce_rotated loads whole tiles (no multicast)");
     using namespace cute;
-    int const nkb = params_.num_k_blk;
     if (cute::elect_one_sync()) {
       Tensor sA = make_tensor(make_smem_ptr(smem_.tensors.smem_A.data()), typename Mainloop::SmemLayoutA{});
       Tensor sB = make_tensor(make_smem_ptr(smem_.tensors.smem_B.data()), typename Mainloop::SmemLayoutB{});
@@ -407,16 +426,16 @@ struct BuilderSm90 {
       int there = 0;  // leading k-blocks (tile order) known to be in place
       int l = first;
       CUTLASS_PRAGMA_NO_UNROLL
-      for (int s = 0; s < segs; ++s) {
+      for (int s = 0; s < nseg; ++s) {
         CUTLASS_PRAGMA_NO_UNROLL
-        for (int kb = 0; kb < nkb; ++kb) {
-          int const i = s * nkb + kb;
+        for (int j = 0; j < nkb; ++j) {
+          int const i = s * nkb + j, kb = kb0 + j;
           if (i >= there) there = kwait(i);
           hook(i);
           pipeline_.producer_acquire(st);
           auto* bar = pipeline_.producer_get_barrier(st);
           int const stage = st.index();
-          if (s == 0) {
+          if (s == 0 && own_first) {
             copy(own.tma_load_a.with(*bar, uint16_t(0)), tAgA(_, _, _, kb, 0), tAsA(_, _, _, stage));
           } else {
             copy(mp.tma_load_a.with(*bar, uint16_t(0)), tAgA(_, _, _, kb, l), tAsA(_, _, _, stage));
@@ -428,7 +447,7 @@ struct BuilderSm90 {
       }
     }
     __syncwarp();
-    write_state_.advance(segs * nkb);
+    write_state_.advance(nseg * nkb);
   }
 
   // Math: a fresh accumulator fragment of one tile (fp32, kBN/2 values per math thread).

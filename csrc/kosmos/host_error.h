@@ -36,6 +36,8 @@ inline int check_common_params(const KosmosParams& p) {
   if (!p.ranks || !p.state || !p.err) return fail(KOSMOS_ERR_INVALID, "null ranks/state/err pointer");
   if (p.trace && (!p.trace_count || p.trace_cap < 1)) return fail(KOSMOS_ERR_INVALID, "trace without counts/cap");
   if (p.spin_ns < 0 || p.spin_ns > 1000000) return fail(KOSMOS_ERR_INVALID, "spin_ns %d outside 0..1000000", p.spin_ns);
+  if (p.wgrad_group_rows < 0 || (p.wgrad_group_rows != 0 && p.op != KOSMOS_OP_AG_WGRAD))
+    return fail(KOSMOS_ERR_INVALID, "wgrad_group_rows %d: ag-wgrad band items only, >= 0", p.wgrad_group_rows);
   return KOSMOS_OK;
 }
 

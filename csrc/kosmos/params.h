@@ -6,7 +6,7 @@
 #pragma once
 #include <stdint.h>
 
-#define KOSMOS_ABI_VERSION 8
+#define KOSMOS_ABI_VERSION 9
 #define KOSMOS_MAX_WORLD 8
 #define KOSMOS_ITEM_STRIDE 11  // int32 words per item row (schedule.ITEM_FIELDS)
 #define KOSMOS_NUM_CTR 8       // uint32 counters per rank in Params.state (after 4 globals)
@@ -37,6 +37,8 @@ typedef struct KosmosRankArgs {
   const void* B;              // ag-gemm: B_r (K x N/W); gemm-rs: B_r (K/W x N)    bf16 row-major
   void* C;                    // ag-gemm: C_r (M x N/W); gemm-rs: C_r (M/W x N)    bf16 row-major
   void* work;                 // ag-gemm: gathered A (M x K); gemm-rs: partial staging (M x N); ag-wgrad: At (K x M)
+  float* carry;               // ag-wgrad band items (AGW_BAND): fp32 carry, one 128 x 256 tile per C_r tile in the
+                              // math warps' fragment order (m_tiles * n_tiles * 32768 floats); else NULL
   uint32_t* flags[KOSMOS_MAX_WORLD];        // flags[p]: rank p's flag array (uint32[num_flags])
   const void* peer_A[KOSMOS_MAX_WORLD];     // ag-gemm: A_p as this rank reads it (M/W x K); ag-wgrad: At_p (K/W x M)
   void* push_dst[KOSMOS_MAX_WORLD];         // gemm-rs: recv[d] slot r (M/W x N) as this rank writes it
@@ -98,7 +100,8 @@ typedef struct KosmosParams {
                                 //    band); a builder claims a tile once slice 0 of its band is there and
                                 //    waits for the others inside the tile (sm90 variant only)
   int32_t spin_ns;              // sleep between two polls of a flag spin (ns, >= 0)
-  int32_t reserved0;            // keeps the struct a multiple of 8 bytes; 0
+  int32_t wgrad_group_rows;     // ag-wgrad band items: K rows of a band group (schedule meta group_rows; a
+                                //    shard's last group shorter); 0 without band items
 } KosmosParams;
 
 #ifdef __cplusplus

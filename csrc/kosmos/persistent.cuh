@@ -59,16 +59,18 @@ __device__ __forceinline__ uint32_t dep_target(const Wg& w, int q, int flag) {
   return (w.p.k_stream && q == kQBuild) ? full - static_cast<uint32_t>(w.ra.flag_mult[flag]) + 1u : full;
 }
 
-// ag-wgrad builders (kAgwBuild) list the remote bands they reduce over as deps, but wait for
-// them inside the tile, k-block by k-block (ag_gemm_sm90.cu, A-transposed build): to claim
-// them, and to every wait here, they are ready at once.
-__device__ __forceinline__ bool deps_in_tile(const Wg& w, int q) {
-  return q == kQBuild && w.p.op == KOSMOS_OP_AG_WGRAD;
+// ag-wgrad tile builders (kAgwBuild) list the remote bands they reduce over as deps, but wait
+// for them inside the tile, k-block by k-block (ag_gemm_sm90.cu, A-transposed build): to claim
+// them, and to every wait here, they are ready at once. Its band items (kAgwBand: the group's
+// band flags and the tile's order flag of the group before) are claimed and waited for as any
+// other item (schedule.py: the simulator's readiness of the band variant).
+__device__ __forceinline__ bool deps_in_tile(const Wg& w, int q, const Item& it) {
+  return q == kQBuild && w.p.op == KOSMOS_OP_AG_WGRAD && it.kind == kAgwBuild;
 }
 
 __device__ __forceinline__ bool deps_ready(const Wg& w, int q, int id) {
-  if (deps_in_tile(w, q)) return true;
   const Item it = load_item(w.ra.items[q], id);
+  if (deps_in_tile(w, q, it)) return true;
   for (int d = 0; d < it.dep_count; ++d) {
     const int f = w.ra.deps[it.dep_begin + d];
     if (!flag_ready(ld_acquire(w.ra.flags[w.ra.rank] + f, w.sc.sys), dep_target(w, q, f))) return false;
@@ -78,8 +80,8 @@ __device__ __forceinline__ bool deps_ready(const Wg& w, int q, int id) {
 
 // Wait (watchdog on) for every dep of a claimed item; records a WAIT interval if it waited.
 __device__ __forceinline__ bool wait_deps(const Wg& w, int q, int id) {
-  if (deps_in_tile(w, q)) return true;
   const Item it = load_item(w.ra.items[q], id);
+  if (deps_in_tile(w, q, it)) return true;
   const uint64_t t0 = w.tr.now();
   bool waited = false;
   for (int d = 0; d < it.dep_count; ++d) {
@@ -173,7 +175,7 @@ __device__ bool decide(const Wg& w, int* q_out, int* id_out, bool* counted, int*
     if (kOp == KOSMOS_OP_AG_GEMM || kOp == KOSMOS_OP_AG_WGRAD) {
       // [link-first: mover if a slot is free] > builder head ready (claim; not ready ->
       // pending) > mover (slot) > block on pending / next builder (movers exhausted).
-      // ag-wgrad: builders are always ready (deps_in_tile) and its cap is never 0
+      // ag-wgrad: tile builders are always ready (deps_in_tile), band items as ag-gemm's; its cap is never 0
       // (schedule.max_inflight_movers): the slot holders keep the movers going.
       if (cap != 0) {
         id = mover_with_slot();
@@ -296,7 +298,7 @@ __device__ __forceinline__ uint16_t role_of(int kind) {
       return kRoleMove;
     case kRsReduce:
       return kRoleReduce;
-    // kAgBuild, kRsBuild, kAgwBuild: BUILD
+    // kAgBuild, kRsBuild, kAgwBuild, kAgwBand: BUILD
     default:
       return kRoleBuild;
   }

@@ -172,8 +172,8 @@ class KosmosImpl:
         if point.op == "ag-wgrad":  # A read transposed: the sm90 builder's TMA only (library kosmos_ag_sm90_at)
             if cfg.builder not in (None, "sm90"):
                 return f"ag-wgrad: At read transposed needs the sm90 builder (TMA), not {cfg.builder}"
-            if cfg.wgrad_items == "band" or cfg.wgrad_group:
-                return "ag-wgrad wgrad_items=band / wgrad_group: simulator only (no carry-epilogue kernel yet)"
+            if cfg.wgrad_group and cfg.wgrad_items != "band":
+                return "ag-wgrad wgrad_group: bands per group of wgrad_items=band only (wgrad_items=tile)"
             cfg = cfg.replace(builder="sm90")
         if cfg.builder == "sm90":
             why = kb.validate(point.M, point.N, point.K, point.world, op=point.op)
@@ -282,6 +282,20 @@ def _out_tensor(out: dict, r: int, shape: tuple[int, int], dt):
         what = None if t is None else (tuple(t.shape), t.dtype, t.is_contiguous(), t.data_ptr() % 16)
         raise ValueError(f"out[{r}]: expected a contiguous 16-byte aligned {dt} tensor of {shape}, got {what}")
     return t
+
+
+def wgrad_group_rows(sched: S.RankSchedule) -> int:
+    """Params.wgrad_group_rows of a schedule: K rows per band group of ag-wgrad band items (the
+    kernel's k range of an AGW_BAND item: [kpart, kpart + min(rows, K/W - kpart))), 0 without them."""
+    if sched.op != "ag-wgrad" or S.wgrad_tiles(sched):
+        return 0
+    return int(sched.meta["group_rows"])
+
+
+def carry_floats(sched: S.RankSchedule) -> int:
+    """fp32 elements of one rank's band-item carry (RankArgs.carry): one BM x BN builder tile per C_r
+    tile, in the math warps' fragment order (csrc/ag_gemm_sm90.cu carry_step), partial tiles padded."""
+    return int(sched.meta["m_tiles"] * sched.meta["n_tiles"] * sched.BM * sched.BN)
 
 
 def _i32(dev, a: np.ndarray):
@@ -396,6 +410,7 @@ class KosmosRunner:
         self.scheds = [self.plan.scheds[r] for r in ranks]
         if op == "ag-wgrad" and self.scheds[0].meta["band_rows"] % kb.BK:  # the kernel waits per band of k-blocks
             raise ValueError(f"ag-wgrad: bands of {self.scheds[0].meta['band_rows']} rows are not whole k-blocks of {kb.BK}")
+        self.wgrad_group_rows = wgrad_group_rows(self.scheds[0])  # Params.wgrad_group_rows (0: no band items)
         dt = torch.bfloat16
         m_loc = M // W
         nf = self.scheds[0].flags.num_flags
@@ -471,7 +486,11 @@ class KosmosRunner:
                 if self.mover == "ce":
                     self._ce_plan(work, flags[r], s_rows, g_cols)
                 per_rank[r] = dict(A=A[r].data_ptr(), B=B[r].data_ptr(), C=C.data_ptr(), work=work.data_ptr(),
-                                   peer_A=[peer_A.get(p, 0) for p in range(W)])
+                                   peer_A=[peer_A.get(p, 0) for p in range(W)], carry=0)
+                if self.wgrad_group_rows:  # band items: the fp32 carry, one builder tile per C_r tile
+                    carry = torch.empty(carry_floats(self.scheds[0]), dtype=torch.float32, device=self.dev)
+                    self._keep.append(carry)
+                    per_rank[r]["carry"] = carry.data_ptr()
         else:
             slot_bytes = m_loc * N * 2
             recv = {}
@@ -519,6 +538,7 @@ class KosmosRunner:
 
         # ---- rank args ----
         ra_arr = (abi.RankArgs * n_exec)()
+        self.rank_arrays: list[dict] = [{} for _ in range(n_exec)]
         state_ptr = self.state.data_ptr()
         for i, (r, sch) in enumerate(zip(ranks, self.scheds)):
             a = ra_arr[i]
@@ -549,10 +569,12 @@ class KosmosRunner:
             for name in ("deps", "peer_flags", "flag_mult"):
                 t = _i32(self.dev, arrs[name])
                 self._keep.append(t)
+                self.rank_arrays[i][name] = t  # what the kernel reads (tests edit flag_mult: a flag never ready)
                 setattr(a, name, t.data_ptr())
             a.ctr = state_ptr + 4 * (4 + abi.NUM_CTR * i)
             d = per_rank[r]
             a.A, a.B, a.C, a.work = d["A"], d["B"], d["C"], d["work"]
+            a.carry = d.get("carry") or None
             for p in range(W):
                 a.flags[p] = flags[p]
                 if op in S.AG_OPS:
@@ -754,6 +776,7 @@ class KosmosRunner:
         p.mover_bulk = 1 if self.mover_bulk else 0
         p.k_stream = 1 if self.k_stream else 0
         p.spin_ns = self.spin_ns
+        p.wgrad_group_rows = self.wgrad_group_rows
         return p
 
     def _ce_plan(self, work, flag_base: int, s_rows: int, row_elems: int) -> None:

@@ -1,9 +1,9 @@
-"""ctypes mirror of csrc/kosmos/params.h (KOSMOS_ABI_VERSION 8). Change both together."""
+"""ctypes mirror of csrc/kosmos/params.h (KOSMOS_ABI_VERSION 9). Change both together."""
 from __future__ import annotations
 
 import ctypes as C
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 MAX_WORLD = 8
 NUM_CTR = 8  # per-rank counters in the state buffer (KOSMOS_NUM_CTR)
 OP_CODES = {"ag-gemm": 0, "gemm-rs": 1, "ag-wgrad": 2}  # ag-wgrad: the sm90 A-transposed library only
@@ -24,6 +24,7 @@ class RankArgs(C.Structure):
         ("B", P),
         ("C", P),
         ("work", P),
+        ("carry", P),  # ag-wgrad band items: the fp32 carry (fragment order, one 128 x 256 tile per C_r tile)
         ("flags", P * MAX_WORLD),
         ("peer_A", P * MAX_WORLD),
         ("push_dst", P * MAX_WORLD),
@@ -58,11 +59,11 @@ class Params(C.Structure):
         ("op", C.c_int32), ("num_ranks", C.c_int32), ("world", C.c_int32),
         ("M", C.c_int32), ("N", C.c_int32), ("K", C.c_int32),
         ("trace_cap", C.c_int32), ("sys_scope", C.c_int32), ("static_peers", C.c_int32), ("grid", C.c_int32),
-        ("mover_bulk", C.c_int32), ("k_stream", C.c_int32), ("spin_ns", C.c_int32), ("reserved0", C.c_int32),
+        ("mover_bulk", C.c_int32), ("k_stream", C.c_int32), ("spin_ns", C.c_int32), ("wgrad_group_rows", C.c_int32),
     ]
 
 
-assert C.sizeof(RankArgs) == 8 * (3 + 3 + 8 + 5 * MAX_WORLD) + 4 * 10, C.sizeof(RankArgs)
+assert C.sizeof(RankArgs) == 8 * (3 + 3 + 9 + 5 * MAX_WORLD) + 4 * 10, C.sizeof(RankArgs)
 assert C.sizeof(ErrorRecord) == 48
 assert C.sizeof(Params) == 6 * 8 + 14 * 4
 
@@ -70,6 +71,9 @@ assert C.sizeof(Params) == 6 * 8 + 14 * 4
 def declare(lib: C.CDLL) -> C.CDLL:
     """Argument / return types of the C entry points (params.h)."""
     lib.kosmos_abi_version.restype = C.c_int
+    for f in ("kosmos_rank_args_offset", "kosmos_params_offset"):
+        getattr(lib, f).argtypes = [C.c_int]
+        getattr(lib, f).restype = C.c_long
     lib.kosmos_last_error.restype = C.c_char_p
     lib.kosmos_max_wgs.argtypes = [C.c_int, C.c_int, C.POINTER(C.c_int)]
     lib.kosmos_launch.argtypes = [C.POINTER(Params), P]
@@ -94,6 +98,12 @@ def declare(lib: C.CDLL) -> C.CDLL:
               "kosmos_stream_destroy", "kosmos_ce_plan_set_waits", "kosmos_ce_plan_begin", "kosmos_ce_plan_end"):
         getattr(lib, f).restype = C.c_int
     return lib
+
+
+def layout_mismatches(lib: C.CDLL) -> list[str]:
+    """RankArgs / Params fields whose offsets differ from the main library's C structs ([]: none)."""
+    return ([f"RankArgs.{m}" for m in struct_mismatches(RankArgs, lib.kosmos_rank_args_offset)]
+            + [f"Params.{m}" for m in struct_mismatches(Params, lib.kosmos_params_offset)])
 
 
 def struct_mismatches(struct: type, c_offset) -> list[str]:

@@ -180,7 +180,8 @@ FIELDS: dict[str, Knob] = {k.name: k for k in (
          "Bands per regular group of the rank's own bands (an ablation of the raster: L2 reuse, "
          "hence power at the 700 W limit)."),
     Knob("wgrad_items", _choice("tile", "band"), "tile | band",
-         "tile while band has no kernel (the gpu backend refuses band); the simulator prefers band",
+         "tile (band: the sm90 A-transposed kernel's carry epilogue since 2026-12-05, not yet timed on a GPU; "
+         "the simulator prefers band)",
          "ag-wgrad builder items: tile (one C tile over all of K, waiting per band inside it) or band "
          "((band group, tile) partials added in a fixed per-tile order into an fp32 carry, queued as "
          "the movers deliver). Simulator, sweeps/ag-wgrad.yaml (host W=8, h200-host-pcie): kosmos[self] "

@@ -50,7 +50,7 @@ def _once(op: str, v):
     pend = v.pending
     if pend is not None and pend[0] != Q_MOVE and v.ready(*pend):
         return _take_pending(v)
-    if op in ("ag-gemm", "ag-wgrad"):  # ag-wgrad: builders are always ready (waits inside the tile)
+    if op in ("ag-gemm", "ag-wgrad"):  # ag-wgrad: tile items always ready (waits inside); band items: their deps
         # [cap: mover if a slot is free] > builder head ready ? claim it : mover if a slot is free >
         # [no slot: poll] > block on the pending / next builder (movers exhausted) > done
         if v.cap:
