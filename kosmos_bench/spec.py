@@ -303,9 +303,9 @@ def expand(sweep: Sweep, *, backend: str, fabric: str, impls: list[str] | None =
 def _same_as(p: Point) -> Point:
     """The point as it runs wherever that is known before the device is: mover auto becomes 'sm'
     where ``mover_choice`` gives sm for every builder the device could pick (off the host
-    fabric, gemm-rs, policies fixed / predicted, the mma builder), so ``mover: [auto, sm]``
-    yields one point there and two (auto = ce with the sm90 builder, and sm) for host ag-gemm
-    under policy self. The first listed is kept (auto keeps the default's key)."""
+    fabric, policies fixed / predicted, the mma builder), so ``mover: [auto, sm]`` yields one
+    point there and two (auto = ce with the sm90 builder, and sm) for the host ops of
+    ``CE_AUTO_OPS`` under policy self. The first listed is kept (auto keeps the default's key)."""
     if p.impl not in KNOB_IMPLS or p.mover is not None or p.op in ("gemm", *MOE_OPS):
         return p
     from .kosmos.builder import mover_choice

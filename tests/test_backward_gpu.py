@@ -268,10 +268,13 @@ def _right_again(runner, op, A, B, p: Point) -> None:
 @pytest.mark.hopper
 def test_kosmos_ag_wgrad_band_watchdog_order_flag():
     """An order flag never reaches its target (flag_mult 2 on the device: the group after waits for
-    a second release that never comes): the claim-time wait gives up (WatchdogError naming that flag
-    and a builder item), the launch drains, and the runner is right once it is restored."""
+    a second release that never comes, and so, one after another, do the later groups of that tile):
+    a claim-time wait gives up (WatchdogError naming an order flag of that tile and a builder item),
+    the launch drains, and the runner is right once it is restored."""
+    import re
     import time
 
+    from kosmos_bench import schedule as S
     from kosmos_bench.impls.kosmos import WatchdogError
 
     W, timeout_s = 2, 0.5
@@ -283,8 +286,12 @@ def test_kosmos_ag_wgrad_band_watchdog_order_flag():
             a["flag_mult"][f] = 2
         t0 = time.perf_counter()
         runner.run()
-        with pytest.raises(WatchdogError, match=f"on flag {f} .*builder item"):
+        with pytest.raises(WatchdogError, match="builder item") as e:
             runner.check()
+        items = runner.scheds[0].builders
+        tile0 = (items.col("kind") == S.AGW_BAND) & (items.col("m0") == 0) & (items.col("n0") == 0)
+        chain = {f} | {int(x) for x in items.col("rel_flag")[tile0] if x >= 0}  # tile (0, 0)'s order flags
+        assert int(re.search(r"on flag (\d+) ", str(e.value)).group(1)) in chain, (str(e.value), chain)
         assert time.perf_counter() - t0 < timeout_s + 5.0
         for a in runner.rank_arrays:
             a["flag_mult"][f] = 1

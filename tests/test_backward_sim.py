@@ -58,11 +58,11 @@ def test_simulated_layer_step_and_its_summary():
 
 
 def test_kosmos_ag_wgrad_on_the_simulator():
-    """kosmos ag-wgrad's own schedule on every fabric: tiles start on the own rows (at once) and
-    end after the last band's work; self compared with predicted; no deadlock on local W=2..8."""
+    """kosmos ag-wgrad's own schedule with SM movers on every fabric: tiles start on the own rows (at
+    once) and end after the last band's work; self compared with predicted; no deadlock on local W=2..8."""
     from kosmos_bench.sim import engine, model, profiles
 
-    p = Point("ag-wgrad", "kosmos", 8192, 28672, 8192, 8, backend="sim", policy="self")
+    p = Point("ag-wgrad", "kosmos", 8192, 28672, 8192, 8, backend="sim", policy="self", mover="sm")
     f, trace = sim.run_point(p)
     assert f["builder"] == "sm90" and f["max_inflight_movers"] >= 1 and f["num_movers"] is None
     assert set(trace["role"]) >= {"BUILD", "MOVE"}

@@ -499,14 +499,16 @@ def test_self_keeps_up_with_predicted(sweep):
 
 
 def test_mover_auto_resolves_per_fabric_op_and_builder():
-    """mover auto (None): copy-engine movers for host ag-gemm with the sm90 builder under policy
-    self, SM movers everywhere else; the row records the resolved mover, the variant only an
-    explicit one."""
+    """mover auto (None): copy-engine movers for host ag-gemm and gemm-rs with the sm90 builder
+    under policy self, SM movers everywhere else; the row records the resolved mover, the variant
+    only an explicit one."""
     host = pt(M=2048, N=8192, K=2048, fabric="host")
-    row, _ = run_point(host)
-    assert (row["mover"], row["builder"]) == ("ce", "sm90") and host.variant == "kosmos[self]"
+    for p in (host, host.replace(op="gemm-rs", local_first=False)):
+        row, _ = run_point(p)
+        assert (row["mover"], row["builder"]) == ("ce", "sm90") and p.variant.startswith("kosmos[self"), p
     for p, builder in ((host.replace(builder="mma"), "mma"), (host.replace(policy="fixed:16"), "sm90"),
-                       (host.replace(op="gemm-rs", local_first=False), "sm90"), (host.replace(fabric="nvlink"), "sm90")):
+                       (host.replace(op="gemm-rs", local_first=False, policy="predicted"), "sm90"),
+                       (host.replace(fabric="nvlink"), "sm90")):
         row, _ = run_point(p)
         assert (row["mover"], row["builder"]) == ("sm", builder), p
     sm = host.replace(mover="sm")

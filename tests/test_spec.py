@@ -160,9 +160,9 @@ def test_mover_ce_is_skipped_with_a_reason_where_it_does_not_apply():
 
 
 def test_default_sweeps_run_mover_auto_beside_sm_movers():
-    """sweeps/ag-gemm.yaml and gemm-rs.yaml list mover [auto, sm]: on the host fabric ag-gemm
-    gets kosmos[self] (auto: copy-engine movers with the sm90 builder) and kosmos[self,sm-mover];
-    where auto can only be sm (gemm-rs, nvlink, policies fixed / predicted) one point, with the
+    """sweeps/ag-gemm.yaml and gemm-rs.yaml list mover [auto, sm]: on the host fabric both get
+    kosmos[self] (auto: copy-engine movers with the sm90 builder) and kosmos[self,sm-mover];
+    where auto can only be sm (nvlink, policies fixed / predicted) one point, with the
     key the default point always had (mover None); symm-mem and nccl-overlap are in the grid."""
     from kosmos_bench.spec import load_sweep
 
@@ -174,7 +174,7 @@ def test_default_sweeps_run_mover_auto_beside_sm_movers():
             per_shape = {}
             for p in pts:
                 per_shape.setdefault((p.M, p.N, p.K), []).append(p.variant)
-            two = name == "ag-gemm" and fabric == "host"
+            two = fabric == "host"
             want = ["kosmos[self]"] + (["kosmos[self,sm-mover]"] if two else []) + ["kosmos[fixed:16]", "kosmos[predicted]"]
             assert all(v == want for v in per_shape.values()), (name, fabric, per_shape)
             for p in pts:
@@ -192,7 +192,9 @@ def test_mover_auto_parses_and_resolves():
     assert mover_choice(None, "ag-gemm", "host", "sm90") == "ce"
     assert mover_choice(None, "ag-gemm", "host", "sm90", "fixed:16") == "sm"
     assert mover_choice(None, "ag-gemm", "host", "mma") == "sm"
-    assert mover_choice(None, "gemm-rs", "host", "sm90") == "sm"
+    assert mover_choice(None, "gemm-rs", "host", "sm90") == "ce"
+    assert mover_choice(None, "ag-wgrad", "host", "sm90") == "ce"
+    assert mover_choice(None, "gemm-rs", "host", "mma") == "sm"
     for fabric in ("nvlink", "local"):
         assert mover_choice(None, "ag-gemm", fabric, "sm90") == "sm"
     assert mover_choice("sm", "ag-gemm", "host", "sm90") == "sm"

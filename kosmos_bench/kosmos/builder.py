@@ -126,22 +126,23 @@ def builder_choice(builder: str | None, op: str = "ag-gemm", shape: tuple[int, i
 
 
 # Ops whose auto mover is the copy engine on the host fabric (sm90 builder, policy self).
-CE_AUTO_OPS = ("ag-gemm",)
+CE_AUTO_OPS = ("ag-gemm", "gemm-rs", "ag-wgrad")
 
 
 def mover_choice(mover: str | None, op: str, fabric: str, builder: str, policy: str = "self",
                  world: int | None = None) -> str:
     """The mover to use: the argument (the configuration's ``mover``), else (``auto``) the one
     measured faster for the fabric, op and (resolved) builder: 'ce' (the copy engine moves,
-    every CTA builds) for ag-gemm on the host fabric with the sm90 builder under policy self;
-    'sm' (WGs move) everywhere else (gemm-rs has no copy-engine movers; on nvlink and local
-    the WGs' loads are the fast path; fixed / predicted split WGs between moving and
-    building, which needs SM movers).
+    every CTA builds) for the ops of ``CE_AUTO_OPS`` on the host fabric with the sm90 builder
+    under policy self; 'sm' (WGs move) everywhere else (on nvlink and local the WGs' loads are
+    the fast path; fixed / predicted split WGs between moving and building, which needs SM
+    movers).
 
-    The measurement (1x H200, host fabric, W = 8, ``kosmos-bench sweep
-    sweeps/h200-host-ag-gemm-ce.yaml``, 8 shapes, 2026-12-04): sm90 + copy-engine movers 1.38x
-    nccl-seq geomean, median eff* 0.977, against nccl-overlap 1.33x / 0.944; the same
-    kernel with SM movers 1.21x / 0.865 in the default sweep of that day (issue 30)."""
+    The measurements (1x H200, host fabric, W = 8): ag-gemm, 8 shapes (2026-12-04): ce 1.38x
+    nccl-seq geomean, median eff* 0.977, nccl-overlap 1.33x / 0.944, sm 1.21x / 0.865; gemm-rs,
+    llama3-70b/405b out-proj + fc2 at 8k tokens (2026-12-05): ce 1.70x, sm 1.55x, nccl-overlap
+    1.59x, ce ahead of sm on every shape; ag-wgrad, llama3-70b fc1 8k (2026-12-05): ce 0.87x /
+    1.09x (tile / band items), sm 0.81x / 1.00x, nccl-overlap 1.08x (issues 30, 34)."""
     if mover:
         if mover not in MOVERS:
             raise ValueError(f"mover={mover!r}: expected one of {', '.join(MOVERS)} or auto")
