@@ -140,13 +140,14 @@ FIELDS: dict[str, Knob] = {k.name: k for k in (
          "auto: sm90 for ag-gemm and gemm-rs on sm_90 when TMA takes the shape (kosmos.builder.builder_choice)",
          "Builder kernel: portable mma.sync, or the Hopper wgmma+TMA builder (ag-gemm, gemm-rs)."),
     Knob("mover", _none_or(_choice("sm", "ce")), "sm | ce | auto",
-         "auto: ce for ag-gemm on the host fabric with the sm90 builder and policy self, else sm "
-         "(kosmos.builder.mover_choice)",
-         "Who moves: WGs (sm), or the copy engine (ce: host-fabric ag-gemm and ag-wgrad, every CTA "
-         "builds). Host ag-gemm, sm90: ce 1.38x nccl-seq geomean, eff* 0.977 vs nccl-overlap 1.33x / "
-         "0.944; sm 1.21x / 0.865 (H200, 2026-12-04, issue 30). Host ag-wgrad, simulator: ce 1.06x "
-         "(tile) / 1.24x (band), sm 0.96x / 1.11x, nccl-overlap 1.22x (2026-12-05; auto stays sm "
-         "until a GPU measurement)."),
+         "auto: ce for ag-gemm, gemm-rs and ag-wgrad on the host fabric with the sm90 builder and "
+         "policy self, else sm (kosmos.builder.mover_choice)",
+         "Who moves: WGs (sm), or the copy engine (ce: host fabric only, every CTA builds). Host "
+         "ag-gemm, sm90: ce 1.38x nccl-seq geomean, eff* 0.977 vs nccl-overlap 1.33x / 0.944; sm "
+         "1.21x / 0.865 (H200, 2026-12-04). Host gemm-rs, sm90, default sweep: ce 1.65x / 0.948, sm "
+         "1.20x / 0.689, nccl-overlap 1.49x / 0.857 (H100, 2026-12-05, "
+         "results/main-job-h100-20261205). Host ag-wgrad, llama3-70b fc1 8k: ce 0.87x (tile) / "
+         "1.09x (band), sm 0.81x / 1.00x, nccl-overlap 1.08x (H100, 2026-12-05)."),
     Knob("mover_bulk", _to_bool, "on | off", "-",
          "ag-gemm mma-builder movers use TMA bulk copies (needs the mma builder)."),
     Knob("max_inflight", _none_or(lambda v: _to_int(v, lo=0)), "integer >= 0 | auto",
