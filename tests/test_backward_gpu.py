@@ -266,6 +266,37 @@ def _right_again(runner, op, A, B, p: Point) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.hopper
+@pytest.mark.parametrize("seed", [99, None])  # None: the harness's seed_for(point)
+@pytest.mark.parametrize("timeout_s", [0.5, None])  # None: the runner's default watchdog
+def test_kosmos_ag_wgrad_band_right_on_every_call(seed, timeout_s):
+    """Every call of one runner right against the reference (not only the first, the rest bitwise
+    equal to it as in _check). On 2026-12-05 (H100) the watchdog tests' runner (seed 99, timeout
+    0.5 s) was right on its first call and wrong on every later one, the same wrong bits each time
+    (~60% of every tile, both ranks), also after zeroing its flags and state, while _check's flow
+    on the same point passed; which of seed and timeout matters is what this grid shows."""
+    import torch
+
+    from kosmos_bench.harness import seed_for
+
+    W = 2
+    p = _band((512, 256 * W, 512 * W), W, "local", 1)
+    kw = {} if timeout_s is None else {"timeout_s": timeout_s}
+    op, A, B, runner = _band_runner(p, seed_for(p) if seed is None else seed, **kw)
+    try:
+        for call in range(4):
+            for o in runner.outputs.values():
+                o.fill_(float("nan"))
+            runner.run()
+            runner.check()
+            torch.cuda.synchronize()
+            wrong = {r: op.check(runner.outputs[r], op.reference(A, B, r, W), p.dtype, B)[0] for r in runner.outputs}
+            assert not any(wrong.values()), f"call {call}: wrong elements per rank {wrong}"
+    finally:
+        runner.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.hopper
 def test_kosmos_ag_wgrad_band_watchdog_order_flag():
     """An order flag never reaches its target (flag_mult 2 on the device: the group after waits for
     a second release that never comes, and so, one after another, do the later groups of that tile):

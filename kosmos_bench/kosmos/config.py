@@ -181,13 +181,13 @@ FIELDS: dict[str, Knob] = {k.name: k for k in (
          "Bands per regular group of the rank's own bands (an ablation of the raster: L2 reuse, "
          "hence power at the 700 W limit)."),
     Knob("wgrad_items", _choice("tile", "band"), "tile | band",
-         "tile (band: the sm90 A-transposed kernel's carry epilogue since 2026-12-05, not yet timed on a GPU; "
-         "the simulator prefers band)",
+         "tile (band is faster but stays opt-in while a GPU test flow shows it wrong after its first "
+         "call: docs/notes/gpu-pending.md)",
          "ag-wgrad builder items: tile (one C tile over all of K, waiting per band inside it) or band "
          "((band group, tile) partials added in a fixed per-tile order into an fp32 carry, queued as "
-         "the movers deliver). Simulator, sweeps/ag-wgrad.yaml (host W=8, h200-host-pcie): kosmos[self] "
-         "band 1.11x nccl-seq geomean, tile 0.96x, nccl-overlap 1.22x; with copy-engine movers band "
-         "1.24x, tile 1.06x (2026-12-05)."),
+         "the movers deliver). `sweep ag-wgrad --policy self` (host W=8, 12 shapes, mover auto = ce, "
+         "H100, 2026-12-05): band 1.05x nccl-seq geomean, eff* 0.929, tile 0.92x / 0.797, "
+         "nccl-overlap 1.03x / 0.921 (results/device-h100-20261205)."),
     Knob("wgrad_group", lambda v: _to_int(v, lo=0), "integer >= 0",
          "0: the fewest bands with >= 2048 K rows (carry traffic <= 1/8 of the operands'), at most a shard "
          "(schedule.wgrad_group_bands)",
