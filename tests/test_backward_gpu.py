@@ -266,22 +266,16 @@ def _right_again(runner, op, A, B, p: Point) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.hopper
-@pytest.mark.parametrize("seed", [99, None])  # None: the harness's seed_for(point)
-@pytest.mark.parametrize("timeout_s", [0.5, None])  # None: the runner's default watchdog
-def test_kosmos_ag_wgrad_band_right_on_every_call(seed, timeout_s):
-    """Every call of one runner right against the reference (not only the first, the rest bitwise
-    equal to it as in _check). On 2026-12-05 (H100) the watchdog tests' runner (seed 99, timeout
-    0.5 s) was right on its first call and wrong on every later one, the same wrong bits each time
-    (~60% of every tile, both ranks), also after zeroing its flags and state, while _check's flow
-    on the same point passed; which of seed and timeout matters is what this grid shows."""
+def test_kosmos_ag_wgrad_band_right_on_every_call_with_inputs_dropped():
+    """Every call of one runner right against the reference, although the caller dropped its inputs
+    (_band_runner keeps only the global A, B): the runner owns the shards its kernel reads through
+    raw pointers. On 2026-12-05, before it did, the shards' memory went to the reference's
+    temporaries: call 1 right, every later call wrong with the same bits (the band watchdog tests)."""
     import torch
-
-    from kosmos_bench.harness import seed_for
 
     W = 2
     p = _band((512, 256 * W, 512 * W), W, "local", 1)
-    kw = {} if timeout_s is None else {"timeout_s": timeout_s}
-    op, A, B, runner = _band_runner(p, seed_for(p) if seed is None else seed, **kw)
+    op, A, B, runner = _band_runner(p, 99, timeout_s=0.5)
     try:
         for call in range(4):
             for o in runner.outputs.values():

@@ -452,6 +452,10 @@ class KosmosRunner:
         self.outputs: dict[int, torch.Tensor] = {}
         self.gathered: dict[int, torch.Tensor] = {}
         A, B = inputs.A, inputs.B
+        # The kernel reads the shards through raw pointers: the runner owns them as long as it lives
+        # (a caller that drops its inputs would have their memory handed to the next allocation:
+        # right on the first call, garbage after, as the band watchdog tests saw on 2026-12-05).
+        self._keep += [t for r in ranks for t in (A.get(r), B.get(r)) if t is not None]
         per_rank: dict[int, dict] = {}
         if op in S.AG_OPS:
             n_loc = N // W
