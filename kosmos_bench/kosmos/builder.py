@@ -136,13 +136,7 @@ def mover_choice(mover: str | None, op: str, fabric: str, builder: str, policy: 
     every CTA builds) for the ops of ``CE_AUTO_OPS`` on the host fabric with the sm90 builder
     under policy self; 'sm' (WGs move) everywhere else (on nvlink and local the WGs' loads are
     the fast path; fixed / predicted split WGs between moving and building, which needs SM
-    movers).
-
-    The measurements (1x H200, host fabric, W = 8): ag-gemm, 8 shapes (2026-12-04): ce 1.38x
-    nccl-seq geomean, median eff* 0.977, nccl-overlap 1.33x / 0.944, sm 1.21x / 0.865; gemm-rs,
-    llama3-70b/405b out-proj + fc2 at 8k tokens (2026-12-05): ce 1.70x, sm 1.55x, nccl-overlap
-    1.59x, ce ahead of sm on every shape; ag-wgrad, llama3-70b fc1 8k (2026-12-05): ce 0.87x /
-    1.09x (tile / band items), sm 0.81x / 1.00x, nccl-overlap 1.08x (issues 30, 34)."""
+    movers). The measurements behind it: the ``mover`` field of kosmos/config.py (docs/knobs.md)."""
     if mover:
         if mover not in MOVERS:
             raise ValueError(f"mover={mover!r}: expected one of {', '.join(MOVERS)} or auto")

@@ -147,7 +147,8 @@ FIELDS: dict[str, Knob] = {k.name: k for k in (
          "1.21x / 0.865 (H200, 2026-12-04). Host gemm-rs, sm90, default sweep: ce 1.65x / 0.948, sm "
          "1.20x / 0.689, nccl-overlap 1.49x / 0.857 (H100, 2026-12-05, "
          "results/main-job-h100-20261205). Host ag-wgrad, llama3-70b fc1 8k: ce 0.87x (tile) / "
-         "1.09x (band), sm 0.81x / 1.00x, nccl-overlap 1.08x (H100, 2026-12-05)."),
+         "1.09x (band), sm 0.81x / 1.00x, nccl-overlap 1.08x (2026-12-05, first call of the day, "
+         "card not recorded)."),
     Knob("mover_bulk", _to_bool, "on | off", "-",
          "ag-gemm mma-builder movers use TMA bulk copies (needs the mma builder)."),
     Knob("max_inflight", _none_or(lambda v: _to_int(v, lo=0)), "integer >= 0 | auto",

@@ -49,6 +49,8 @@ def layer_rtol(s: "LayerShape") -> float:
     """LAYER_RTOL scaled by sqrt(F / 14336) and a 25% margin above F = 14336: 8b 0.05, 70b 0.088,
     405b 0.120 (the worst bf16 element measured there: 0.105)."""
     return LAYER_RTOL * max(1.0, (s.F / LAYER_RTOL_F) ** 0.5) * (1.25 if s.F > LAYER_RTOL_F else 1.0)
+
+
 HEAD_DIM = 128  # for a (hidden, ffn) that is not in the model catalog
 
 
