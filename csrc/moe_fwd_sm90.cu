@@ -14,8 +14,10 @@
 //   SHARED_UP m,n  math  shared expert gate/up tile, SwiGLU epilogue -> sh_up_done[m]
 //   SCAN           loader after every ROUTE: per-expert totals, block bases, segment starts
 //                        (padded to 128 rows so no tile straddles experts), and the expert
-//                        tile table in (tile j of the expert, expert) order: the first tile of
-//                        every expert needs only the first tokens' rows. -> state[2] = epoch
+//                        tile table in queue order (moe_params.h queue_order; demand: the tiles
+//                        of own rows expert by expert, so that the ~132 tiles in flight read
+//                        one or two experts' weights, which stay in L2, then the tiles waiting
+//                        for peer rows). -> state[2] = epoch
 //   DISPATCH b     loader after SCAN: rows of tokens 32b.. to pos(t, j) = seg_start[e] +
 //                        blk_base[t/128][e] + rank[t][j] of the sorted buffer -> arrived[tile]
 //   SHARED_DOWN    math  after its m-tile's SHARED_UPs -> sh_down_done[m]
@@ -23,14 +25,16 @@
 //                        B = W1t[e] (H x 2F, columns of n-tile n = [128 gate | 128 up], arranged
 //                        once at prepare), h = silu(g) * u (bf16) -> up_done[g]
 //   DOWN q,n       math  after every UP of tile g: h @ W2t[e] -> expert outputs (bf16) -> down_done[g]
-//   FOLD b         loader after the tiles of its tokens' choices (and the shared expert's tile):
+//   FOLD b         math   after the tiles of its tokens' choices (and the shared expert's tile;
+//                        the math warps' loads, no mainloop; one FOLD per CTA at a time):
 //                        y_t = sum over j = 0..k-1 in that order of w_tj * out[pos(t, j)]
 //                        (+ shared), fp32, one bf16 rounding: bitwise identical across calls.
 //
 // Block: the Hopper builder's 384 threads (builder_sm90.cuh): thread 32 schedules (claims,
 // watchdog-bounded waits), warp 0 issues a math item's TMA loads after pushing it into the tile
 // ring, the 128 loader-warpgroup threads run the loader items; the two math warpgroups pop math
-// items, run the wgmma mainloop and the item's epilogue, and thread 128 releases its counter.
+// items (and FOLDs), run the wgmma mainloop and the item's epilogue, and thread 128 releases
+// its counter.
 // Every wait is bounded by the watchdog (sync.cuh): on timeout the error record names the
 // waiting item's kind (queue), its index (item), the counter (flag; -1 = the scan flag) and
 // what was expected / seen; every CTA then stops claiming and the launch completes.
@@ -68,12 +72,15 @@ struct Shared {
   Ring::SharedStorage ring;
   int cmd[2];
   int last;
-  int bad;  // COMBINE / FOLD: some thread's wait failed (reset by the scheduler with each claim)
+  int bad;       // COMBINE: some thread's wait failed (reset by the scheduler with each claim)
+  int fold_bad;  // FOLD (math warps): likewise, reset by math thread 0 before the waits
+  int folds_done;  // FOLD items the math warps finished (the scheduler claims one FOLD at a time)
   const bf16* fold_src[kTB * KOSMOS_MOE_MAX_TOPK];  // expert output row of each choice
   float fold_w[kTB * KOSMOS_MOE_MAX_TOPK];
   int scan_tiles[KOSMOS_MOE_MAX_E];
   int scan_first[KOSMOS_MOE_MAX_E + 1];
   int scan_total[KOSMOS_MOE_MAX_E];
+  int scan_own[KOSMOS_MOE_MAX_E];  // tiles of expert e whose rows are all own (ready first)
 };
 constexpr int kSmemBytes = int(sizeof(Shared));
 static_assert(kSmemBytes <= 227 * 1024, "MoE kernel shared memory exceeds 227 KB");
@@ -207,6 +214,7 @@ __device__ void run_scan(const Ctx& c, Shared& s, int tid) {
     const int rows = e < a.E_tiles ? run + (a.peer_rows ? a.peer_total[e] : 0) : run;
     s_total[e] = rows;
     s_tiles[e] = e < a.E_tiles ? (rows + kBM - 1) / kBM : 0;
+    s.scan_own[e] = run == rows ? s_tiles[e] : run / kBM;  // every tile, or those below the first peer row
   }
   named_bar_sync(kBarLoader, kLoaderThreads);
   if (tid == 0) {
@@ -219,13 +227,29 @@ __device__ void run_scan(const Ctx& c, Shared& s, int tid) {
     a.meta[0] = acc;
   }
   named_bar_sync(kBarLoader, kLoaderThreads);
+  const int total = s_first[a.E], mode = a.queue_order;
+  const int* s_own = s.scan_own;
+  int own_all = 0;  // tiles of own rows only, over every expert
+  for (int f = 0; f < a.E_tiles; ++f) own_all += s_own[f];
   for (int e = tid; e < a.E_tiles; e += kLoaderThreads) {
     a.seg_start[e] = s_first[e] * kBM;
     const int nt = s_tiles[e];
+    int own_before = 0;
+    for (int f = 0; f < e; ++f) own_before += s_own[f];
     for (int j = 0; j < nt; ++j) {
-      // queue position of (tile j of expert e): tiles ordered by (j, e)
       int q = 0;
-      for (int f = 0; f < a.E; ++f) q += min(s_tiles[f], j) + ((f < e && s_tiles[f] > j) ? 1 : 0);
+      if (mode == 1) {  // fifo: tiles ordered by (j, e)
+        for (int f = 0; f < a.E; ++f) q += min(s_tiles[f], j) + ((f < e && s_tiles[f] > j) ? 1 : 0);
+      } else if (j < s_own[e]) {  // demand: own tiles by (e, j)
+        q = own_before + j;
+      } else {  // then the tiles waiting for peer rows by (j, e)
+        q = own_all;
+        for (int f = 0; f < a.E_tiles; ++f) {
+          q += max(0, min(s_tiles[f], j) - s_own[f]) + ((f < e && j >= s_own[f] && s_tiles[f] > j) ? 1 : 0);
+        }
+      }
+      if (mode == 2) q = total - 1 - q;
+      if (mode == 3) q = int((int64_t(q) * 1000003) % total);  // a prime above any tile count: a bijection
       const int g = s_first[e] + j;
       a.tile_order[q] = g;
       a.tile_expert[g] = e;
@@ -298,16 +322,20 @@ __device__ void run_combine(const Ctx& c, const Layout& L, Shared& s, int b, int
   named_bar_sync(kBarLoader, kLoaderThreads);  // s.bad read by every thread
 }
 
-// FOLD b: every thread waits for a share of the block's choices' tiles (watchdog), then
-// y_t = sum_j w_tj * out[pos(t, j)] (+ shared) in j order, fp32, one bf16 rounding. A failed
-// wait is shared through s.bad (as in COMBINE).
+// FOLD b (the 256 math threads: the fold is memory-bound, and their registers keep 8 choices'
+// loads in flight per thread): every thread waits for a share of the block's choices' tiles
+// (watchdog), then y_t = sum_j w_tj * out[pos(t, j)] (+ shared) in j order, fp32, one bf16
+// rounding. A failed wait is shared through s.fold_bad (as s.bad in COMBINE).
 __device__ void run_fold(const Ctx& c, const Layout& L, Shared& s, int b, int tid) {
+  constexpr int kN = Builder::kNumMathThreads;
   const KosmosMoeArgs& a = c.a;
   const int t0 = b * kTB;
   const int nt = min(kTB, a.T - t0);
   const int k = a.topk;
+  if (tid == 0) s.fold_bad = 0;
+  named_bar_sync(kBarMath, kN);
   bool ok = true;
-  for (int p = tid; p < nt * k; p += kLoaderThreads) {
+  for (int p = tid; p < nt * k; p += kN) {
     const int t = t0 + p / k, j = p % k;
     int e;
     const int pos = pos_of(a, t, j, &e);
@@ -323,30 +351,41 @@ __device__ void run_fold(const Ctx& c, const Layout& L, Shared& s, int b, int ti
     const uint32_t* f = c.sh_down_done + t0 / kBM;
     ok = c.wait(f, uint32_t(L.nsd), KOSMOS_MOE_FOLD, b, c.flag_id(f));
   }
-  if (!ok) s.bad = 1;
-  named_bar_sync(kBarLoader, kLoaderThreads);
-  const bool bad = s.bad != 0;
+  if (!ok) s.fold_bad = 1;
+  named_bar_sync(kBarMath, kN);
+  const bool bad = s.fold_bad != 0;
   const int chunks = a.H / 8;
   const bf16* ysh = static_cast<const bf16*>(a.ysh);
   bf16* y = static_cast<bf16*>(a.y);
-  for (int w = tid; w < nt * chunks && !bad; w += kLoaderThreads) {
+  // each thread issues the loads of up to 8 choices (and the shared expert's row) before it
+  // adds them (32 KB in flight per CTA); adds in j order
+  constexpr int kAhead = 8;
+  for (int w = tid; w < nt * chunks && !bad; w += kN) {
     const int tl = w / chunks, ch = w % chunks;
     const int t = t0 + tl;
     float acc[8];
 #pragma unroll
     for (int u = 0; u < 8; ++u) acc[u] = 0.f;
-    for (int j = 0; j < k; ++j) {
-      const float wt = s.fold_w[tl * k + j];
-      const bf16* src = s.fold_src[tl * k + j];
-      if (!src) continue;  // no output for this choice (host fabric, moe_params.h ref_slot)
-      const int4 v = ld_cg_16(src + ch * 8);
-      const bf16* h = reinterpret_cast<const bf16*>(&v);
+    int4 sh = make_int4(0, 0, 0, 0);
+    if (a.Fs) sh = ld_cg_16(ysh + int64_t(t) * a.H + ch * 8);
+    for (int j0 = 0; j0 < k; j0 += kAhead) {
+      int4 v[kAhead];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) acc[u] = fmaf(wt, __bfloat162float(h[u]), acc[u]);
+      for (int d = 0; d < kAhead; ++d) {
+        const bf16* src = j0 + d < k ? s.fold_src[tl * k + j0 + d] : nullptr;
+        v[d] = src ? ld_cg_16(src + ch * 8) : make_int4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int d = 0; d < kAhead; ++d) {
+        if (j0 + d >= k || !s.fold_src[tl * k + j0 + d]) continue;  // no output for this choice (host fabric, moe_params.h ref_slot)
+        const float wt = s.fold_w[tl * k + j0 + d];
+        const bf16* h = reinterpret_cast<const bf16*>(&v[d]);
+#pragma unroll
+        for (int u = 0; u < 8; ++u) acc[u] = fmaf(wt, __bfloat162float(h[u]), acc[u]);
+      }
     }
     if (a.Fs) {
-      const int4 v = ld_cg_16(ysh + int64_t(t) * a.H + ch * 8);
-      const bf16* h = reinterpret_cast<const bf16*>(&v);
+      const bf16* h = reinterpret_cast<const bf16*>(&sh);
 #pragma unroll
       for (int u = 0; u < 8; ++u) acc[u] += __bfloat162float(h[u]);
     }
@@ -356,7 +395,7 @@ __device__ void run_fold(const Ctx& c, const Layout& L, Shared& s, int b, int ti
     for (int u = 0; u < 8; ++u) o[u] = __float2bfloat16_rn(acc[u]);
     *reinterpret_cast<int4*>(y + int64_t(t) * a.H + ch * 8) = out;
   }
-  named_bar_sync(kBarLoader, kLoaderThreads);  // fold_src / fold_w / s.bad read by every thread
+  named_bar_sync(kBarMath, kN);  // fold_src / fold_w / s.fold_bad read by every thread
 }
 
 // ------------------------------------------------------------------------------ math items
@@ -544,7 +583,8 @@ __device__ __forceinline__ void swiglu(Accum& acc) {
   }
 }
 
-__device__ void math_loop(const Ctx& c, const Layout& L, const Params& P, Builder& builder, Ring& ring, Tracer& tr) {
+__device__ void math_loop(const Ctx& c, const Layout& L, const Params& P, Shared& s, Builder& builder, Ring& ring,
+                          Tracer& tr) {
   const KosmosMoeArgs& a = c.a;
   const int tid = int(threadIdx.x), m = tid - 128;
   for (;;) {
@@ -601,6 +641,11 @@ __device__ void math_loop(const Ctx& c, const Layout& L, const Params& P, Builde
         rel = c.down_done + g;
         break;
       }
+      case KOSMOS_MOE_FOLD:
+        run_fold(c, L, s, i, m);
+        role = kRoleFold;
+        if (tid == 128) atomicAdd(&s.folds_done, 1);
+        break;
       default:
         break;
     }
@@ -633,6 +678,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
   const int lane = tid % 32;
   const auto role = Builder::role_of(tid);
   Ring ring(s.ring, warp_idx == 0, role == Builder::Role::kMath, Builder::kNumMathThreads);
+  if (tid == 0) s.folds_done = 0;
   Builder builder(s.builder, P.bp, role);
   if (tid == 0) {
     Builder::Mainloop::prefetch_tma_descriptors(P.route);
@@ -644,10 +690,15 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
   const int rows_s = a.tiles_max * kBM;  // rows of the expert-sorted buffers
   if (role == Builder::Role::kLoader) {
     cutlass::arch::warpgroup_reg_dealloc<kLoaderRegs>();
+    int folds_claimed = 0;  // (thread kSched)
     for (;;) {
       if (tid == kSched) {
+        // a FOLD has no mainloop stages to throttle the claims: claim the next one when the math
+        // warps finished the last, so the FOLDs spread over every CTA
+        while (*reinterpret_cast<volatile int*>(&s.folds_done) < folds_claimed && !aborted(c.sc)) __nanosleep(64);
         s.bad = 0;
         s.cmd[0] = decide(c, L);
+        folds_claimed += s.cmd[0] >= 0 && (s.cmd[0] >> 24) == KOSMOS_MOE_FOLD;
       }
       named_bar_sync(kBarLoader, kLoaderThreads);  // cmd written
       const int item = s.cmd[0];
@@ -660,6 +711,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
         case KOSMOS_MOE_SHARED_DOWN:
         case KOSMOS_MOE_UP:
         case KOSMOS_MOE_DOWN:
+        case KOSMOS_MOE_FOLD:  // the math warps fold (no mainloop stages)
           if (warp_idx == 0) {
             fence_proxy_async_global();  // generic-proxy writes of other CTAs (acquired) -> this warp's TMA reads
             if (lane == 0) ring.push(item);
@@ -674,7 +726,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
               const int g = __ldcg(a.tile_order + i / L.nu);
               const int e = __ldcg(a.tile_expert + g);
               builder.produce_grouped(P.up, rows_s, 1, 0, g, 2 * a.F, a.H, a.H / kBK, a.E_tiles, e, i % L.nu);
-            } else {
+            } else if (kind == KOSMOS_MOE_DOWN) {
               const int g = __ldcg(a.tile_order + i / L.nd);
               const int e = __ldcg(a.tile_expert + g);
               builder.produce_grouped(P.down, rows_s, 1, 0, g, a.H, a.F, a.F / kBK, a.E_tiles, e, i % L.nd);
@@ -695,12 +747,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
           } else if (kind == KOSMOS_MOE_PEER_DISPATCH) {
             r = kRoleDispatch;
             run_peer_dispatch(c, i, tid);
-          } else if (kind == KOSMOS_MOE_COMBINE) {
+          } else {
             r = kRoleCombine;
             run_combine(c, L, s, i, tid);
-          } else {
-            r = kRoleFold;
-            run_fold(c, L, s, i, tid);
           }
           if (tid == kSched) tr.add(r, item, t0, tr.now());
           break;
@@ -714,7 +763,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<kMathRegs>();
-    math_loop(c, L, P, builder, ring, tr);
+    math_loop(c, L, P, s, builder, ring, tr);
   }
 
   // exit: the last CTA zeroes the per-call counters and publishes the completed call
@@ -787,7 +836,7 @@ long kosmos_moe_args_offset(int i) {
                              F(E_tiles), F(E_loc), F(peer_rows), F(ctr), F(state), F(err), F(trace), F(trace_count), F(timeout_ns), F(T),
                              F(H), F(F), F(Fs), F(E), F(topk), F(n_group), F(topk_group), F(scoring),
                              F(route_blocks), F(tiles_max), F(ctr_words), F(grid), F(trace_cap), F(spin_ns),
-                             F(debug_skip_scan), F(scale), F(reserved0), sizeof(KosmosMoeArgs)};
+                             F(debug_skip_scan), F(scale), F(queue_order), sizeof(KosmosMoeArgs)};
 #undef F
   return (i >= 0 && i < int(sizeof(off) / sizeof(off[0]))) ? off[i] : -1;
 }

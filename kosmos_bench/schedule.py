@@ -788,7 +788,13 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
             red_id[mt, nt] = rd.add(RS_REDUCE, r, m0, rows, n0, cols, dl, deps, -1, -1,
                                     float(rows * cols * (W - 1)), rows * cols * ELEM_BYTES * (W + 1))
         dest_seq = ([r] if local_first else []) + ring + ([] if local_first else [r])
-        b_demand = [build_id[d, mt, nt] for d in dest_seq for mt in range(mt_n) for nt in range(nt_n)]
+        # Each destination's tiles in groups of ~sqrt(builders) m-tiles rastered column by column
+        # (band_groups): a wave reads a few A- and B-panels, not the whole of B per m-tile or two
+        # (row-major: 0.55x cuBLAS at world 1 on N = 16384, K = 6656, H100). Pushes follow it.
+        builders_n = num_wgs - (k_movers or 0)
+        raster = [(mt, nt) for grp in band_groups(mt_n, builders_n, halve=False)
+                  for nt in range(nt_n) for mt in range(grp.start, grp.stop)]
+        b_demand = [build_id[d, mt, nt] for d in dest_seq for mt, nt in raster]
         # Movers in the order their last builder tile appears in the builder demand order.
         pos = {b: i for i, b in enumerate(b_demand)}
         pushes = sorted(push_id.items(), key=lambda kv: max(

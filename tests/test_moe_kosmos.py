@@ -71,3 +71,19 @@ def test_counter_names_for_the_watchdog():
 def test_args_struct_has_no_padding():
     sizes = sum(ctypes.sizeof(t) for _, t in moe_sm90.MoeArgs._fields_)
     assert sizes == ctypes.sizeof(moe_sm90.MoeArgs)
+
+
+@pytest.mark.parametrize("op", ["moe", "moe-bwd", "moe-step"])
+def test_policies_other_than_self_are_skipped_with_the_reason(op):
+    """The MoE kernels self-schedule only: a fixed / predicted point is a skipped row that says
+    so, never the self kernel timed under another policy's key."""
+    from kosmos_bench.impls.kosmos import KosmosImpl
+    from kosmos_bench.spec import expand, parse_sweep
+
+    data = {"op": op, "impls": ["kosmos"], "world": [8], "moe": {"presets": ["deepseek-v3"], "tokens": [2048]},
+            "kosmos": {"policy": ["self", "fixed:4", "predicted"]}}
+    pts = expand(parse_sweep(data, "t", "t"), backend="gpu", fabric="host")
+    why = {p.policy: KosmosImpl().unsupported(p) for p in pts}
+    assert why["self"] is None or "self-schedule" not in why["self"]
+    for pol in ("fixed:4", "predicted"):
+        assert f"self-schedule only (policy {pol}" in why[pol]

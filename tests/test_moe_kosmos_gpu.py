@@ -126,6 +126,36 @@ def test_host_world8(preset, routing):
         runner.close()
 
 
+@pytest.mark.parametrize("fabric,world", [("local", 1), ("local", 4), ("host", 8)])
+def test_queue_orders_same_bits(fabric, world):
+    """Every expert-tile order (moe_params.h queue_order) gives the demand order's bits, and
+    its table is a permutation of the tiles; demand without peer rows is expert-major (tile g
+    at position g), fifo is (tile j of the expert, expert)."""
+    shape = small("qwen3-235b-a22b", T=640 if fabric == "host" else 1000, world=world, routing="zipf:1.2")
+    bits, tables = {}, {}
+    for order in ("demand", "fifo", "reverse", "random"):
+        runner, inputs = make(shape, fabric=fabric, queue_order=order)
+        try:
+            bits[order] = check_call(shape, runner, inputs)
+            n = int(runner.meta[0])
+            tables[order] = runner.tile_order[:n].cpu()
+            assert torch.equal(tables[order].sort().values, torch.arange(n, dtype=torch.int32)), order
+            expert = runner.tile_expert[:n].cpu()
+        finally:
+            runner.close()
+        for r in bits[order]:
+            assert torch.equal(bits[order][r], bits["demand"][r]), f"{order}: rank {r} differs from demand"
+    assert not torch.equal(tables["fifo"], tables["demand"])
+    assert torch.equal(tables["reverse"], tables["demand"].flip(0))
+    if fabric == "local":
+        assert torch.equal(tables["demand"], torch.arange(len(expert), dtype=torch.int32))
+    j = torch.zeros_like(expert)  # tile j of its expert
+    for g in range(1, len(expert)):
+        j[g] = j[g - 1] + 1 if expert[g] == expert[g - 1] else 0
+    fifo = tables["fifo"].long()
+    assert torch.equal(fifo, torch.tensor(sorted(range(len(expert)), key=lambda g: (int(j[g]), int(expert[g])))))
+
+
 @pytest.mark.parametrize("preset", ["deepseek-v3", "qwen3-235b-a22b"])
 def test_full_width(preset):
     shape = mm.preset(preset, T=1024)

@@ -115,3 +115,15 @@ def test_backward_matches_finite_differences():
     fd = (loss(1e-2) - loss(-1e-2)) / 2e-2
     assert abs(fd - float(g["W1"][e][2, 3])) < 1e-3 * max(1.0, abs(fd))
     assert g["x"].shape == x.shape and g["Wr"].shape == Wr.shape and g["shared"] is not None
+
+
+def test_routing_mismatches_accepts_a_group_tie_only():
+    """Group-limited top-k: when the last kept group and a dropped one tie within bf16
+    precision, experts of either are accepted; experts of a clearly dropped group are not."""
+    s = tiny(E=8, topk=2, n_group=4, topk_group=1)  # groups of 2 experts, one group kept
+    raw = torch.tensor([[4.0, 3.0, 3.99, 3.0, 1.0, 0.5, 0.2, 0.1]])  # group 0 scores 7.0, group 1 6.99
+    assert m.routing_mismatches(s, torch.tensor([[0, 1]]), raw) == 0  # the reference's choice
+    assert m.routing_mismatches(s, torch.tensor([[2, 3]]), raw) == 0  # the tied group's
+    assert m.routing_mismatches(s, torch.tensor([[4, 5]]), raw) == 1  # group 2 (score 1.5): wrong
+    raw[0, 2] = 3.5  # group 1 at 6.5: no longer a tie
+    assert m.routing_mismatches(s, torch.tensor([[2, 3]]), raw) == 1

@@ -45,13 +45,14 @@ __device__ __forceinline__ PeerRow peer_row(const KosmosMoeArgs& a, int i) {
 
 // One warp copies a row of `chunks` 16-byte chunks (ld.global.cg: the source may be pinned host memory).
 __device__ __forceinline__ void copy_row(int4* dst, const int4* src, int chunks, int lane) {
-  for (int i = lane; i < chunks; i += 32 * 4) {
-    int4 v[4];
+  constexpr int kDepth = 8;  // 16-byte loads in flight per lane (a row copy is latency-bound)
+  for (int i = lane; i < chunks; i += 32 * kDepth) {
+    int4 v[kDepth];
 #pragma unroll
-    for (int u = 0; u < 4; ++u)
+    for (int u = 0; u < kDepth; ++u)
       if (i + u * 32 < chunks) v[u] = ld_cg_16(src + i + u * 32);
 #pragma unroll
-    for (int u = 0; u < 4; ++u)
+    for (int u = 0; u < kDepth; ++u)
       if (i + u * 32 < chunks) dst[i + u * 32] = v[u];
   }
 }

@@ -9,7 +9,7 @@
 #pragma once
 #include <stdint.h>
 
-#define KOSMOS_MOE_ABI_VERSION 3
+#define KOSMOS_MOE_ABI_VERSION 4
 #define KOSMOS_MOE_MAX_E 256   // experts per launch (the router tile is 256 wide)
 #define KOSMOS_MOE_MAX_TOPK 16
 #define KOSMOS_MOE_TOK_BLOCK 32  // tokens per DISPATCH / FOLD item
@@ -91,5 +91,10 @@ typedef struct KosmosMoeArgs {
   int32_t grid, trace_cap, spin_ns;
   int32_t debug_skip_scan;  // 1: the SCAN item never runs (watchdog test)
   float scale;
-  int32_t reserved0;
+  // expert-tile order of UP / DOWN (and the backward's DH / DX), set by SCAN: 0 demand (tiles
+  // whose rows are all own first, expert by expert, so the tiles in flight share one expert's
+  // weights in L2; then the tiles waiting for peer rows, first tiles of every expert first),
+  // 1 fifo (first tile of every expert, then the second...: the order dispatch fills them),
+  // 2 reverse (of demand), 3 random (a fixed permutation of demand)
+  int32_t queue_order;
 } KosmosMoeArgs;

@@ -144,6 +144,8 @@ class KosmosImpl:
         why = common_unsupported(self, point)
         if why:
             return why
+        if point.op in ("moe", "moe-bwd", "moe-step") and (point.policy or "self") != "self":
+            return f"kosmos moe: the MoE kernels self-schedule only (policy {point.policy} is not built in them)"
         if point.op in ("moe-bwd", "moe-step"):
             return _moe_unsupported(point, "kosmos_moe_bwd", "prepare_moe_bwd", "unsupported_moe_bwd")
         if point.op in DGRAD_OPS:  # the forward kernel, B_r read transposed: the sm90 builder only

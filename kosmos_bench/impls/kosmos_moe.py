@@ -32,6 +32,7 @@ import ctypes
 import numpy as np
 
 from ..kernels import moe_sm90 as K
+from ..kosmos.config import QUEUE_ORDERS
 from .kosmos import DEFAULT_TIMEOUT_S, WatchdogError
 
 DEFAULT_TRACE_CAP = 4096
@@ -74,7 +75,7 @@ def arrange_w1(W1):
 class MoeRunner:
     def __init__(self, shape, ctx, inputs, *, ranks: list[int], fabric: str = "local", timeout_s: float | None = None,
                  grid: int | None = None, spin_ns: int = 32, trace_cap: int = DEFAULT_TRACE_CAP,
-                 debug_skip_scan: bool = False, save_preact: bool = False):
+                 debug_skip_scan: bool = False, save_preact: bool = False, queue_order: str = "demand"):
         import torch
 
         host = fabric == "host" and shape.world > 1
@@ -183,6 +184,7 @@ class MoeRunner:
         a.route_blocks, a.tiles_max, a.ctr_words = nb, tm, self.ctr.numel()
         a.grid, a.trace_cap, a.spin_ns = self.grid, self.trace_cap, int(spin_ns)
         a.debug_skip_scan = int(debug_skip_scan)
+        a.queue_order = QUEUE_ORDERS.index(queue_order)  # moe_params.h queue_order: the expert-tile order
         self.args = a
         self.handle = self.lib.kosmos_moe_create()
         if not self.handle:
@@ -380,7 +382,8 @@ def prepare_moe(point, ctx, inputs, *, config=None, timeout_s: float | None = No
         raise ValueError(unsupported(shape, fabric) or f"kosmos moe: fabric {fabric}")
     ranks = list(range(shape.world)) if shape.world > 1 and fabric == "local" else [ctx.rank]
     spin_ns = getattr(config, "spin_ns", 32) if config is not None else 32
-    return MoeRunner(shape, ctx, inputs, ranks=ranks, fabric=fabric, timeout_s=timeout_s, spin_ns=spin_ns, **kw)
+    queue_order = kw.pop("queue_order", None) or getattr(config, "queue_order", None) or "demand"
+    return MoeRunner(shape, ctx, inputs, ranks=ranks, fabric=fabric, timeout_s=timeout_s, spin_ns=spin_ns, queue_order=queue_order, **kw)
 
 
 def unsupported_moe(point) -> str | None:

@@ -17,7 +17,7 @@ from . import libs
 from .abi import struct_mismatches
 
 LIB = libs.MOE_SM90
-ABI_VERSION = 3
+ABI_VERSION = 4
 MAX_E = 256
 MAX_TOPK = 16
 TOK_BLOCK = 32  # tokens per DISPATCH / FOLD item
@@ -53,7 +53,7 @@ class MoeArgs(C.Structure):
         ("n_group", I32), ("topk_group", I32), ("scoring", I32),
         ("route_blocks", I32), ("tiles_max", I32), ("ctr_words", I32),
         ("grid", I32), ("trace_cap", I32), ("spin_ns", I32),
-        ("debug_skip_scan", I32), ("scale", C.c_float), ("reserved0", I32),
+        ("debug_skip_scan", I32), ("scale", C.c_float), ("queue_order", I32),
     ]
 
 

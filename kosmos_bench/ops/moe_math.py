@@ -165,16 +165,57 @@ def shared(s: MoeShape, device, seed: int) -> tuple[torch.Tensor, torch.Tensor] 
             _randn((s.H, s.shared_F), device, base + 1, s.shared_F ** -0.5))
 
 
+def limit_groups(s: MoeShape, keys: torch.Tensor, tie: float = 0.0) -> torch.Tensor:
+    """keys (T x E) with the experts outside the kept groups at -inf (group-limited top-k: a
+    group scores the sum of its two best keys, the topk_group best groups are kept). tie > 0
+    also keeps the groups within tie (relative, as routing_mismatches) of the last kept one."""
+    if s.n_group <= 1:
+        return keys
+    g = keys.view(keys.shape[0], s.n_group, -1)
+    gscore = g.topk(min(2, g.shape[-1]), dim=-1).values.sum(-1)
+    if tie:
+        last = gscore.topk(s.topk_group, dim=-1).values[:, -1:]
+        drop = gscore < last - tie * last.abs().clamp_min(1.0)
+    else:
+        keep = gscore.topk(s.topk_group, dim=-1).indices
+        drop = torch.ones_like(gscore, dtype=torch.bool).scatter_(1, keep, False)
+    return g.masked_fill(drop[..., None], float("-inf")).view_as(keys)
+
+
 def selection_keys(s: MoeShape, logits: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """fp32 keys that top-k ranks (group-limited experts outside the kept groups: -inf)."""
-    keys = logits.float() + bias
-    if s.n_group > 1:
-        g = keys.view(keys.shape[0], s.n_group, -1)
-        gscore = g.topk(min(2, g.shape[-1]), dim=-1).values.sum(-1)
-        keep = gscore.topk(s.topk_group, dim=-1).indices
-        mask = torch.ones_like(gscore, dtype=torch.bool).scatter_(1, keep, False)
-        keys = g.masked_fill(mask[..., None], float("-inf")).view_as(keys)
-    return keys
+    return limit_groups(s, logits.float() + bias)
+
+
+def route(s: MoeShape, x: torch.Tensor, Wr: torch.Tensor, bias: torch.Tensor):
+    """fp32 reference routing: (idx T x k int64, weights T x k fp32, raw keys T x E fp32 =
+    logits + bias before the group limit: what routing_mismatches judges a routing by)."""
+    logits = x.float() @ Wr.float().t()
+    raw = logits.float() + bias
+    idx = limit_groups(s, raw).topk(s.topk, dim=-1).indices
+    return idx, weights_for(s, logits, idx), raw
+
+
+def routing_mismatches(s: MoeShape, idx: torch.Tensor, keys: torch.Tensor, tie_eps: float = 2 ** -7) -> int:
+    """Tokens whose chosen set differs from the reference's beyond a tie.
+
+    keys: the raw keys (route's third value). A choice is accepted when its key is within
+    tie_eps (bf16 precision, relative to the k-th key's magnitude) of the reference k-th key,
+    its group counted as kept when the group's score ties the last kept group's the same way
+    (a kernel's bf16 logits may keep the other group of a near-tie); duplicate or
+    out-of-range choices are always mismatches."""
+    idx = idx.long()
+    T, E = keys.shape
+    bad = (idx < 0) | (idx >= E)
+    dup = torch.zeros(T, dtype=torch.bool, device=idx.device)
+    srt = idx.sort(dim=-1).values
+    if s.topk > 1:
+        dup = (srt[:, 1:] == srt[:, :-1]).any(-1)
+    kth = limit_groups(s, keys).topk(s.topk, dim=-1).values[:, -1:]
+    got = limit_groups(s, keys, tie_eps).gather(1, idx.clamp(0, E - 1))
+    tol = tie_eps * kth.abs().clamp_min(1.0)
+    low = got < kth - tol
+    return int((bad.any(-1) | dup | low.any(-1)).sum().item())
 
 
 def weights_for(s: MoeShape, logits: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -185,34 +226,6 @@ def weights_for(s: MoeShape, logits: torch.Tensor, idx: torch.Tensor) -> torch.T
         return w / w.sum(-1, keepdim=True)
     w = torch.sigmoid(lg).gather(1, idx.long())
     return w / w.sum(-1, keepdim=True) * s.scale
-
-
-def route(s: MoeShape, x: torch.Tensor, Wr: torch.Tensor, bias: torch.Tensor):
-    """fp32 reference routing: (idx T x k int64, weights T x k fp32, keys T x E fp32)."""
-    logits = x.float() @ Wr.float().t()
-    keys = selection_keys(s, logits, bias)
-    idx = keys.topk(s.topk, dim=-1).indices
-    return idx, weights_for(s, logits, idx), keys
-
-
-def routing_mismatches(s: MoeShape, idx: torch.Tensor, keys: torch.Tensor, tie_eps: float = 2 ** -7) -> int:
-    """Tokens whose chosen set differs from the reference's beyond a tie.
-
-    A choice is accepted when its reference key is within tie_eps (bf16 precision, relative
-    to the k-th key's magnitude) of the reference k-th key; duplicate or out-of-range
-    choices are always mismatches."""
-    idx = idx.long()
-    T, E = keys.shape
-    bad = (idx < 0) | (idx >= E)
-    dup = torch.zeros(T, dtype=torch.bool, device=idx.device)
-    srt = idx.sort(dim=-1).values
-    if s.topk > 1:
-        dup = (srt[:, 1:] == srt[:, :-1]).any(-1)
-    kth = keys.topk(s.topk, dim=-1).values[:, -1:]
-    got = keys.gather(1, idx.clamp(0, E - 1))
-    tol = tie_eps * kth.abs().clamp_min(1.0)
-    low = got < kth - tol
-    return int((bad.any(-1) | dup | low.any(-1)).sum().item())
 
 
 def ffn(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
