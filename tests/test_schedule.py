@@ -532,6 +532,48 @@ def _band_sched(W, r, **kw):
     return S.build_schedule("ag-wgrad", 3000, 777 * W, 1000 * W, W, r, **kw)
 
 
+def _check_band_items(sch, W, r, group):
+    """tests below: the band schedule's items, deps and order flags (every assertion of the
+    band layout; test_band_checks_fail_on_a_broken_schedule breaks it on purpose)."""
+    M, N, K = 3000, 777 * W, 1000 * W
+    bt, nb, tn = sch.builders, sch.meta["num_bands"], S.cdiv(M, 128) * S.cdiv(N // W, 256)
+    gb = group or S.wgrad_group_bands(128, nb)
+    ng = sch.meta["num_groups"]
+    assert set(bt.col("kind")) == {S.AGW_BAND} and ng == W * S.cdiv(nb, gb) and len(bt) == ng * tn
+    assert bt.flops.sum() == 2.0 * M * (N // W) * K
+    tiles: dict = {}
+    rel = {}
+    for i, row in enumerate(bt.table.tolist()):
+        tiles.setdefault((row[2], row[4]), []).append(i)
+        if row[S.F["rel_flag"]] >= 0:
+            assert row[S.F["rel_rank"]] == r and row[S.F["rel_flag"]] not in rel
+            rel[row[S.F["rel_flag"]]] = i
+    for (m0, n0), items in tiles.items():
+        assert len(items) == ng
+        cover = np.zeros((M, N // W), dtype=np.int32)
+        m_, rr, n_, cc = bt.table[items[0], 2:6]
+        cover[m_:m_ + rr, n_:n_ + cc] += 1
+        kseen = []
+        for g, i in enumerate(items):  # natural order = group order
+            row = bt.table[i]
+            p, k0 = int(row[S.F["peer"]]), int(row[S.F["kpart"]])
+            assert p == (r + g // S.cdiv(nb, gb)) % W
+            kseen.append((p, k0))
+            d = bt.deps_of(i, sch.deps).tolist()
+            bands = [f for f in d if sch.flags.band <= f < sch.flags.built]
+            assert bands == ([] if p == r else
+                             [sch.flags.band + p * nb + k0 // 128 + j for j in range(len(bands))])
+            # order flag (g, mt, nt) at built + g*m_tiles*n_tiles + mt*n_tiles + nt (FlagLayout)
+            tile_flag = (m0 // 128) * S.cdiv(N // W, 256) + n0 // 256
+            order = [f for f in d if f >= sch.flags.built]
+            assert order == ([] if g == 0 else [sch.flags.built + (g - 1) * tn + tile_flag])
+            assert order == ([] if g == 0 else [bt.table[items[g - 1], S.F["rel_flag"]]])
+            assert row[S.F["rel_flag"]] == (-1 if g == ng - 1 else sch.flags.built + g * tn + tile_flag)
+        assert kseen == [((r + s) % W, j * 128 * gb) for s in range(W) for j in range(S.cdiv(nb, gb))]
+    assert sch.flags.num_flags == sch.flags.built + ng * tn
+    assert np.all(sch.flag_mult[sch.flags.built:] == 1)
+
+
 @pytest.mark.parametrize("W", [1, 2, 3, 8])
 @pytest.mark.parametrize("group", [None, 1, 3])
 def test_wgrad_band_items_cover_every_tile_once_per_group(W, group):
@@ -542,42 +584,26 @@ def test_wgrad_band_items_cover_every_tile_once_per_group(W, group):
     for r in sorted({0, W - 1}):
         sch = _band_sched(W, r, wgrad_group=group)
         _check_queues(sch)
-        bt, nb, tn = sch.builders, sch.meta["num_bands"], S.cdiv(M, 128) * S.cdiv(N // W, 256)
-        gb = group or S.wgrad_group_bands(128, nb)
-        ng = sch.meta["num_groups"]
-        assert set(bt.col("kind")) == {S.AGW_BAND} and ng == W * S.cdiv(nb, gb) and len(bt) == ng * tn
-        assert bt.flops.sum() == 2.0 * M * (N // W) * K
-        tiles: dict = {}
-        rel = {}
-        for i, row in enumerate(bt.table.tolist()):
-            tiles.setdefault((row[2], row[4]), []).append(i)
-            if row[S.F["rel_flag"]] >= 0:
-                assert row[S.F["rel_rank"]] == r and row[S.F["rel_flag"]] not in rel
-                rel[row[S.F["rel_flag"]]] = i
-        for (m0, n0), items in tiles.items():
-            assert len(items) == ng
-            cover = np.zeros((M, N // W), dtype=np.int32)
-            m_, rr, n_, cc = bt.table[items[0], 2:6]
-            cover[m_:m_ + rr, n_:n_ + cc] += 1
-            kseen = []
-            for g, i in enumerate(items):  # natural order = group order
-                row = bt.table[i]
-                p, k0 = int(row[S.F["peer"]]), int(row[S.F["kpart"]])
-                assert p == (r + g // S.cdiv(nb, gb)) % W
-                kseen.append((p, k0))
-                d = bt.deps_of(i, sch.deps).tolist()
-                bands = [f for f in d if sch.flags.band <= f < sch.flags.built]
-                assert bands == ([] if p == r else
-                                 [sch.flags.band + p * nb + k0 // 128 + j for j in range(len(bands))])
-                # order flag (g, mt, nt) at built + g*m_tiles*n_tiles + mt*n_tiles + nt (FlagLayout)
-                tile_flag = (m0 // 128) * S.cdiv(N // W, 256) + n0 // 256
-                order = [f for f in d if f >= sch.flags.built]
-                assert order == ([] if g == 0 else [sch.flags.built + (g - 1) * tn + tile_flag])
-                assert order == ([] if g == 0 else [bt.table[items[g - 1], S.F["rel_flag"]]])
-                assert row[S.F["rel_flag"]] == (-1 if g == ng - 1 else sch.flags.built + g * tn + tile_flag)
-            assert kseen == [((r + s) % W, j * 128 * gb) for s in range(W) for j in range(S.cdiv(nb, gb))]
-        assert sch.flags.num_flags == sch.flags.built + ng * tn
-        assert np.all(sch.flag_mult[sch.flags.built:] == 1)
+        _check_band_items(sch, W, r, group)
+
+
+@pytest.mark.parametrize("break_it", ["drop_order_dep", "last_releases", "other_tile_flag"])
+def test_band_checks_fail_on_a_broken_schedule(break_it):
+    """The order-flag assertions of _check_band_items catch each way the chain can break."""
+    sch = _band_sched(2, 0)
+    bt, tn = sch.builders, S.cdiv(3000, 128) * S.cdiv(777, 256)
+    items = [i for i, row in enumerate(bt.table.tolist()) if (row[2], row[4]) == (0, 0)]
+    if break_it == "drop_order_dep":  # group 1 of tile (0, 0) no longer waits for group 0
+        d0 = int(bt.table[items[1], S.F["dep_begin"]])
+        for k in range(int(bt.table[items[1], S.F["dep_count"]])):
+            if sch.deps[d0 + k] >= sch.flags.built:
+                sch.deps[d0 + k] = sch.flags.entry
+    elif break_it == "last_releases":
+        bt.table[items[-1], S.F["rel_flag"]] = sch.flags.built + (len(items) - 1) * tn
+    else:  # group 0 of tile (0, 0) releases tile (0, 1)'s order flag
+        bt.table[items[0], S.F["rel_flag"]] += 1
+    with pytest.raises(AssertionError):
+        _check_band_items(sch, 2, 0, None)
 
 
 def test_wgrad_band_demand_order_follows_the_movers_and_every_order_keeps_each_tiles_groups():
