@@ -381,9 +381,16 @@ def prepare_moe(point, ctx, inputs, *, config=None, timeout_s: float | None = No
     if shape.world > 1 and fabric not in ("local", "host"):
         raise ValueError(unsupported(shape, fabric) or f"kosmos moe: fabric {fabric}")
     ranks = list(range(shape.world)) if shape.world > 1 and fabric == "local" else [ctx.rank]
-    spin_ns = getattr(config, "spin_ns", 32) if config is not None else 32
-    queue_order = kw.pop("queue_order", None) or getattr(config, "queue_order", None) or "demand"
-    return MoeRunner(shape, ctx, inputs, ranks=ranks, fabric=fabric, timeout_s=timeout_s, spin_ns=spin_ns, queue_order=queue_order, **kw)
+    return MoeRunner(shape, ctx, inputs, ranks=ranks, fabric=fabric, timeout_s=timeout_s, **runner_settings(config, kw))
+
+
+def runner_settings(config, kw: dict) -> dict:
+    """The MoE runners' keyword arguments: kw (a caller's explicit ones win) with spin_ns and
+    queue_order taken from the point's KosmosConfig when kw has none."""
+    out = dict(kw)
+    out.setdefault("spin_ns", getattr(config, "spin_ns", 32) if config is not None else 32)
+    out["queue_order"] = out.get("queue_order") or getattr(config, "queue_order", None) or "demand"
+    return out
 
 
 def unsupported_moe(point) -> str | None:

@@ -34,7 +34,7 @@ import ctypes
 
 from ..kernels import moe_bwd_sm90 as K
 from .kosmos import DEFAULT_TIMEOUT_S
-from .kosmos_moe import DEFAULT_TRACE_CAP, MoeRunner, raise_on_watchdog, sync_quietly, traced_call, unsupported
+from .kosmos_moe import DEFAULT_TRACE_CAP, MoeRunner, raise_on_watchdog, runner_settings, sync_quietly, traced_call, unsupported
 
 
 def unsupported_bwd(shape, fabric: str) -> str | None:
@@ -215,11 +215,9 @@ def prepare_moe_bwd(point, ctx, inputs, *, config=None, timeout_s: float | None 
     if shape.world > 1 and fabric not in ("local", "host"):
         raise ValueError(unsupported_bwd(shape, fabric))
     ranks = list(range(shape.world)) if shape.world > 1 and fabric == "local" else [ctx.rank]
-    spin_ns = getattr(config, "spin_ns", 32) if config is not None else 32
-    queue_order = kw.pop("queue_order", None) or getattr(config, "queue_order", None) or "demand"
     step = getattr(point, "op", "moe-bwd") == "moe-step"
     return MoeBwdRunner(shape, ctx, inputs, ranks=ranks, step=step, fabric=fabric, timeout_s=timeout_s,
-                        spin_ns=spin_ns, queue_order=queue_order, **kw)
+                        **runner_settings(config, kw))
 
 
 def unsupported_moe_bwd(point) -> str | None:
