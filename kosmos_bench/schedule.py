@@ -607,7 +607,7 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
                    stream_k: bool = False, band_group: int | str | None = None,
                    tail_bands: int | None = None, ramp: bool | None = None, halve: bool = True,
                    local_group: int | None = None, max_inflight: int | None = None,
-                   wgrad_items: str = "tile", wgrad_group: int | None = None) -> RankSchedule:
+                   wgrad_items: str = "band", wgrad_group: int | None = None) -> RankSchedule:
     """The schedule of one rank. ``num_wgs`` is the WG count of THIS rank (on the local
     fabric: ``np.diff(wg_starts(G, W))[rank]``). ``local_first`` defaults to True for
     ag-gemm and False (local destination last) for gemm-rs. ``fabric='host'`` adds the

@@ -57,12 +57,15 @@ def test_simulated_layer_step_and_its_summary():
     assert "T=8192 H=8192 F=28672 W=8" in lines[0] and "1.10-1.28x" in lines[-1] and "rank-0 view" in lines[-1]
 
 
+TILE = (("wgrad_items", "tile"),)  # the tile-resident items (band items are the default)
+
+
 def test_kosmos_ag_wgrad_on_the_simulator():
     """kosmos ag-wgrad's own schedule with SM movers on every fabric: tiles start on the own rows (at
     once) and end after the last band's work; self compared with predicted; no deadlock on local W=2..8."""
     from kosmos_bench.sim import engine, model, profiles
 
-    p = Point("ag-wgrad", "kosmos", 8192, 28672, 8192, 8, backend="sim", policy="self", mover="sm")
+    p = Point("ag-wgrad", "kosmos", 8192, 28672, 8192, 8, backend="sim", policy="self", mover="sm", knobs=TILE)
     f, trace = sim.run_point(p)
     assert f["builder"] == "sm90" and f["max_inflight_movers"] >= 1 and f["num_movers"] is None
     assert set(trace["role"]) >= {"BUILD", "MOVE"}
@@ -94,8 +97,8 @@ def test_kosmos_ag_wgrad_copy_engine_movers_on_the_simulator(items):
     from kosmos_bench.sim import engine, model, profiles
 
     prof = profiles.load(sim.profiles.default_for("host", 8))
-    knobs = (("wgrad_items", "band"),) if items == "band" else ()
-    p = Point("ag-wgrad", "kosmos", 8192, 28672, 8192, 8, backend="sim", policy="self", knobs=knobs)
+    p = Point("ag-wgrad", "kosmos", 8192, 28672, 8192, 8, backend="sim", policy="self",
+              knobs=(("wgrad_items", items),))
     ce, sm = p.replace(mover="ce"), p.replace(mover="sm")
     built = model.build(ce, prof)
     res = engine.simulate(built.problem)
@@ -121,9 +124,9 @@ def test_kosmos_ag_wgrad_band_items_on_the_simulator():
     from kosmos_bench.kosmos.config import KosmosConfig
     from kosmos_bench.sim import model, profiles
 
-    p = Point("ag-wgrad", "kosmos", 8192, 57344, 8192, 8, backend="sim", policy="self")
-    band = p.replace(knobs=(("wgrad_items", "band"),))
-    assert KosmosConfig.from_point(band).wgrad_items == "band"
+    band = Point("ag-wgrad", "kosmos", 8192, 57344, 8192, 8, backend="sim", policy="self")
+    p = band.replace(knobs=TILE)
+    assert KosmosConfig.from_point(band).wgrad_items == "band"  # the default
     built = model.build(band, profiles.load(sim.profiles.default_for("host", 8)))
     assert built.problem.end_dep_ptr is None and built.scheds[0].meta["num_groups"] == 8
     t_tile, t_band = sim.simulate_point(p)[0]["t_median_us"], sim.simulate_point(band)[0]["t_median_us"]
@@ -134,4 +137,4 @@ def test_kosmos_ag_wgrad_band_items_on_the_simulator():
         assert sim.simulate_point(q)[0]["t_median_us"] > 0
     assert KosmosImpl().unsupported(band.replace(backend="gpu", M=264, N=1088, K=1600)) is None  # the carry kernel
     with pytest.raises(sim.Unsupported, match="wgrad_group=2"):
-        sim.simulate_point(p.replace(knobs=(("wgrad_group", 2),)))
+        sim.simulate_point(p.replace(knobs=(("wgrad_group", 2),) + TILE))

@@ -310,7 +310,7 @@ def _wgrad_plan(M, N, K, W, chunk=1, items="tile", group=0, wgs=132):
     from kosmos_bench.kosmos.plan import plan
     from kosmos_bench.point import Point
 
-    knobs = (("wgrad_group", group), ("wgrad_items", items)) if items == "band" else ()
+    knobs = (("wgrad_items", items),) + ((("wgrad_group", group),) if items == "band" else ())
     p = Point("ag-wgrad", "kosmos", M, N, K, W, fabric="host", policy="self", mover="ce", chunk=chunk, knobs=knobs)
     return plan(p, KosmosConfig.from_point(p), {0: wgs}, builder="sm90")
 

@@ -96,7 +96,7 @@ def test_ag_wgrad_points_kosmos_takes_and_refuses():
     for mover in ("ce", "sm"):  # band items: the carry-epilogue kernel (tests/test_wgrad_band.py)
         assert impl.unsupported(p.replace(mover=mover, knobs=(("wgrad_items", "band"),))) is None
         assert impl.unsupported(p.replace(mover=mover, knobs=(("wgrad_items", "band"), ("wgrad_group", 1)))) is None
-    assert "wgrad_items=band only" in impl.unsupported(p.replace(knobs=(("wgrad_group", 2),)))
+    assert "wgrad_items=band only" in impl.unsupported(p.replace(knobs=(("wgrad_group", 2), ("wgrad_items", "tile"))))
     assert "multiple of 8" in impl.unsupported(p.replace(M=260))
     assert "divisible" in impl.unsupported(p.replace(K=1601))
     assert "bf16" in impl.unsupported(p.replace(dtype="fp16"))

@@ -79,12 +79,13 @@ def test_awkward_item_counts(op, W):
 def test_orders_are_permutations(op, order):
     W = 4
     K = 1000 if op == "ag-gemm" else 1000 * W
-    a = S.build_schedule(op, 3000 * W, 777 * W, K, W, 1, queue_order=order, seed=3, num_wgs=8)
-    b = S.build_schedule(op, 3000 * W, 777 * W, K, W, 1, queue_order=order, seed=3, num_wgs=8)
+    kw = {"wgrad_items": "tile"}  # band items keep each tile's groups in order: test_wgrad_band_demand_order...
+    a = S.build_schedule(op, 3000 * W, 777 * W, K, W, 1, queue_order=order, seed=3, num_wgs=8, **kw)
+    b = S.build_schedule(op, 3000 * W, 777 * W, K, W, 1, queue_order=order, seed=3, num_wgs=8, **kw)
     _check_queues(a)
     for ta, tb in zip(a.queues, b.queues):
         assert np.array_equal(ta.queue, tb.queue), "deterministic for a seed"
-    d = S.build_schedule(op, 3000 * W, 777 * W, K, W, 1, queue_order="demand", num_wgs=8)
+    d = S.build_schedule(op, 3000 * W, 777 * W, K, W, 1, queue_order="demand", num_wgs=8, **kw)
     if order == "reverse":
         assert np.array_equal(a.builders.queue, d.builders.queue[::-1])
     if order == "fifo":
@@ -451,7 +452,8 @@ def test_wgrad_items_cover_c_and_every_k(W):
     order by rank (never by arrival), with kpart = rows per band."""
     M, N, K = 3000, 777 * W, 1000 * W  # k_loc 1000: 7 bands of 128 rows + one of 104
     for r in sorted({0, W - 1}):
-        sch = S.build_schedule("ag-wgrad", M, N, K, W, r, BM=128, BN=256, num_wgs=16, mover_bytes=64 * 1024)
+        sch = S.build_schedule("ag-wgrad", M, N, K, W, r, BM=128, BN=256, num_wgs=16, mover_bytes=64 * 1024,
+                               wgrad_items="tile")
         _check_queues(sch)
         bt, mv = sch.builders, sch.movers
         assert set(bt.col("kind")) == {S.AGW_BUILD} and len(sch.reduces) == 0
@@ -483,9 +485,10 @@ def test_wgrad_items_cover_c_and_every_k(W):
 def test_wgrad_k_order_is_the_ranks_not_the_queue_order():
     """Every queue order permutes the items; the tiles' K order (deps) stays the rank's."""
     W, r = 4, 2
-    base = S.build_schedule("ag-wgrad", 512, 1024, 4096, W, r, BM=128, BN=256, num_wgs=8)
+    kw = {"BM": 128, "BN": 256, "num_wgs": 8, "wgrad_items": "tile"}
+    base = S.build_schedule("ag-wgrad", 512, 1024, 4096, W, r, **kw)
     for order in ORDERS:
-        sch = S.build_schedule("ag-wgrad", 512, 1024, 4096, W, r, BM=128, BN=256, num_wgs=8, queue_order=order, seed=3)
+        sch = S.build_schedule("ag-wgrad", 512, 1024, 4096, W, r, queue_order=order, seed=3, **kw)
         _check_queues(sch)
         assert all(sch.builders.deps_of(i, sch.deps).tolist() == _wgrad_k_order(base) for i in range(len(sch.builders)))
     peers = [(f - base.flags.band) // base.meta["num_bands"] for f in _wgrad_k_order(base)]
@@ -503,8 +506,9 @@ def test_wgrad_always_has_a_mover_cap():
 
 
 def test_wgrad_without_a_cap_deadlocks_in_the_step_model():
-    """Why the cap: with none, every WG claims a tile (always ready) and waits inside it."""
-    sch = S.build_all("ag-wgrad", 64 * 8, 64 * 12, 64 * 3, 3, 6, BM=64, BN=64)
+    """Why the cap: with none, every WG claims a tile (always ready) and waits inside it (tile items;
+    band items wait at claim time)."""
+    sch = S.build_all("ag-wgrad", 64 * 8, 64 * 12, 64 * 3, 3, 6, BM=64, BN=64, wgrad_items="tile")
     for s in sch:
         s.max_inflight = 0
     with pytest.raises(RuntimeError, match="deadlock"):

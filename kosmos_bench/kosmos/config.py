@@ -182,8 +182,7 @@ FIELDS: dict[str, Knob] = {k.name: k for k in (
          "Bands per regular group of the rank's own bands (an ablation of the raster: L2 reuse, "
          "hence power at the 700 W limit)."),
     Knob("wgrad_items", _choice("tile", "band"), "tile | band",
-         "tile (band is faster; it becomes the default once the layer step has run with it on a GPU: "
-         "docs/notes/gpu-pending.md)",
+         "band (measured ahead of tile on every ag-wgrad shape and layer step)",
          "ag-wgrad builder items: tile (one C tile over all of K, waiting per band inside it) or band "
          "((band group, tile) partials added in a fixed per-tile order into an fp32 carry, queued as "
          "the movers deliver). `sweep ag-wgrad --policy self` (host W=8, 12 shapes, mover auto = ce, "
@@ -223,7 +222,7 @@ class KosmosConfig:
     band_ramp: bool | None = None
     band_halve: bool = True
     local_group: int = 0
-    wgrad_items: str = "tile"
+    wgrad_items: str = "band"
     wgrad_group: int = 0
     ahead_blocks: int = 24
     spin_ns: int = 32
