@@ -38,7 +38,7 @@
 //   WG2 e,m,n        math   arrived of every tile of e
 //   SHARED_WG1 r,m,n math   sdh_done of rank r's blocks
 //   WG1 e,m,n        math   dh_done of every tile of e
-//   FOLD b           loader dx_done of its choices' tiles, xr_done, sdx_done (128 threads wait)
+//   FOLD b           math   dx_done of its choices' tiles, xr_done, sdx_done (the 256 math threads wait)
 //
 // Host fabric (rank-0 view, ops/moe_host_bwd.py): a choice of a remote expert has its row in the
 // owner's buffers (the forward's ref_slot; -1: the reference routing made no such choice, nothing
@@ -117,7 +117,9 @@ struct Shared {
   Ring::SharedStorage ring;
   int cmd[2];
   int last;
-  int bad;  // FOLD: some thread's wait failed (reset by the scheduler with each claim)
+  int bad;  // PEER_COMBINE: some thread's wait failed (reset by the scheduler with each claim)
+  int fold_bad;    // FOLD (math warps): likewise, reset by math thread 0 before the waits
+  int folds_done;  // FOLD items the math warps finished (the scheduler claims one FOLD at a time)
   const bf16* fold_src[kTB * KOSMOS_MOE_MAX_TOPK];  // dxs row of each choice
 };
 constexpr int kSmemBytes = int(sizeof(Shared));
@@ -259,7 +261,7 @@ __device__ int decide(const Ctx& c, const Layout& L) {
                                           : c.wait(c.dh_done() + g, uint32_t(L.nF), kind, i);
         break;
       }
-      default:  // SHARED_DH, PEER_GATHER, PAD, SHARED_WG2: inputs only; PEER_COMBINE, FOLD: their 128 threads wait
+      default:  // SHARED_DH, PEER_GATHER, PAD, SHARED_WG2: inputs only; PEER_COMBINE, FOLD: their threads wait
         break;
     }
     if (!ok) return -1;
@@ -415,19 +417,24 @@ __device__ void run_peer_combine(const Ctx& c, const Layout& L, Shared& s, int b
   named_bar_sync(kBarLoader, kLoaderThreads);  // s.bad read by every thread
 }
 
-// FOLD b: every thread waits for a share of the block's choices' DX tiles (watchdog), thread 0
-// for the router's and the shared expert's dx tiles; then dx_t = sum_j dxs[pos(t, j)] in j
-// order + dxr_t + dxsh_t, fp32, one bf16 rounding. A failed wait (abort) is shared through
-// s.bad so that all 128 threads take the same path through the barriers.
+// FOLD b (the 256 math threads: the fold is memory-bound, and their registers keep 8 choices'
+// loads in flight per thread; one FOLD per CTA at a time): every thread waits for a share of the
+// block's choices' DX tiles (watchdog), thread 0 for the router's and the shared expert's dx
+// tiles; then dx_t = sum_j dxs[pos(t, j)] in j order + dxr_t + dxsh_t, fp32, one bf16 rounding. A
+// failed wait (abort) is shared through s.fold_bad so that all 256 threads take the same path
+// through the barriers.
 __device__ void run_fold(const Ctx& c, const Layout& L, Shared& s, int b, int tid) {
+  constexpr int kN = BuilderN::kNumMathThreads;
   const KosmosMoeBwdArgs& a = c.a;
   const KosmosMoeArgs& f = a.f;
   const int t0 = b * kTB;
   const int nt = min(kTB, f.T - t0);
   const int k = f.topk;
   const bf16* dxs = static_cast<const bf16*>(a.dxs);
+  if (tid == 0) s.fold_bad = 0;
+  named_bar_sync(kBarMath, kN);
   bool ok = true;
-  for (int p = tid; p < nt * k; p += kLoaderThreads) {
+  for (int p = tid; p < nt * k; p += kN) {
     const int t = t0 + p / k, j = p % k;
     int e;
     const int pos = pos_of(f, t, j, &e);
@@ -438,42 +445,49 @@ __device__ void run_fold(const Ctx& c, const Layout& L, Shared& s, int b, int ti
   }
   if (tid == 0 && ok) ok = c.wait(c.xr_done() + t0 / kBM, uint32_t(L.nH), KOSMOS_MOE_BWD_FOLD, b);
   if (tid == 0 && ok && f.Fs) ok = c.wait(c.sdx_done() + t0 / kBM, uint32_t(L.nH), KOSMOS_MOE_BWD_FOLD, b);
-  if (!ok) s.bad = 1;
-  named_bar_sync(kBarLoader, kLoaderThreads);
-  const bool bad = s.bad != 0;
-  if (!bad) {
-    const int chunks = f.H / 8;
-    const bf16* dxr = static_cast<const bf16*>(a.dxr);
-    const bf16* dxsh = static_cast<const bf16*>(a.dxsh);
-    bf16* dx = static_cast<bf16*>(a.dx);
-    for (int w = tid; w < nt * chunks; w += kLoaderThreads) {
-      const int tl = w / chunks, ch = w % chunks;
-      const int64_t t = t0 + tl;
-      float acc[8];
+  if (!ok) s.fold_bad = 1;
+  named_bar_sync(kBarMath, kN);
+  const bool bad = s.fold_bad != 0;
+  const int chunks = f.H / 8;
+  const bf16* dxr = static_cast<const bf16*>(a.dxr);
+  const bf16* dxsh = static_cast<const bf16*>(a.dxsh);
+  bf16* dx = static_cast<bf16*>(a.dx);
+  constexpr int kAhead = 8;  // loads issued before they are added (32 KB in flight per CTA); adds in j order
+  for (int w = tid; w < nt * chunks && !bad; w += kN) {
+    const int tl = w / chunks, ch = w % chunks;
+    const int64_t t = t0 + tl;
+    float acc[8];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) acc[u] = 0.f;
-      for (int j = 0; j < k; ++j) {
-        const bf16* src = s.fold_src[tl * k + j];
-        if (!src) continue;  // no row for this choice (host fabric, moe_params.h ref_slot)
-        const int4 v = ld_cg_16(src + ch * 8);
-        const bf16* h = reinterpret_cast<const bf16*>(&v);
+    for (int u = 0; u < 8; ++u) acc[u] = 0.f;
+    const int4 vr = ld_cg_16(dxr + t * f.H + ch * 8);
+    const int4 vs = f.Fs ? ld_cg_16(dxsh + t * f.H + ch * 8) : make_int4(0, 0, 0, 0);
+    for (int j0 = 0; j0 < k; j0 += kAhead) {
+      int4 v[kAhead];
+#pragma unroll
+      for (int d = 0; d < kAhead; ++d) {
+        const bf16* src = j0 + d < k ? s.fold_src[tl * k + j0 + d] : nullptr;
+        v[d] = src ? ld_cg_16(src + ch * 8) : make_int4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int d = 0; d < kAhead; ++d) {
+        if (j0 + d >= k || !s.fold_src[tl * k + j0 + d]) continue;  // no row (host fabric, moe_params.h ref_slot)
+        const bf16* h = reinterpret_cast<const bf16*>(&v[d]);
 #pragma unroll
         for (int u = 0; u < 8; ++u) acc[u] += __bfloat162float(h[u]);
       }
-      for (int src = 0; src < (f.Fs ? 2 : 1); ++src) {
-        const int4 v = ld_cg_16((src == 0 ? dxr : dxsh) + t * f.H + ch * 8);
-        const bf16* h = reinterpret_cast<const bf16*>(&v);
-#pragma unroll
-        for (int u = 0; u < 8; ++u) acc[u] += __bfloat162float(h[u]);
-      }
-      int4 out;
-      bf16* o = reinterpret_cast<bf16*>(&out);
-#pragma unroll
-      for (int u = 0; u < 8; ++u) o[u] = __float2bfloat16_rn(acc[u]);
-      *reinterpret_cast<int4*>(dx + t * f.H + ch * 8) = out;
     }
+    for (int src = 0; src < (f.Fs ? 2 : 1); ++src) {
+      const bf16* h = reinterpret_cast<const bf16*>(src == 0 ? &vr : &vs);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) acc[u] += __bfloat162float(h[u]);
+    }
+    int4 out;
+    bf16* o = reinterpret_cast<bf16*>(&out);
+#pragma unroll
+    for (int u = 0; u < 8; ++u) o[u] = __float2bfloat16_rn(acc[u]);
+    *reinterpret_cast<int4*>(dx + t * f.H + ch * 8) = out;
   }
-  named_bar_sync(kBarLoader, kLoaderThreads);  // fold_src and s.bad read by every thread
+  named_bar_sync(kBarMath, kN);  // fold_src and s.fold_bad read by every thread
 }
 
 // ------------------------------------------------------------------------------ math items
@@ -532,7 +546,8 @@ __device__ __forceinline__ void mma_t(BuilderN& bn, BuilderT& bt, Accum& acc, in
   bn.read_state() = bt.read_state();
 }
 
-__device__ __forceinline__ void math_loop(const Ctx& c, const Layout& L, BuilderN& bn, BuilderT& bt, Ring& ring, Tracer& tr) {
+__device__ __forceinline__ void math_loop(const Ctx& c, const Layout& L, Shared& s, BuilderN& bn, BuilderT& bt, Ring& ring,
+                                          Tracer& tr) {
   const KosmosMoeBwdArgs& a = c.a;
   const KosmosMoeArgs& f = a.f;
   const int tid = int(threadIdx.x), m = tid - 128;
@@ -652,6 +667,11 @@ __device__ __forceinline__ void math_loop(const Ctx& c, const Layout& L, Builder
         role = kRoleWgrad;
         break;
       }
+      case KOSMOS_MOE_BWD_FOLD:
+        run_fold(c, L, s, i, m);
+        role = kRoleFold;
+        if (tid == 128) atomicAdd(&s.folds_done, 1);
+        break;
       default:
         break;
     }
@@ -733,7 +753,7 @@ __device__ void produce_item(const Params& P, const Layout& L, BuilderN& bn, Bui
 
 __device__ __forceinline__ bool is_loader_item(int kind) {
   return kind == KOSMOS_MOE_BWD_GATHER || kind == KOSMOS_MOE_BWD_PEER_GATHER || kind == KOSMOS_MOE_BWD_PAD ||
-         kind == KOSMOS_MOE_BWD_PEER_COMBINE || kind == KOSMOS_MOE_BWD_FOLD;
+         kind == KOSMOS_MOE_BWD_PEER_COMBINE;
 }
 
 // ------------------------------------------------------------------------------ the kernel
@@ -756,6 +776,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_bwd_sm90_kernel(const __grid_
   const int lane = tid % 32;
   const auto role = BuilderN::role_of(tid);
   Ring ring(s.ring, warp_idx == 0, role == BuilderN::Role::kMath, BuilderN::kNumMathThreads);
+  if (tid == 0) s.folds_done = 0;
   // both builder types over the one SharedStorage (the second initialises the same barriers
   // again, before any use: harmless)
   BuilderN bn(s.builder, P.bpn, role);
@@ -773,10 +794,15 @@ __global__ void __launch_bounds__(kThreads, 1) moe_bwd_sm90_kernel(const __grid_
 
   if (role == BuilderN::Role::kLoader) {
     cutlass::arch::warpgroup_reg_dealloc<kLoaderRegs>();
+    int folds_claimed = 0;  // (thread kSched)
     for (;;) {
       if (tid == kSched) {
+        // a FOLD has no mainloop stages to throttle the claims: claim the next one when the math
+        // warps finished the last, so the FOLDs spread over every CTA
+        while (*reinterpret_cast<volatile int*>(&s.folds_done) < folds_claimed && !aborted(c.sc)) __nanosleep(64);
         s.bad = 0;
         s.cmd[0] = decide(c, L);
+        folds_claimed += s.cmd[0] >= 0 && (s.cmd[0] >> 24) == KOSMOS_MOE_BWD_FOLD;
       }
       named_bar_sync(kBarLoader, kLoaderThreads);  // cmd written
       const int item = s.cmd[0];
@@ -800,12 +826,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_bwd_sm90_kernel(const __grid_
         run_peer_gather(c, i, tid);
       } else if (kind == KOSMOS_MOE_BWD_PAD) {
         run_pad(c, i, tid);
-      } else if (kind == KOSMOS_MOE_BWD_PEER_COMBINE) {
+      } else {
         r = kRoleCombine;
         run_peer_combine(c, L, s, i, tid);
-      } else {
-        r = kRoleFold;
-        run_fold(c, L, s, i, tid);
       }
       if (tid == kSched) tr.add(r, item, t0, tr.now());
     }
@@ -816,7 +839,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_bwd_sm90_kernel(const __grid_
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<kMathRegs>();
-    math_loop(c, L, bn, bt, ring, tr);
+    math_loop(c, L, s, bn, bt, ring, tr);
   }
 
   // exit: the last CTA zeroes the per-call counters and publishes the completed call

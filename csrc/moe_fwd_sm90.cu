@@ -11,17 +11,18 @@
 //                        then per row: keys = logits + bias, group-limited top-k (ties: lower
 //                        expert id), combine weights, the row's rank among block b's rows of its
 //                        expert (deterministic: token order), per-block counts. -> ctr ROUTED
-//   SHARED_UP m,n  math  shared expert gate/up tile, SwiGLU epilogue -> sh_up_done[m]
-//   SCAN           loader after every ROUTE: per-expert totals, block bases, segment starts
-//                        (padded to 128 rows so no tile straddles experts), and the expert
+//   SCAN           main  after every ROUTE (claimed right after them, so the movers start while
+//                        the shared expert computes): per-expert totals, block bases, segment
+//                        starts (padded to 128 rows so no tile straddles experts), and the expert
 //                        tile table in queue order (moe_params.h queue_order; demand: the tiles
 //                        of own rows expert by expert, so that the ~132 tiles in flight read
 //                        one or two experts' weights, which stay in L2, then the tiles waiting
 //                        for peer rows). -> state[2] = epoch
-//   DISPATCH b     loader after SCAN: rows of tokens 32b.. to pos(t, j) = seg_start[e] +
-//                        blk_base[t/128][e] + rank[t][j] of the sorted buffer -> arrived[tile]
+//   SHARED_UP m,n  math  shared expert gate/up tile, SwiGLU epilogue -> sh_up_done[m]
+//   DISPATCH b     main  (remote experts only) rows of tokens 32b.. to the owners' send buffers
 //   SHARED_DOWN    math  after its m-tile's SHARED_UPs -> sh_down_done[m]
-//   UP q,n         math  after every row of tile g = tile_order[q] arrived: A = sorted rows,
+//   UP q,n         math  (L.up_tile: 16 queue positions at a time, n-tiles outer)
+//                        after every row of tile g = tile_order[q] arrived: A = sorted rows,
 //                        B = W1t[e] (H x 2F, columns of n-tile n = [128 gate | 128 up], arranged
 //                        once at prepare), h = silu(g) * u (bf16) -> up_done[g]
 //   DOWN q,n       math  after every UP of tile g: h @ W2t[e] -> expert outputs (bf16) -> down_done[g]
@@ -29,12 +30,17 @@
 //                        the math warps' loads, no mainloop; one FOLD per CTA at a time):
 //                        y_t = sum over j = 0..k-1 in that order of w_tj * out[pos(t, j)]
 //                        (+ shared), fp32, one bf16 rounding: bitwise identical across calls.
+// and, outside the sequence, the movers' items (their own claim counters), from SCAN on:
+//   INDEX b        movers  sorted_choice[pos(t, j)] = t * topk + j for tokens 32b.. -> ctr INDEXED
+//   GATHER 4q+p    movers  after every INDEX: own rows 32p.. of tile tile_order[q] -> arrived[tile]
+// so the own rows reach the sorted buffer tile by tile in the order UP claims them, while the
+// math warps run the shared expert (or the first tiles), instead of a dispatch phase between.
 //
-// Block: the Hopper builder's 384 threads (builder_sm90.cuh): thread 32 schedules (claims,
-// watchdog-bounded waits), warp 0 issues a math item's TMA loads after pushing it into the tile
-// ring, the 128 loader-warpgroup threads run the loader items; the two math warpgroups pop math
-// items (and FOLDs), run the wgmma mainloop and the item's epilogue, and thread 128 releases
-// its counter.
+// Block: the Hopper builder's 384 threads (builder_sm90.cuh). Loader warps 0-1: thread 32
+// schedules (claims, watchdog-bounded waits), warp 0 issues a math item's TMA loads after pushing
+// it into the tile ring, both run the loader items of the sequence; loader warps 2-3 are the
+// movers; the two math warpgroups pop math items (and FOLDs), run the wgmma mainloop and the
+// item's epilogue, and thread 128 releases its counter.
 // Every wait is bounded by the watchdog (sync.cuh): on timeout the error record names the
 // waiting item's kind (queue), its index (item), the counter (flag; -1 = the scan flag) and
 // what was expected / seen; every CTA then stops claiming and the launch completes.
@@ -56,6 +62,13 @@ using Builder = sm90::BuilderSm90<128, 256, 64, 4, true>;
 using Ring = sm90::ItemRing<4, int>;  // (kind << 24) | index, -1 = no more work
 constexpr int kThreads = Builder::kNumThreads;
 constexpr int kLoaderThreads = 128;
+// The loader warpgroup's two halves: warps 0-1 run the claim sequence (thread kSched claims, warp 0
+// issues the math items' TMA loads, both warps run its loader items); warps 2-3 are the movers,
+// which gather the own token rows into the expert-sorted buffer tile by tile in queue order
+// (INDEX, GATHER) beside whatever the math warps compute.
+constexpr int kMainThreads = 64;
+constexpr int kMoverThreads = 64;
+constexpr int kBarMover = 10;
 constexpr int kBM = Builder::kBM, kBN = Builder::kBN, kBK = Builder::kBK;
 constexpr int kTB = KOSMOS_MOE_TOK_BLOCK;
 constexpr int kBarLoader = 8;
@@ -63,7 +76,7 @@ constexpr int kBarMath = 9;
 constexpr int kSched = 32;
 constexpr int kLoaderRegs = 104;
 constexpr int kMathRegs = 200;
-static_assert(128 * kLoaderRegs + 256 * kMathRegs <= 384 * 168, "setmaxnreg beyond the CTA's registers");
+static_assert(kLoaderThreads * kLoaderRegs + 256 * kMathRegs <= 384 * 168, "setmaxnreg beyond the CTA's registers");
 // Trace roles of this kernel (kosmos_bench/kernels/moe_sm90.py ROLE_CODES).
 enum MoeRole : uint16_t { kRoleRouter = 0, kRoleDispatch = 1, kRoleExpert = 2, kRoleCombine = 3, kRoleFold = 4 };
 
@@ -71,6 +84,7 @@ struct Shared {
   Builder::SharedStorage builder;
   Ring::SharedStorage ring;
   int cmd[2];
+  int mcmd;  // the movers' claim (mover_loop)
   int last;
   int bad;       // COMBINE: some thread's wait failed (reset by the scheduler with each claim)
   int fold_bad;  // FOLD (math warps): likewise, reset by math thread 0 before the waits
@@ -98,17 +112,30 @@ static_assert(sizeof(Params) <= 32000, "kernel parameters must fit the 32 KB par
 struct Layout {
   int begin[KOSMOS_MOE_NUM_KINDS + 1];
   int nu, nd, nsu, nsd;  // n-tiles: UP (2F/256), DOWN and SHARED_DOWN (H/256), SHARED_UP (2Fs/256)
+  int tm;                // tiles_max
   __device__ Layout(const KosmosMoeArgs& a) {
+    tm = a.tiles_max;
     nu = 2 * a.F / kBN;
     nd = (a.H + kBN - 1) / kBN;
     nsu = 2 * a.Fs / kBN;
     nsd = a.Fs ? nd : 0;
     const int tb = (a.T + kTB - 1) / kTB;
     const int pb = (a.peer_rows + kTB - 1) / kTB;
-    int n[KOSMOS_MOE_NUM_KINDS] = {a.route_blocks, a.route_blocks * nsu, 1, tb, pb, a.route_blocks * nsd,
+    const int sends = a.E_tiles < a.E ? tb : 0;  // DISPATCH: rows for remote experts only
+    int n[KOSMOS_MOE_NUM_KINDS] = {a.route_blocks, 1, a.route_blocks * nsu, sends, pb, a.route_blocks * nsd,
                                    a.tiles_max * nu, a.tiles_max * nd, pb, tb};
     begin[0] = 0;
     for (int k = 0; k < KOSMOS_MOE_NUM_KINDS; ++k) begin[k + 1] = begin[k] + n[k];
+  }
+  // UP item i -> (queue position q, n-tile n): groups of kUpGroup queue positions, n-tiles outer
+  // in a group, so the ~132 items in flight read ~16 tiles' rows and ~8 n-tiles of one expert's
+  // W1 (q-major: ~8 tiles and all n-tiles, 74 MB at deepseek-v3's H 7168, F 2048: beyond L2).
+  static constexpr int kUpGroup = 16;
+  __device__ void up_tile(int i, int* q, int* n) const {
+    const int g0 = i / (kUpGroup * nu) * kUpGroup, r = i % (kUpGroup * nu);
+    const int gm = min(kUpGroup, tm - g0);
+    *q = g0 + r % gm;
+    *n = r / gm;
   }
   __device__ int kind_of(int c) const {
     int k = 0;
@@ -175,8 +202,8 @@ __device__ int decide(const Ctx& c, const Layout& L) {
       case KOSMOS_MOE_UP:
       case KOSMOS_MOE_DOWN: {
         if (!c.wait_scan(kind, i)) return -1;
-        const int n_per = kind == KOSMOS_MOE_UP ? L.nu : L.nd;
-        const int q = i / n_per;
+        int q = i / L.nd, n;
+        if (kind == KOSMOS_MOE_UP) L.up_tile(i, &q, &n);
         if (q >= ldcg(a.meta)) continue;  // beyond this call's tiles
         const int g = ldcg(a.tile_order + q);
         const uint32_t* f = kind == KOSMOS_MOE_UP ? c.arrived + g : c.up_done + g;
@@ -201,7 +228,7 @@ __device__ void run_scan(const Ctx& c, Shared& s, int tid) {
   int* s_tiles = s.scan_tiles;
   int* s_first = s.scan_first;
   int* s_total = s.scan_total;
-  for (int e = tid; e < a.E; e += kLoaderThreads) {
+  for (int e = tid; e < a.E; e += kMainThreads) {
     int run = 0;
     for (int b = 0; b < a.route_blocks; ++b) {
       const int64_t o = int64_t(b) * a.E + e;
@@ -216,7 +243,7 @@ __device__ void run_scan(const Ctx& c, Shared& s, int tid) {
     s_tiles[e] = e < a.E_tiles ? (rows + kBM - 1) / kBM : 0;
     s.scan_own[e] = run == rows ? s_tiles[e] : run / kBM;  // every tile, or those below the first peer row
   }
-  named_bar_sync(kBarLoader, kLoaderThreads);
+  named_bar_sync(kBarLoader, kMainThreads);
   if (tid == 0) {
     int acc = 0;
     for (int e = 0; e < a.E; ++e) {
@@ -226,12 +253,12 @@ __device__ void run_scan(const Ctx& c, Shared& s, int tid) {
     s_first[a.E] = acc;
     a.meta[0] = acc;
   }
-  named_bar_sync(kBarLoader, kLoaderThreads);
+  named_bar_sync(kBarLoader, kMainThreads);
   const int total = s_first[a.E], mode = a.queue_order;
   const int* s_own = s.scan_own;
   int own_all = 0;  // tiles of own rows only, over every expert
   for (int f = 0; f < a.E_tiles; ++f) own_all += s_own[f];
-  for (int e = tid; e < a.E_tiles; e += kLoaderThreads) {
+  for (int e = tid; e < a.E_tiles; e += kMainThreads) {
     a.seg_start[e] = s_first[e] * kBM;
     const int nt = s_tiles[e];
     int own_before = 0;
@@ -256,29 +283,107 @@ __device__ void run_scan(const Ctx& c, Shared& s, int tid) {
       a.tile_rows[g] = min(kBM, s_total[e] - j * kBM);
     }
   }
-  named_bar_sync(kBarLoader, kLoaderThreads);
+  named_bar_sync(kBarLoader, kMainThreads);
 }
 
-// DISPATCH b: the rows of tokens 32b.. to their sorted positions; one warp per (t, j).
+// DISPATCH b (host fabric): the rows of tokens 32b.. chosen for remote experts to the owners'
+// send buffers; one warp per (t, j). The own experts' rows are the movers' (GATHER).
 __device__ void run_dispatch(const Ctx& c, int b, int tid) {
   const KosmosMoeArgs& a = c.a;
   const int warp = tid / 32, lane = tid % 32;
   const int t0 = b * kTB;
   const int nt = min(kTB, a.T - t0);
-  const int chunks = a.H / 8;  // 16-byte chunks per row
-  for (int p = warp; p < nt * a.topk; p += kLoaderThreads / 32) {
+  for (int p = warp; p < nt * a.topk; p += kMainThreads / 32) {
     const int t = t0 + p / a.topk, j = p % a.topk;
     int e;
     const int pos = pos_of(a, t, j, &e);
+    if (e < a.E_tiles || pos < 0) continue;  // own expert, or a remote choice the reference did not make
     const int4* src = reinterpret_cast<const int4*>(static_cast<const bf16*>(a.x) + int64_t(t) * a.H);
-    const bool here = e < a.E_tiles;
-    if (pos < 0) continue;  // a remote choice the reference did not make: no send row
-    bf16* base = here ? static_cast<bf16*>(a.xs) : static_cast<bf16*>(a.send_rows[e / a.E_loc]);
-    copy_row(reinterpret_cast<int4*>(base + int64_t(pos) * a.H), src, chunks, lane);
-    if (here) {
-      __threadfence();
-      __syncwarp();
-      if (lane == 0) atomicAdd(c.arrived + pos / kBM, 1u);
+    copy_row(reinterpret_cast<int4*>(static_cast<bf16*>(a.send_rows[e / a.E_loc]) + int64_t(pos) * a.H), src,
+             a.H / 8, lane);
+  }
+}
+
+// ------------------------------------------------------------------------------ mover items
+// INDEX b: the choice (t * topk + j) of every own sorted row of tokens 32b.. (the inverse of pos_of).
+__device__ void run_index(const Ctx& c, int b, int mt) {
+  const KosmosMoeArgs& a = c.a;
+  const int t0 = b * kTB;
+  const int nt = min(kTB, a.T - t0);
+  for (int p = mt; p < nt * a.topk; p += kMoverThreads) {
+    const int t = t0 + p / a.topk, j = p % a.topk;
+    int e;
+    const int pos = pos_of(a, t, j, &e);
+    if (e < a.E_tiles) a.sorted_choice[pos] = t * a.topk + j;
+  }
+}
+
+// GATHER (tile g, part): own rows 32*part.. of sorted tile g from their tokens' rows; returns
+// how many (rows past the expert's own rows are the peers', PEER_DISPATCH's).
+__device__ int run_gather(const Ctx& c, int g, int part, int mt) {
+  constexpr int kWarps = kMoverThreads / 32;
+  const KosmosMoeArgs& a = c.a;
+  const int e = ldcg(a.tile_expert + g);
+  const int j = g - ldcg(a.seg_start + e) / kBM;  // the tile's index within its expert
+  const int own = min(kBM, ldcg(a.own_total + e) - j * kBM);
+  const int r0 = part * kTB, r1 = min(own, r0 + kTB);
+  const int warp = mt / 32, lane = mt % 32;
+  for (int r = r0 + warp; r < r1; r += kWarps) {
+    const int64_t pos = int64_t(g) * kBM + r;
+    const int t = ldcg(a.sorted_choice + pos) / a.topk;
+    copy_row<16>(reinterpret_cast<int4*>(static_cast<bf16*>(a.xs) + pos * a.H),
+                 reinterpret_cast<const int4*>(static_cast<const bf16*>(a.x) + int64_t(t) * a.H), a.H / 8, lane);
+  }
+  return max(0, r1 - r0);
+}
+
+// The movers (warps 2-3): after SCAN, INDEX items until none is left, then (every INDEX done)
+// GATHER items in queue order, so the tiles the math warps will claim first fill first. Mover
+// thread 0 claims and waits (watchdog-bounded); the others follow through s.mcmd, so a failed
+// wait or an abort takes all 64 out together.
+__device__ void mover_loop(const Ctx& c, Shared& s, Tracer& tr, int mt) {
+  const KosmosMoeArgs& a = c.a;
+  const bool lead = mt == 0;
+  const int tb = (a.T + kTB - 1) / kTB;
+  constexpr int kParts = kBM / kTB;
+  auto share = [&](int v) {  // lead's value to every mover
+    if (lead) s.mcmd = v;
+    named_bar_sync(kBarMover, kMoverThreads);
+    const int r = s.mcmd;
+    named_bar_sync(kBarMover, kMoverThreads);
+    return r;
+  };
+  if (share(lead && c.wait_scan(KOSMOS_MOE_INDEX, 0) ? 0 : -1) < 0) return;
+  for (;;) {
+    int k = -1;
+    if (lead && !aborted(c.sc)) k = int(atomicAdd(a.ctr + KOSMOS_MOE_CTR_INDEX, 1u));
+    const int b = share(k < tb ? k : -1);
+    if (b < 0) break;
+    const uint64_t t0 = lead ? tr.now() : 0;
+    run_index(c, b, mt);
+    __threadfence();
+    named_bar_sync(kBarMover, kMoverThreads);
+    if (lead) {
+      atomicAdd(a.ctr + KOSMOS_MOE_CTR_INDEXED, 1u);
+      tr.add(kRoleDispatch, (KOSMOS_MOE_INDEX << 24) | b, t0, tr.now());
+    }
+  }
+  const uint32_t* indexed = a.ctr + KOSMOS_MOE_CTR_INDEXED;
+  if (share(lead && c.wait(indexed, uint32_t(tb), KOSMOS_MOE_GATHER, 0, c.flag_id(indexed)) ? 0 : -1) < 0) return;
+  const int tiles = ldcg(a.meta);
+  for (;;) {
+    int k = -1;
+    if (lead && !aborted(c.sc)) k = int(atomicAdd(a.ctr + KOSMOS_MOE_CTR_GATHER, 1u));
+    const int i = share(k >= 0 && k / kParts < tiles ? k : -1);
+    if (i < 0) break;
+    const uint64_t t0 = lead ? tr.now() : 0;
+    const int g = ldcg(a.tile_order + i / kParts);
+    const int n = run_gather(c, g, i % kParts, mt);
+    __threadfence();
+    named_bar_sync(kBarMover, kMoverThreads);
+    if (lead) {
+      if (n) atomicAdd(c.arrived + g, uint32_t(n));
+      tr.add(kRoleDispatch, (KOSMOS_MOE_GATHER << 24) | i, t0, tr.now());
     }
   }
 }
@@ -288,7 +393,7 @@ __device__ void run_peer_dispatch(const Ctx& c, int b, int tid) {
   const KosmosMoeArgs& a = c.a;
   const int warp = tid / 32, lane = tid % 32;
   const int r1 = min(a.peer_rows, (b + 1) * kTB);
-  for (int i = b * kTB + warp; i < r1; i += kLoaderThreads / 32) {
+  for (int i = b * kTB + warp; i < r1; i += kMainThreads / 32) {
     const PeerRow pr = peer_row(a, i);
     const int4* src = reinterpret_cast<const int4*>(static_cast<const bf16*>(a.recv_rows[pr.p]) + int64_t(pr.ip) * a.H);
     copy_row(reinterpret_cast<int4*>(static_cast<bf16*>(a.xs) + int64_t(pr.dst) * a.H), src, a.H / 8, lane);
@@ -307,19 +412,19 @@ __device__ void run_combine(const Ctx& c, const Layout& L, Shared& s, int b, int
   const int warp = tid / 32, lane = tid % 32;
   const int r1 = min(a.peer_rows, (b + 1) * kTB);
   bool ok = true;
-  for (int i = b * kTB + tid; i < r1 && ok; i += kLoaderThreads) {
+  for (int i = b * kTB + tid; i < r1 && ok; i += kMainThreads) {
     const uint32_t* f = c.down_done + peer_row(a, i).dst / kBM;
     ok = c.wait(f, uint32_t(L.nd), KOSMOS_MOE_COMBINE, b, c.flag_id(f));
   }
   if (!ok) s.bad = 1;
-  named_bar_sync(kBarLoader, kLoaderThreads);
+  named_bar_sync(kBarLoader, kMainThreads);
   const bool bad = s.bad != 0;
-  for (int i = b * kTB + warp; i < r1 && !bad; i += kLoaderThreads / 32) {
+  for (int i = b * kTB + warp; i < r1 && !bad; i += kMainThreads / 32) {
     const PeerRow pr = peer_row(a, i);
     const int4* src = reinterpret_cast<const int4*>(static_cast<const bf16*>(a.os) + int64_t(pr.dst) * a.H);
     copy_row(reinterpret_cast<int4*>(static_cast<bf16*>(a.recv_out[pr.p]) + int64_t(pr.ip) * a.H), src, a.H / 8, lane);
   }
-  named_bar_sync(kBarLoader, kLoaderThreads);  // s.bad read by every thread
+  named_bar_sync(kBarLoader, kMainThreads);  // s.bad read by every thread
 }
 
 // FOLD b (the 256 math threads: the fold is memory-bound, and their registers keep 8 choices'
@@ -623,7 +728,9 @@ __device__ void math_loop(const Ctx& c, const Layout& L, const Params& P, Shared
         break;
       }
       case KOSMOS_MOE_UP: {
-        const int g = __ldcg(a.tile_order + i / L.nu), n = i % L.nu;
+        int q, n;
+        L.up_tile(i, &q, &n);
+        const int g = __ldcg(a.tile_order + q);
         builder.mma_k(acc, a.H / kBK);
         if (a.gus)
           store_preact(builder, acc, m, static_cast<bf16*>(a.gus) + int64_t(g) * kBM * 2 * a.F, a.F, n * (kBN / 2), kBM);
@@ -690,76 +797,82 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
   const int rows_s = a.tiles_max * kBM;  // rows of the expert-sorted buffers
   if (role == Builder::Role::kLoader) {
     cutlass::arch::warpgroup_reg_dealloc<kLoaderRegs>();
-    int folds_claimed = 0;  // (thread kSched)
-    for (;;) {
-      if (tid == kSched) {
-        // a FOLD has no mainloop stages to throttle the claims: claim the next one when the math
-        // warps finished the last, so the FOLDs spread over every CTA
-        while (*reinterpret_cast<volatile int*>(&s.folds_done) < folds_claimed && !aborted(c.sc)) __nanosleep(64);
-        s.bad = 0;
-        s.cmd[0] = decide(c, L);
-        folds_claimed += s.cmd[0] >= 0 && (s.cmd[0] >> 24) == KOSMOS_MOE_FOLD;
-      }
-      named_bar_sync(kBarLoader, kLoaderThreads);  // cmd written
-      const int item = s.cmd[0];
-      named_bar_sync(kBarLoader, kLoaderThreads);  // cmd read
-      if (item < 0) break;
-      const int kind = item >> 24, i = item & 0xffffff;
-      switch (kind) {
-        case KOSMOS_MOE_ROUTE:
-        case KOSMOS_MOE_SHARED_UP:
-        case KOSMOS_MOE_SHARED_DOWN:
-        case KOSMOS_MOE_UP:
-        case KOSMOS_MOE_DOWN:
-        case KOSMOS_MOE_FOLD:  // the math warps fold (no mainloop stages)
-          if (warp_idx == 0) {
-            fence_proxy_async_global();  // generic-proxy writes of other CTAs (acquired) -> this warp's TMA reads
-            if (lane == 0) ring.push(item);
-            __syncwarp();
-            if (kind == KOSMOS_MOE_ROUTE) {
-              builder.produce_grouped(P.route, a.T, 1, 0, i, 256, a.H, a.H / kBK, 1, 0, 0);
-            } else if (kind == KOSMOS_MOE_SHARED_UP) {
-              builder.produce_grouped(P.sh_up, a.T, 1, 0, i / L.nsu, 2 * a.Fs, a.H, a.H / kBK, 1, 0, i % L.nsu);
-            } else if (kind == KOSMOS_MOE_SHARED_DOWN) {
-              builder.produce_grouped(P.sh_down, a.T, 1, 0, i / L.nsd, a.H, a.Fs, a.Fs / kBK, 1, 0, i % L.nsd);
-            } else if (kind == KOSMOS_MOE_UP) {
-              const int g = __ldcg(a.tile_order + i / L.nu);
-              const int e = __ldcg(a.tile_expert + g);
-              builder.produce_grouped(P.up, rows_s, 1, 0, g, 2 * a.F, a.H, a.H / kBK, a.E_tiles, e, i % L.nu);
-            } else if (kind == KOSMOS_MOE_DOWN) {
-              const int g = __ldcg(a.tile_order + i / L.nd);
-              const int e = __ldcg(a.tile_expert + g);
-              builder.produce_grouped(P.down, rows_s, 1, 0, g, a.H, a.F, a.F / kBK, a.E_tiles, e, i % L.nd);
+    if (warp_idx >= kMainThreads / 32) {
+      mover_loop(c, s, tr, tid - kMainThreads);
+    } else {
+      int folds_claimed = 0;  // (thread kSched)
+      for (;;) {
+        if (tid == kSched) {
+          // a FOLD has no mainloop stages to throttle the claims: claim the next one when the math
+          // warps finished the last, so the FOLDs spread over every CTA
+          while (*reinterpret_cast<volatile int*>(&s.folds_done) < folds_claimed && !aborted(c.sc)) __nanosleep(64);
+          s.bad = 0;
+          s.cmd[0] = decide(c, L);
+          folds_claimed += s.cmd[0] >= 0 && (s.cmd[0] >> 24) == KOSMOS_MOE_FOLD;
+        }
+        named_bar_sync(kBarLoader, kMainThreads);  // cmd written
+        const int item = s.cmd[0];
+        named_bar_sync(kBarLoader, kMainThreads);  // cmd read
+        if (item < 0) break;
+        const int kind = item >> 24, i = item & 0xffffff;
+        switch (kind) {
+          case KOSMOS_MOE_ROUTE:
+          case KOSMOS_MOE_SHARED_UP:
+          case KOSMOS_MOE_SHARED_DOWN:
+          case KOSMOS_MOE_UP:
+          case KOSMOS_MOE_DOWN:
+          case KOSMOS_MOE_FOLD:  // the math warps fold (no mainloop stages)
+            if (warp_idx == 0) {
+              fence_proxy_async_global();  // generic-proxy writes of other CTAs (acquired) -> this warp's TMA reads
+              if (lane == 0) ring.push(item);
+              __syncwarp();
+              if (kind == KOSMOS_MOE_ROUTE) {
+                builder.produce_grouped(P.route, a.T, 1, 0, i, 256, a.H, a.H / kBK, 1, 0, 0);
+              } else if (kind == KOSMOS_MOE_SHARED_UP) {
+                builder.produce_grouped(P.sh_up, a.T, 1, 0, i / L.nsu, 2 * a.Fs, a.H, a.H / kBK, 1, 0, i % L.nsu);
+              } else if (kind == KOSMOS_MOE_SHARED_DOWN) {
+                builder.produce_grouped(P.sh_down, a.T, 1, 0, i / L.nsd, a.H, a.Fs, a.Fs / kBK, 1, 0, i % L.nsd);
+              } else if (kind == KOSMOS_MOE_UP) {
+                int q, n;
+                L.up_tile(i, &q, &n);
+                const int g = __ldcg(a.tile_order + q);
+                const int e = __ldcg(a.tile_expert + g);
+                builder.produce_grouped(P.up, rows_s, 1, 0, g, 2 * a.F, a.H, a.H / kBK, a.E_tiles, e, n);
+              } else if (kind == KOSMOS_MOE_DOWN) {
+                const int g = __ldcg(a.tile_order + i / L.nd);
+                const int e = __ldcg(a.tile_expert + g);
+                builder.produce_grouped(P.down, rows_s, 1, 0, g, a.H, a.F, a.F / kBK, a.E_tiles, e, i % L.nd);
+              }
             }
+            break;
+          default: {
+            const uint64_t t0 = (tid == kSched) ? tr.now() : 0;
+            uint16_t r = kRoleRouter;
+            if (kind == KOSMOS_MOE_SCAN) {
+              run_scan(c, s, tid);
+              __threadfence();
+              named_bar_sync(kBarLoader, kMainThreads);
+              if (tid == kSched) st_release(a.state + 2, c.sc.epoch, false);
+            } else if (kind == KOSMOS_MOE_DISPATCH) {
+              r = kRoleDispatch;
+              run_dispatch(c, i, tid);
+            } else if (kind == KOSMOS_MOE_PEER_DISPATCH) {
+              r = kRoleDispatch;
+              run_peer_dispatch(c, i, tid);
+            } else {
+              r = kRoleCombine;
+              run_combine(c, L, s, i, tid);
+            }
+            if (tid == kSched) tr.add(r, item, t0, tr.now());
+            break;
           }
-          break;
-        default: {
-          const uint64_t t0 = (tid == kSched) ? tr.now() : 0;
-          uint16_t r = kRoleRouter;
-          if (kind == KOSMOS_MOE_SCAN) {
-            run_scan(c, s, tid);
-            __threadfence();
-            named_bar_sync(kBarLoader, kLoaderThreads);
-            if (tid == kSched) st_release(a.state + 2, c.sc.epoch, false);
-          } else if (kind == KOSMOS_MOE_DISPATCH) {
-            r = kRoleDispatch;
-            run_dispatch(c, i, tid);
-          } else if (kind == KOSMOS_MOE_PEER_DISPATCH) {
-            r = kRoleDispatch;
-            run_peer_dispatch(c, i, tid);
-          } else {
-            r = kRoleCombine;
-            run_combine(c, L, s, i, tid);
-          }
-          if (tid == kSched) tr.add(r, item, t0, tr.now());
-          break;
         }
       }
-    }
-    if (warp_idx == 0) {
-      if (lane == 0) ring.push(-1);
-      __syncwarp();
-      builder.produce_tail();
+      if (warp_idx == 0) {
+        if (lane == 0) ring.push(-1);
+        __syncwarp();
+        builder.produce_tail();
+      }
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<kMathRegs>();
@@ -831,7 +944,7 @@ long kosmos_moe_args_offset(int i) {
 #define F(name) offsetof(KosmosMoeArgs, name)
   static const long off[] = {F(x), F(bias), F(y), F(routes), F(weights), F(rank), F(logits), F(blk_cnt), F(blk_base),
                              F(seg_start), F(tile_order), F(tile_expert), F(tile_rows), F(meta), F(xs), F(hs), F(os),
-                             F(hsh), F(ysh), F(gus), F(gush), F(own_total), F(ref_routes), F(ref_slot), F(peer_expert), F(peer_rel),
+                             F(hsh), F(ysh), F(gus), F(gush), F(own_total), F(sorted_choice), F(ref_routes), F(ref_slot), F(peer_expert), F(peer_rel),
                              F(peer_total), F(recv_rows), F(recv_out), F(send_rows), F(send_out), F(peer_begin),
                              F(E_tiles), F(E_loc), F(peer_rows), F(ctr), F(state), F(err), F(trace), F(trace_count), F(timeout_ns), F(T),
                              F(H), F(F), F(Fs), F(E), F(topk), F(n_group), F(topk_group), F(scoring),
@@ -861,7 +974,7 @@ int kosmos_moe_set(void* h, const KosmosMoeArgs* args, const void* wr_t, const v
   const KosmosMoeArgs& a = *args;
   if (const char* why = kosmos::moe::validate(a.T, a.H, a.F, a.Fs, a.E, a.topk, a.n_group, a.topk_group))
     return fail(KOSMOS_ERR_INVALID, "%s", why);
-  if (!a.x || !a.y || !a.xs || !a.hs || !a.os || !a.ctr || !a.state || !a.err || !wr_t || !w1_t || !w2_t)
+  if (!a.x || !a.y || !a.xs || !a.hs || !a.os || !a.sorted_choice || !a.ctr || !a.state || !a.err || !wr_t || !w1_t || !w2_t)
     return fail(KOSMOS_ERR_INVALID, "moe sm90: null buffer");
   if (a.Fs && (!ws1_t || !ws2_t || !a.hsh || !a.ysh)) return fail(KOSMOS_ERR_INVALID, "moe sm90: null shared-expert buffer");
   if (a.gush && !a.Fs) return fail(KOSMOS_ERR_INVALID, "moe sm90: shared pre-activations without a shared expert");

@@ -185,7 +185,7 @@ def test_watchdog_names_the_waiting_item():
     runner, inputs = make(shape, timeout_s=0.2, debug_skip_scan=True)
     try:
         runner.run()
-        with pytest.raises(WatchdogError, match=r"(DISPATCH|UP|DOWN|FOLD) item \d+ .*scan flag"):
+        with pytest.raises(WatchdogError, match=r"(INDEX|DISPATCH|UP|DOWN|FOLD) item \d+ .*scan flag"):
             runner.check()
         runner.set_debug_skip_scan(False)  # the protocol state recovers: the next call is right
         check_call(shape, runner, inputs)

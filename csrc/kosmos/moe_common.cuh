@@ -43,9 +43,10 @@ __device__ __forceinline__ PeerRow peer_row(const KosmosMoeArgs& a, int i) {
   return PeerRow{p, i - a.peer_begin[p], ldcg(a.seg_start + e) + ldcg(a.own_total + e) + a.peer_rel[i]};
 }
 
-// One warp copies a row of `chunks` 16-byte chunks (ld.global.cg: the source may be pinned host memory).
+// One warp copies a row of `chunks` 16-byte chunks (ld.global.cg: the source may be pinned host
+// memory), kDepth 16-byte loads in flight per lane (a row copy is latency-bound).
+template <int kDepth = 8>
 __device__ __forceinline__ void copy_row(int4* dst, const int4* src, int chunks, int lane) {
-  constexpr int kDepth = 8;  // 16-byte loads in flight per lane (a row copy is latency-bound)
   for (int i = lane; i < chunks; i += 32 * kDepth) {
     int4 v[kDepth];
 #pragma unroll

@@ -9,18 +9,19 @@
 #pragma once
 #include <stdint.h>
 
-#define KOSMOS_MOE_ABI_VERSION 4
+#define KOSMOS_MOE_ABI_VERSION 5
 #define KOSMOS_MOE_MAX_E 256   // experts per launch (the router tile is 256 wide)
 #define KOSMOS_MOE_MAX_TOPK 16
-#define KOSMOS_MOE_TOK_BLOCK 32  // tokens per DISPATCH / FOLD item
+#define KOSMOS_MOE_TOK_BLOCK 32  // tokens per DISPATCH / INDEX / FOLD item, rows per GATHER item
 
-// Item kinds, in claim order (also the error record's `queue` and the trace record's item high byte).
+// Item kinds, in claim order (also the error record's `queue` and the trace record's item high byte);
+// INDEX and GATHER are the movers' (their own counters, outside the claim sequence).
 enum KosmosMoeKind {
   KOSMOS_MOE_ROUTE = 0,       // 128 tokens: router logits (builder tile), top-k, weights, per-block counts
-  KOSMOS_MOE_SHARED_UP = 1,   // shared expert gate/up tile (128 tokens x 256 of 2*Fs), SwiGLU epilogue
-  KOSMOS_MOE_SCAN = 2,        // per-expert offsets, block bases, the expert tile table
-  KOSMOS_MOE_DISPATCH = 3,    // 32 tokens: rows -> their places in the expert-sorted buffer (own experts)
-                              //   or in the owner's send buffer (host fabric: pinned host memory)
+  KOSMOS_MOE_SCAN = 1,        // per-expert offsets, block bases, the expert tile table
+  KOSMOS_MOE_SHARED_UP = 2,   // shared expert gate/up tile (128 tokens x 256 of 2*Fs), SwiGLU epilogue
+  KOSMOS_MOE_DISPATCH = 3,    // 32 tokens: rows of remote experts -> the owner's send buffer (host
+                              //   fabric: pinned host memory); none without remote experts
   KOSMOS_MOE_PEER_DISPATCH = 4,  // host fabric: 32 peer rows (pinned host) -> the sorted buffer
   KOSMOS_MOE_SHARED_DOWN = 5,
   KOSMOS_MOE_UP = 6,          // expert tile (queue position q, n-tile of 2F), SwiGLU epilogue
@@ -28,10 +29,19 @@ enum KosmosMoeKind {
   KOSMOS_MOE_COMBINE = 8,     // host fabric: expert outputs of 32 peer rows -> the peers' buffers (pinned host)
   KOSMOS_MOE_FOLD = 9,        // 32 tokens: y = sum_j w_j * out[pos(t, j)] (+ shared), fixed order
   KOSMOS_MOE_NUM_KINDS = 10,
+  KOSMOS_MOE_INDEX = 10,      // movers, 32 tokens: sorted_choice[pos(t, j)] = t * topk + j (own experts)
+  KOSMOS_MOE_GATHER = 11,     // movers, after every INDEX: 32 own rows of the tile at queue position
+                              //   q (item 4q + part) -> the expert-sorted buffer -> arrived[tile]
 };
 
 // Counter words (uint32, zeroed by the last CTA of every call; the host zeroes them after an abort).
-enum KosmosMoeCtr { KOSMOS_MOE_CTR_CLAIM = 0, KOSMOS_MOE_CTR_ROUTED = 1, KOSMOS_MOE_CTR_EXIT = 2, KOSMOS_MOE_CTR_HEAD = 4 };
+enum KosmosMoeCtr {
+  KOSMOS_MOE_CTR_CLAIM = 0, KOSMOS_MOE_CTR_ROUTED = 1, KOSMOS_MOE_CTR_EXIT = 2,
+  KOSMOS_MOE_CTR_INDEX = 3,    // INDEX claims
+  KOSMOS_MOE_CTR_INDEXED = 4,  // INDEX items done
+  KOSMOS_MOE_CTR_GATHER = 5,   // GATHER claims
+  KOSMOS_MOE_CTR_HEAD = 8
+};
 // after the head: arrived[tiles_max], up_done[tiles_max], down_done[tiles_max], sh_up_done[route_blocks],
 // sh_down_done[route_blocks]
 
@@ -61,6 +71,7 @@ typedef struct KosmosMoeArgs {
   void* gus;             // (M_MAX x 2F)
   void* gush;            // (T x 2Fs) (Fs > 0)
   int32_t* own_total;    // (E) rows of expert e from the executed tokens this call (scan)
+  int32_t* sorted_choice; // (M_MAX) choice t * topk + j of each own row of the expert-sorted buffer (INDEX)
   // host fabric: the peers' outputs exist for rank 0's reference routing only (moe_host.py): a
   // remote choice (t, e) finds its row in e's owner's send buffers where ref_routes[t][j'] == e
   // (ref_slot[t][j']); a choice the reference did not make has no row (-1: not sent, adds 0)

@@ -143,6 +143,7 @@ class MoeRunner:
         self.gus = torch.zeros(tm * K.BM, 2 * F, dtype=bf, device=dev) if save_preact else None
         self.gush = torch.zeros(T, 2 * Fs, dtype=bf, device=dev) if save_preact and Fs else None
         self.own_total = torch.empty(E, dtype=i32, device=dev)
+        self.sorted_choice = torch.empty(tm * K.BM, dtype=i32, device=dev)  # t*k+j of each own sorted row
         self.ctr = torch.zeros(K.ctr_words(T, k, E_tiles, R), dtype=i32, device=dev)
         self.state = torch.zeros(4, dtype=i32, device=dev)
         self.err = torch.zeros(64, dtype=torch.uint8, device=dev)
@@ -165,7 +166,7 @@ class MoeRunner:
         a.xs, a.hs, a.os, a.hsh, a.ysh = ptr(self.xs), ptr(self.hs), ptr(self.os), ptr(self.hsh), ptr(self.ysh)
         a.gus, a.gush = ptr(self.gus), ptr(self.gush)
         a.ctr, a.state, a.err = ptr(self.ctr), ptr(self.state), ptr(self.err)
-        a.own_total, a.E_tiles, a.E_loc = ptr(self.own_total), E_tiles, shape.E_loc
+        a.own_total, a.sorted_choice, a.E_tiles, a.E_loc = ptr(self.own_total), ptr(self.sorted_choice), E_tiles, shape.E_loc
         if peer:
             self._peer = peer  # keeps the tables alive
             a.ref_routes, a.ref_slot = ptr(peer["ref_routes"]), ptr(peer["ref_slot"])
