@@ -17,7 +17,7 @@
 //                        tile table in queue order (moe_params.h queue_order; demand: the tiles
 //                        of own rows expert by expert, so that the ~132 tiles in flight read
 //                        one or two experts' weights, which stay in L2, then the tiles waiting
-//                        for peer rows, expert by expert). -> state[2] = epoch
+//                        for peer rows). -> state[2] = epoch
 //   SHARED_UP m,n  math  shared expert gate/up tile, SwiGLU epilogue -> sh_up_done[m]
 //   DISPATCH b     main  (remote experts only) rows of tokens 32b.. to the owners' send buffers
 //   SHARED_DOWN    math  after its m-tile's SHARED_UPs -> sh_down_done[m]
@@ -32,18 +32,9 @@
 //                        (+ shared), fp32, one bf16 rounding: bitwise identical across calls.
 // and, outside the sequence, the movers' items (their own claim counters), from SCAN on:
 //   INDEX b        movers  sorted_choice[pos(t, j)] = t * topk + j for tokens 32b.. -> ctr INDEXED
-//   GATHER 4q+p    movers  after every INDEX: rows 32p.. of tile tile_order[q] (own rows from x, the
-//                          peers' from recv_rows) -> arrived[tile]
-//   COMBINE_TILE q movers  (host fabric) after tile tile_order[q]'s DOWNs: its peer rows' outputs -> recv_out
-// so the rows reach the sorted buffer tile by tile in the order UP claims them, while the math
-// warps run the shared expert (or the first tiles), instead of a dispatch phase between; and the
-// peers' outputs leave as their tiles finish.
-//
-// Host fabric, mover ce (moe_params.h ce_flags): the peers' buffers are device copies that the
-// runner's copy-engine plans fill (recv_rows expert by expert, then send_out, host -> device) and
-// drain (send_rows after the last DISPATCH, recv_out expert by expert once COMBINE_TILE released
-// it, device -> host) beside the launch; GATHER waits for its expert's rows, FOLD for the peer's
-// send_out. mover sm: the same items read and write the pinned buffers themselves.
+//   GATHER 4q+p    movers  after every INDEX: own rows 32p.. of tile tile_order[q] -> arrived[tile]
+// so the own rows reach the sorted buffer tile by tile in the order UP claims them, while the
+// math warps run the shared expert (or the first tiles), instead of a dispatch phase between.
 //
 // Block: the Hopper builder's 384 threads (builder_sm90.cuh). Loader warps 0-1: thread 32
 // schedules (claims, watchdog-bounded waits), warp 0 issues a math item's TMA loads after pushing
@@ -129,9 +120,10 @@ struct Layout {
     nsu = 2 * a.Fs / kBN;
     nsd = a.Fs ? nd : 0;
     const int tb = (a.T + kTB - 1) / kTB;
+    const int pb = (a.peer_rows + kTB - 1) / kTB;
     const int sends = a.E_tiles < a.E ? tb : 0;  // DISPATCH: rows for remote experts only
-    int n[KOSMOS_MOE_NUM_KINDS] = {a.route_blocks, 1, a.route_blocks * nsu, sends, 0, a.route_blocks * nsd,
-                                   a.tiles_max * nu, a.tiles_max * nd, 0, tb};  // the peers' rows: the movers
+    int n[KOSMOS_MOE_NUM_KINDS] = {a.route_blocks, 1, a.route_blocks * nsu, sends, pb, a.route_blocks * nsd,
+                                   a.tiles_max * nu, a.tiles_max * nd, pb, tb};
     begin[0] = 0;
     for (int k = 0; k < KOSMOS_MOE_NUM_KINDS; ++k) begin[k + 1] = begin[k] + n[k];
   }
@@ -145,7 +137,6 @@ struct Layout {
     *q = g0 + r % gm;
     *n = r / gm;
   }
-  __device__ int count(int k) const { return begin[k + 1] - begin[k]; }
   __device__ int kind_of(int c) const {
     int k = 0;
     while (k < KOSMOS_MOE_NUM_KINDS - 1 && c >= begin[k + 1]) ++k;
@@ -161,7 +152,6 @@ struct Ctx {
   uint32_t* down_done;
   uint32_t* sh_up_done;
   uint32_t* sh_down_done;
-  uint32_t* combined;
   __device__ Ctx(const KosmosMoeArgs& a_, int block) : a(a_) {
     sc = SyncCtx{ld_relaxed(a.state) + 1, a.state, static_cast<KosmosErrorRecord*>(a.err), a.timeout_ns, false, 0,
                  block, static_cast<uint32_t>(a.spin_ns)};
@@ -170,7 +160,6 @@ struct Ctx {
     down_done = up_done + a.tiles_max;
     sh_up_done = down_done + a.tiles_max;
     sh_down_done = sh_up_done + a.route_blocks;
-    combined = sh_down_done + a.route_blocks;
   }
   // wait until *f >= target (count); `flag` names the counter in the error record
   __device__ bool wait(const uint32_t* f, uint32_t target, int kind, int item, int flag) const {
@@ -201,6 +190,8 @@ __device__ int decide(const Ctx& c, const Layout& L) {
         ok = c.wait(a.ctr + KOSMOS_MOE_CTR_ROUTED, uint32_t(a.route_blocks), kind, i, KOSMOS_MOE_CTR_ROUTED);
         break;
       case KOSMOS_MOE_DISPATCH:
+      case KOSMOS_MOE_PEER_DISPATCH:
+      case KOSMOS_MOE_COMBINE:  // the tiles of its rows: waited for by the 128 threads (run_combine)
         ok = c.wait_scan(kind, i);
         break;
       case KOSMOS_MOE_SHARED_DOWN: {
@@ -278,9 +269,11 @@ __device__ void run_scan(const Ctx& c, Shared& s, int tid) {
         for (int f = 0; f < a.E; ++f) q += min(s_tiles[f], j) + ((f < e && s_tiles[f] > j) ? 1 : 0);
       } else if (j < s_own[e]) {  // demand: own tiles by (e, j)
         q = own_before + j;
-      } else {  // then the tiles waiting for peer rows by (e, j): the order the copy engine brings them
-        q = own_all + j - s_own[e];
-        for (int f = 0; f < e; ++f) q += s_tiles[f] - s_own[f];
+      } else {  // then the tiles waiting for peer rows by (j, e)
+        q = own_all;
+        for (int f = 0; f < a.E_tiles; ++f) {
+          q += max(0, min(s_tiles[f], j) - s_own[f]) + ((f < e && j >= s_own[f] && s_tiles[f] > j) ? 1 : 0);
+        }
       }
       if (mode == 2) q = total - 1 - q;
       if (mode == 3) q = int((int64_t(q) * 1000003) % total);  // a prime above any tile count: a bijection
@@ -325,73 +318,30 @@ __device__ void run_index(const Ctx& c, int b, int mt) {
   }
 }
 
-// Where tile g's rows come from: expert e, the tile's index j in its expert, and its own rows
-// (from this rank's tokens; the rest, up to rows, are the peers' on the host fabric).
-struct TileRows {
-  int e, j, own, rows;
-};
-__device__ __forceinline__ TileRows tile_rows_of(const KosmosMoeArgs& a, int g) {
-  const int e = ldcg(a.tile_expert + g);
-  const int j = g - ldcg(a.seg_start + e) / kBM;
-  return TileRows{e, j, max(0, min(kBM, ldcg(a.own_total + e) - j * kBM)), ldcg(a.tile_rows + g)};
-}
-
-// The peer row (moe_params.h) that tile row r (>= the tile's own rows) holds.
-__device__ __forceinline__ PeerRow tile_peer_row(const KosmosMoeArgs& a, const TileRows& tr, int r) {
-  const int k = tr.j * kBM + r - ldcg(a.own_total + tr.e);  // among e's peer rows
-  return peer_row(a, a.peer_inv[a.peer_first[tr.e] + k]);
-}
-
-// Copy-engine flags (moe_params.h ce_flags).
-__device__ __forceinline__ uint32_t* ce_recv_in(const KosmosMoeArgs& a, int e) { return a.ce_flags + e; }
-__device__ __forceinline__ uint32_t* ce_send_out_in(const KosmosMoeArgs& a, int p) { return a.ce_flags + a.E_tiles + p - 1; }
-__device__ __forceinline__ uint32_t* ce_sent(const KosmosMoeArgs& a) { return a.ce_flags + a.E_tiles + 7; }
-__device__ __forceinline__ uint32_t* ce_combined(const KosmosMoeArgs& a, int e) { return a.ce_flags + a.E_tiles + 8 + e; }
-constexpr int kCeFlag = -2;  // the error record's flag for a copy-engine word (watchdog message)
-
-// GATHER (tile g, part): rows 32*part.. of sorted tile g: own rows from their tokens' rows of x,
-// the peers' (host fabric) from recv_rows (pinned host memory, or its device copy once the copy
-// engine released the expert). Returns how many.
-__device__ int run_gather(const Ctx& c, const TileRows& tr, int g, int part, int mt) {
+// GATHER (tile g, part): own rows 32*part.. of sorted tile g from their tokens' rows; returns
+// how many (rows past the expert's own rows are the peers', PEER_DISPATCH's).
+__device__ int run_gather(const Ctx& c, int g, int part, int mt) {
   constexpr int kWarps = kMoverThreads / 32;
   const KosmosMoeArgs& a = c.a;
-  const int r0 = part * kTB, r1 = min(tr.rows, r0 + kTB);
+  const int e = ldcg(a.tile_expert + g);
+  const int j = g - ldcg(a.seg_start + e) / kBM;  // the tile's index within its expert
+  const int own = min(kBM, ldcg(a.own_total + e) - j * kBM);
+  const int r0 = part * kTB, r1 = min(own, r0 + kTB);
   const int warp = mt / 32, lane = mt % 32;
   for (int r = r0 + warp; r < r1; r += kWarps) {
     const int64_t pos = int64_t(g) * kBM + r;
-    const bf16* src;
-    if (r < tr.own) {
-      src = static_cast<const bf16*>(a.x) + int64_t(ldcg(a.sorted_choice + pos) / a.topk) * a.H;
-    } else {
-      const PeerRow pr = tile_peer_row(a, tr, r);
-      src = static_cast<const bf16*>(a.recv_rows[pr.p]) + int64_t(pr.ip) * a.H;
-    }
-    copy_row<8>(reinterpret_cast<int4*>(static_cast<bf16*>(a.xs) + pos * a.H), reinterpret_cast<const int4*>(src),
-                 a.H / 8, lane);
+    const int t = ldcg(a.sorted_choice + pos) / a.topk;
+    copy_row<16>(reinterpret_cast<int4*>(static_cast<bf16*>(a.xs) + pos * a.H),
+                 reinterpret_cast<const int4*>(static_cast<const bf16*>(a.x) + int64_t(t) * a.H), a.H / 8, lane);
   }
   return max(0, r1 - r0);
 }
 
-// COMBINE_TILE (host fabric; tile g, after its DOWNs): the expert outputs of its peer rows to the
-// peers' recv_out.
-__device__ void run_combine_tile(const Ctx& c, const TileRows& tr, int g, int mt) {
-  constexpr int kWarps = kMoverThreads / 32;
-  const KosmosMoeArgs& a = c.a;
-  const int warp = mt / 32, lane = mt % 32;
-  for (int r = tr.own + warp; r < tr.rows; r += kWarps) {
-    const PeerRow pr = tile_peer_row(a, tr, r);
-    copy_row<8>(reinterpret_cast<int4*>(static_cast<bf16*>(a.recv_out[pr.p]) + int64_t(pr.ip) * a.H),
-                 reinterpret_cast<const int4*>(static_cast<const bf16*>(a.os) + (int64_t(g) * kBM + r) * a.H),
-                 a.H / 8, lane);
-  }
-}
-
 // The movers (warps 2-3): after SCAN, INDEX items until none is left, then (every INDEX done)
-// GATHER items in queue order, so the tiles the math warps will claim first fill first; on the
-// host fabric then COMBINE_TILE items in queue order (each after its tile's DOWNs), so the peers'
-// outputs leave as their tiles finish. Mover thread 0 claims and waits (watchdog-bounded); the
-// others follow through s.mcmd, so a failed wait or an abort takes all 64 out together.
-__device__ __noinline__ void mover_loop(const Ctx& c, const Layout& L, Shared& s, Tracer& tr, int mt) {
+// GATHER items in queue order, so the tiles the math warps will claim first fill first. Mover
+// thread 0 claims and waits (watchdog-bounded); the others follow through s.mcmd, so a failed
+// wait or an abort takes all 64 out together.
+__device__ void mover_loop(const Ctx& c, Shared& s, Tracer& tr, int mt) {
   const KosmosMoeArgs& a = c.a;
   const bool lead = mt == 0;
   const int tb = (a.T + kTB - 1) / kTB;
@@ -403,14 +353,12 @@ __device__ __noinline__ void mover_loop(const Ctx& c, const Layout& L, Shared& s
     named_bar_sync(kBarMover, kMoverThreads);
     return r;
   };
-  // the lead's claim of the next item from counter `ctr` (-1: none left below `n`, or aborted)
-  auto claim = [&](int ctr, int n) {
-    int k = -1;
-    if (lead && !aborted(c.sc)) k = int(atomicAdd(a.ctr + ctr, 1u));
-    return share(k >= 0 && k < n ? k : -1);
-  };
   if (share(lead && c.wait_scan(KOSMOS_MOE_INDEX, 0) ? 0 : -1) < 0) return;
-  for (int b; (b = claim(KOSMOS_MOE_CTR_INDEX, tb)) >= 0;) {
+  for (;;) {
+    int k = -1;
+    if (lead && !aborted(c.sc)) k = int(atomicAdd(a.ctr + KOSMOS_MOE_CTR_INDEX, 1u));
+    const int b = share(k < tb ? k : -1);
+    if (b < 0) break;
     const uint64_t t0 = lead ? tr.now() : 0;
     run_index(c, b, mt);
     __threadfence();
@@ -423,16 +371,14 @@ __device__ __noinline__ void mover_loop(const Ctx& c, const Layout& L, Shared& s
   const uint32_t* indexed = a.ctr + KOSMOS_MOE_CTR_INDEXED;
   if (share(lead && c.wait(indexed, uint32_t(tb), KOSMOS_MOE_GATHER, 0, c.flag_id(indexed)) ? 0 : -1) < 0) return;
   const int tiles = ldcg(a.meta);
-  for (int i; (i = claim(KOSMOS_MOE_CTR_GATHER, tiles * kParts)) >= 0;) {
+  for (;;) {
+    int k = -1;
+    if (lead && !aborted(c.sc)) k = int(atomicAdd(a.ctr + KOSMOS_MOE_CTR_GATHER, 1u));
+    const int i = share(k >= 0 && k / kParts < tiles ? k : -1);
+    if (i < 0) break;
     const uint64_t t0 = lead ? tr.now() : 0;
     const int g = ldcg(a.tile_order + i / kParts);
-    const TileRows rows = tile_rows_of(a, g);
-    // copy-engine movers: the expert's peer rows are in once the copy engine released it
-    const int r0 = (i % kParts) * kTB;
-    const bool peers = a.ce_flags && rows.rows > max(rows.own, r0) && r0 + kTB > rows.own;
-    if (share(!lead || !peers || c.wait(ce_recv_in(a, rows.e), c.sc.epoch, KOSMOS_MOE_GATHER, i, kCeFlag) ? 0 : -1) < 0)
-      return;
-    const int n = run_gather(c, rows, g, i % kParts, mt);
+    const int n = run_gather(c, g, i % kParts, mt);
     __threadfence();
     named_bar_sync(kBarMover, kMoverThreads);
     if (lead) {
@@ -440,24 +386,45 @@ __device__ __noinline__ void mover_loop(const Ctx& c, const Layout& L, Shared& s
       tr.add(kRoleDispatch, (KOSMOS_MOE_GATHER << 24) | i, t0, tr.now());
     }
   }
-  if (!a.peer_rows) return;
-  for (int q; (q = claim(KOSMOS_MOE_CTR_COMB, tiles)) >= 0;) {
-    const int g = ldcg(a.tile_order + q);
-    const TileRows rows = tile_rows_of(a, g);
-    if (rows.rows <= rows.own) continue;  // no peer rows in this tile
-    const uint32_t* f = c.down_done + g;
-    if (share(!lead || c.wait(f, uint32_t(L.nd), KOSMOS_MOE_COMBINE_TILE, q, c.flag_id(f)) ? 0 : -1) < 0) return;
-    const uint64_t t0 = lead ? tr.now() : 0;
-    run_combine_tile(c, rows, g, mt);
+}
+
+// PEER_DISPATCH b (host fabric): peer rows 32b.. from pinned host memory to their sorted rows.
+__device__ void run_peer_dispatch(const Ctx& c, int b, int tid) {
+  const KosmosMoeArgs& a = c.a;
+  const int warp = tid / 32, lane = tid % 32;
+  const int r1 = min(a.peer_rows, (b + 1) * kTB);
+  for (int i = b * kTB + warp; i < r1; i += kMainThreads / 32) {
+    const PeerRow pr = peer_row(a, i);
+    const int4* src = reinterpret_cast<const int4*>(static_cast<const bf16*>(a.recv_rows[pr.p]) + int64_t(pr.ip) * a.H);
+    copy_row(reinterpret_cast<int4*>(static_cast<bf16*>(a.xs) + int64_t(pr.dst) * a.H), src, a.H / 8, lane);
     __threadfence();
-    named_bar_sync(kBarMover, kMoverThreads);
-    if (lead) {
-      const uint32_t n = uint32_t(rows.rows - rows.own);
-      const uint32_t done = atomicAdd(c.combined + rows.e, n) + n;
-      if (a.ce_flags && done == uint32_t(a.peer_total[rows.e])) st_release(ce_combined(a, rows.e), c.sc.epoch, false);
-      tr.add(kRoleCombine, (KOSMOS_MOE_COMBINE_TILE << 24) | q, t0, tr.now());
-    }
+    __syncwarp();
+    if (lane == 0) atomicAdd(c.arrived + pr.dst / kBM, 1u);
   }
+}
+
+// COMBINE b (host fabric): the expert outputs of peer rows 32b.. back to the peers' buffers,
+// each row once its tile's DOWN items are done (every thread waits for a share of the rows). A
+// failed wait (timeout, abort) is shared through s.bad, so that all 128 threads take the same
+// path through the loader barriers (an abort seen by some threads only would split them).
+__device__ void run_combine(const Ctx& c, const Layout& L, Shared& s, int b, int tid) {
+  const KosmosMoeArgs& a = c.a;
+  const int warp = tid / 32, lane = tid % 32;
+  const int r1 = min(a.peer_rows, (b + 1) * kTB);
+  bool ok = true;
+  for (int i = b * kTB + tid; i < r1 && ok; i += kMainThreads) {
+    const uint32_t* f = c.down_done + peer_row(a, i).dst / kBM;
+    ok = c.wait(f, uint32_t(L.nd), KOSMOS_MOE_COMBINE, b, c.flag_id(f));
+  }
+  if (!ok) s.bad = 1;
+  named_bar_sync(kBarLoader, kMainThreads);
+  const bool bad = s.bad != 0;
+  for (int i = b * kTB + warp; i < r1 && !bad; i += kMainThreads / 32) {
+    const PeerRow pr = peer_row(a, i);
+    const int4* src = reinterpret_cast<const int4*>(static_cast<const bf16*>(a.os) + int64_t(pr.dst) * a.H);
+    copy_row(reinterpret_cast<int4*>(static_cast<bf16*>(a.recv_out[pr.p]) + int64_t(pr.ip) * a.H), src, a.H / 8, lane);
+  }
+  named_bar_sync(kBarLoader, kMainThreads);  // s.bad read by every thread
 }
 
 // FOLD b (the 256 math threads: the fold is memory-bound, and their registers keep 8 choices'
@@ -477,15 +444,13 @@ __device__ void run_fold(const Ctx& c, const Layout& L, Shared& s, int b, int ti
     const int t = t0 + p / k, j = p % k;
     int e;
     const int pos = pos_of(a, t, j, &e);
-    const bool here = e < a.E_tiles;  // else: the owner's output of this row, static (pinned host memory or its copy)
+    const bool here = e < a.E_tiles;  // else: the owner's output of this row, static in pinned host memory
     s.fold_src[p] = pos < 0 ? nullptr
                             : (here ? static_cast<const bf16*>(a.os) : static_cast<const bf16*>(a.send_out[e / a.E_loc])) +
                                   int64_t(pos) * a.H;
     s.fold_w[p] = __ldcg(a.weights + int64_t(t) * k + j);
     const uint32_t* f = c.down_done + pos / kBM;
     if (ok && here) ok = c.wait(f, uint32_t(L.nd), KOSMOS_MOE_FOLD, b, c.flag_id(f));
-    if (ok && !here && pos >= 0 && a.ce_flags)  // the owner's output, once the copy engine brought it
-      ok = c.wait(ce_send_out_in(a, e / a.E_loc), c.sc.epoch, KOSMOS_MOE_FOLD, b, kCeFlag);
   }
   if (a.Fs && tid == 0 && ok) {
     const uint32_t* f = c.sh_down_done + t0 / kBM;
@@ -833,7 +798,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
   if (role == Builder::Role::kLoader) {
     cutlass::arch::warpgroup_reg_dealloc<kLoaderRegs>();
     if (warp_idx >= kMainThreads / 32) {
-      mover_loop(c, L, s, tr, tid - kMainThreads);
+      mover_loop(c, s, tr, tid - kMainThreads);
     } else {
       int folds_claimed = 0;  // (thread kSched)
       for (;;) {
@@ -891,12 +856,12 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
             } else if (kind == KOSMOS_MOE_DISPATCH) {
               r = kRoleDispatch;
               run_dispatch(c, i, tid);
-              if (a.ce_flags) {  // the last DISPATCH releases the copy engine's send_rows copies
-                __threadfence();
-                named_bar_sync(kBarLoader, kMainThreads);
-                if (tid == kSched && atomicAdd(a.ctr + KOSMOS_MOE_CTR_SENT, 1u) + 1 == uint32_t(L.count(kind)))
-                  st_release(ce_sent(a), c.sc.epoch, false);
-              }
+            } else if (kind == KOSMOS_MOE_PEER_DISPATCH) {
+              r = kRoleDispatch;
+              run_peer_dispatch(c, i, tid);
+            } else {
+              r = kRoleCombine;
+              run_combine(c, L, s, i, tid);
             }
             if (tid == kSched) tr.add(r, item, t0, tr.now());
             break;
@@ -924,9 +889,6 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
   if (s.last) {
     __threadfence();
     for (int w = tid; w < a.ctr_words; w += kThreads) a.ctr[w] = 0;
-    // copy-engine movers: whatever the call released or not (an abort), no copy waits past it
-    if (a.ce_flags)
-      for (int w = tid; w <= a.E_tiles; w += kThreads) st_release(ce_sent(a) + w, c.sc.epoch, false);
     __syncthreads();
     if (tid == 0) {
       __threadfence();
@@ -982,7 +944,7 @@ long kosmos_moe_args_offset(int i) {
 #define F(name) offsetof(KosmosMoeArgs, name)
   static const long off[] = {F(x), F(bias), F(y), F(routes), F(weights), F(rank), F(logits), F(blk_cnt), F(blk_base),
                              F(seg_start), F(tile_order), F(tile_expert), F(tile_rows), F(meta), F(xs), F(hs), F(os),
-                             F(hsh), F(ysh), F(gus), F(gush), F(own_total), F(sorted_choice), F(peer_inv), F(peer_first), F(ce_flags), F(ref_routes), F(ref_slot), F(peer_expert), F(peer_rel),
+                             F(hsh), F(ysh), F(gus), F(gush), F(own_total), F(sorted_choice), F(ref_routes), F(ref_slot), F(peer_expert), F(peer_rel),
                              F(peer_total), F(recv_rows), F(recv_out), F(send_rows), F(send_out), F(peer_begin),
                              F(E_tiles), F(E_loc), F(peer_rows), F(ctr), F(state), F(err), F(trace), F(trace_count), F(timeout_ns), F(T),
                              F(H), F(F), F(Fs), F(E), F(topk), F(n_group), F(topk_group), F(scoring),
@@ -1023,12 +985,11 @@ int kosmos_moe_set(void* h, const KosmosMoeArgs* args, const void* wr_t, const v
     return fail(KOSMOS_ERR_INVALID, "moe sm90: E_tiles / E_loc do not fit E");
   if (a.E_tiles < a.E && (!a.ref_routes || !a.ref_slot))
     return fail(KOSMOS_ERR_INVALID, "moe sm90: remote experts without the reference routing's send slots");
-  if (a.peer_rows < 0 || (a.peer_rows && (!a.peer_expert || !a.peer_rel || !a.peer_total || !a.peer_inv || !a.peer_first)))
+  if (a.peer_rows < 0 || (a.peer_rows && (!a.peer_expert || !a.peer_rel || !a.peer_total)))
     return fail(KOSMOS_ERR_INVALID, "moe sm90: peer rows without their tables");
   if (a.route_blocks != (a.T + 127) / 128 || a.tiles_max < (a.T * a.topk + a.peer_rows + 127) / 128 + a.E_tiles)
     return fail(KOSMOS_ERR_INVALID, "moe sm90: route_blocks / tiles_max do not match T, topk, E");
-  if (a.ce_flags && a.E_tiles == a.E) return fail(KOSMOS_ERR_INVALID, "moe sm90: copy-engine flags without peers");
-  if (a.ctr_words < KOSMOS_MOE_CTR_HEAD + 3 * a.tiles_max + 2 * a.route_blocks + a.E_tiles)
+  if (a.ctr_words < KOSMOS_MOE_CTR_HEAD + 3 * a.tiles_max + 2 * a.route_blocks)
     return fail(KOSMOS_ERR_INVALID, "moe sm90: ctr_words too small");
   Params& P = *static_cast<Params*>(h);
   P.a = a;

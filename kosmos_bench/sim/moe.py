@@ -11,9 +11,8 @@ profile (every row says so in `sim_model`):
   quantisation that makes skew and small experts cost), gate/up (N = 2F, depth H) and down
   (N = H, depth F), spread over the SMs as one persistent grouped GEMM;
 * dispatch / combine: the rows that cross ranks (rank 0's sent + received, each way) over the
-  fabric: host -> PCIe (copy engine for the torch pipelines and for kosmos's forward, whose
-  auto mover on the host fabric is the copy engine; SM movers at the link rate otherwise),
-  nvlink -> the NCCL point-to-point rate, local -> device copies at HBM speed;
+  fabric: host -> PCIe (copy engine for the torch pipelines; SM movers at the link rate for
+  kosmos), nvlink -> the NCCL point-to-point rate, local -> device copies at HBM speed;
 * memory passes (permute, activation, unpermute, fold) at HBM speed x MEM_EFFICIENCY, bytes
   counted per step (eager torch materialises fp32 activations; compiled fuses them; kosmos
   reads each output row once in its fold);
@@ -147,11 +146,7 @@ def simulate(p: Point, prof: dict) -> dict:
     if p.impl == "kosmos":
         kind, k = _policy(p.policy)
         movers = 0
-        from ..impls.kosmos_moe import moe_mover  # noqa: PLC0415
-        from ..kosmos.config import KosmosConfig  # noqa: PLC0415
-
-        ce = p.op == "moe" and moe_mover(KosmosConfig.from_point(p).mover, p.fabric, s.world) == "ce"
-        if s.world > 1 and p.fabric == "host" and not ce:  # copy-engine movers take no WGs
+        if s.world > 1 and p.fabric == "host":
             link = prof["link"]
             movers = k if kind == "fixed" else math.ceil(max(link["h2d_GBps"], link["d2h_GBps"]) / link["wg_GBps"])
         if kind == "fixed":  # k WGs are movers for the whole call
