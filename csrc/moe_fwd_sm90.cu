@@ -21,8 +21,7 @@
 //   SHARED_UP m,n  math  shared expert gate/up tile, SwiGLU epilogue -> sh_up_done[m]
 //   DISPATCH b     main  (remote experts only) rows of tokens 32b.. to the owners' send buffers
 //   SHARED_DOWN    math  after its m-tile's SHARED_UPs -> sh_down_done[m]
-//   UP q,n         math  (L.up_tile: 16 queue positions at a time, n-tiles outer)
-//                        after every row of tile g = tile_order[q] arrived: A = sorted rows,
+//   UP q,n         math  after every row of tile g = tile_order[q] arrived: A = sorted rows,
 //                        B = W1t[e] (H x 2F, columns of n-tile n = [128 gate | 128 up], arranged
 //                        once at prepare), h = silu(g) * u (bf16) -> up_done[g]
 //   DOWN q,n       math  after every UP of tile g: h @ W2t[e] -> expert outputs (bf16) -> down_done[g]
@@ -112,9 +111,7 @@ static_assert(sizeof(Params) <= 32000, "kernel parameters must fit the 32 KB par
 struct Layout {
   int begin[KOSMOS_MOE_NUM_KINDS + 1];
   int nu, nd, nsu, nsd;  // n-tiles: UP (2F/256), DOWN and SHARED_DOWN (H/256), SHARED_UP (2Fs/256)
-  int tm;                // tiles_max
   __device__ Layout(const KosmosMoeArgs& a) {
-    tm = a.tiles_max;
     nu = 2 * a.F / kBN;
     nd = (a.H + kBN - 1) / kBN;
     nsu = 2 * a.Fs / kBN;
@@ -126,16 +123,6 @@ struct Layout {
                                    a.tiles_max * nu, a.tiles_max * nd, pb, tb};
     begin[0] = 0;
     for (int k = 0; k < KOSMOS_MOE_NUM_KINDS; ++k) begin[k + 1] = begin[k] + n[k];
-  }
-  // UP item i -> (queue position q, n-tile n): groups of kUpGroup queue positions, n-tiles outer
-  // in a group, so the ~132 items in flight read ~16 tiles' rows and ~8 n-tiles of one expert's
-  // W1 (q-major: ~8 tiles and all n-tiles, 74 MB at deepseek-v3's H 7168, F 2048: beyond L2).
-  static constexpr int kUpGroup = 16;
-  __device__ void up_tile(int i, int* q, int* n) const {
-    const int g0 = i / (kUpGroup * nu) * kUpGroup, r = i % (kUpGroup * nu);
-    const int gm = min(kUpGroup, tm - g0);
-    *q = g0 + r % gm;
-    *n = r / gm;
   }
   __device__ int kind_of(int c) const {
     int k = 0;
@@ -202,8 +189,7 @@ __device__ int decide(const Ctx& c, const Layout& L) {
       case KOSMOS_MOE_UP:
       case KOSMOS_MOE_DOWN: {
         if (!c.wait_scan(kind, i)) return -1;
-        int q = i / L.nd, n;
-        if (kind == KOSMOS_MOE_UP) L.up_tile(i, &q, &n);
+        const int q = i / (kind == KOSMOS_MOE_UP ? L.nu : L.nd);
         if (q >= ldcg(a.meta)) continue;  // beyond this call's tiles
         const int g = ldcg(a.tile_order + q);
         const uint32_t* f = kind == KOSMOS_MOE_UP ? c.arrived + g : c.up_done + g;
@@ -728,9 +714,7 @@ __device__ void math_loop(const Ctx& c, const Layout& L, const Params& P, Shared
         break;
       }
       case KOSMOS_MOE_UP: {
-        int q, n;
-        L.up_tile(i, &q, &n);
-        const int g = __ldcg(a.tile_order + q);
+        const int g = __ldcg(a.tile_order + i / L.nu), n = i % L.nu;
         builder.mma_k(acc, a.H / kBK);
         if (a.gus)
           store_preact(builder, acc, m, static_cast<bf16*>(a.gus) + int64_t(g) * kBM * 2 * a.F, a.F, n * (kBN / 2), kBM);
@@ -833,11 +817,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
               } else if (kind == KOSMOS_MOE_SHARED_DOWN) {
                 builder.produce_grouped(P.sh_down, a.T, 1, 0, i / L.nsd, a.H, a.Fs, a.Fs / kBK, 1, 0, i % L.nsd);
               } else if (kind == KOSMOS_MOE_UP) {
-                int q, n;
-                L.up_tile(i, &q, &n);
-                const int g = __ldcg(a.tile_order + q);
+                const int g = __ldcg(a.tile_order + i / L.nu);
                 const int e = __ldcg(a.tile_expert + g);
-                builder.produce_grouped(P.up, rows_s, 1, 0, g, 2 * a.F, a.H, a.H / kBK, a.E_tiles, e, n);
+                builder.produce_grouped(P.up, rows_s, 1, 0, g, 2 * a.F, a.H, a.H / kBK, a.E_tiles, e, i % L.nu);
               } else if (kind == KOSMOS_MOE_DOWN) {
                 const int g = __ldcg(a.tile_order + i / L.nd);
                 const int e = __ldcg(a.tile_expert + g);
