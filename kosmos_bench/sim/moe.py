@@ -11,8 +11,9 @@ profile (every row says so in `sim_model`):
   quantisation that makes skew and small experts cost), gate/up (N = 2F, depth H) and down
   (N = H, depth F), spread over the SMs as one persistent grouped GEMM;
 * dispatch / combine: the rows that cross ranks (rank 0's sent + received, each way) over the
-  fabric: host -> PCIe (copy engine for the torch pipelines; SM movers at the link rate for
-  kosmos), nvlink -> the NCCL point-to-point rate, local -> device copies at HBM speed;
+  fabric: host -> PCIe (the torch pipelines' copy engine, one direction after the other on
+  their one stream, both at once in torch-moe-overlap; kosmos's SM movers at the measured rate of
+  both directions together, link.moe_sm_duplex_GBps), nvlink -> the NCCL point-to-point rate, local -> device copies at HBM speed;
 * memory passes (permute, activation, unpermute, fold) at HBM speed x MEM_EFFICIENCY, bytes
   counted per step (eager torch materialises fp32 activations; compiled fuses them; kosmos
   reads each output row once in its fold);
@@ -98,18 +99,25 @@ def _shared_us(prof: dict, s: mm.MoeShape) -> float:
 
 def _transfer_us(p: Point, prof: dict, s: mm.MoeShape, ld: Loads, *, movers: bool) -> tuple[float, float]:
     """(one direction-pair of the dispatch, the same for the combine) in us, as the fabric moves
-    them: rank 0's rows out and the peers' rows in run on two links (host: D2H beside H2D)."""
+    them: rank 0's rows out and the peers' rows in. Host: the kernel's SM movers load and store
+    mapped pinned memory, both directions together at the profile's ``moe_sm_duplex_GBps``
+    (measured: ~41 GB/s, H100, results/device-h100-20261206b; else the link's duplex); the
+    overlapped pipeline copies D2H beside H2D on two streams; the sequential pipelines
+    (torch-moe, torch-moe-compiled) copy on their one stream, one direction after the other."""
     if s.world == 1:
         return 0.0, 0.0
     row = s.H * 2
     out_b, in_b = ld.sent * row, ld.recv * row
     link = prof["link"]
     if p.fabric == "host":
-        if movers:  # SM movers: the link's rates, both directions together capped by duplex
+        if movers:
             h2d, d2h = link["h2d_GBps"], link["d2h_GBps"]
-            one = max(out_b / d2h, in_b / h2d, (out_b + in_b) / link.get("duplex_GBps", h2d + d2h)) / 1e3
-        else:
+            duplex = link.get("moe_sm_duplex_GBps", link.get("duplex_GBps", h2d + d2h))
+            one = max(out_b / d2h, in_b / h2d, (out_b + in_b) / duplex) / 1e3
+        elif p.impl == "torch-moe-overlap":
             one = max(baselines._copy_us(prof, out_b, "d2h"), baselines._copy_us(prof, in_b, "h2d"))
+        else:
+            one = baselines._copy_us(prof, out_b, "d2h") + baselines._copy_us(prof, in_b, "h2d")
         return one, one
     if p.fabric == "local":
         one = _mem_us(prof, 2 * (out_b + in_b) * s.world)  # every rank's rows copied on one GPU
