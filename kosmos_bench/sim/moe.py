@@ -13,7 +13,8 @@ profile (every row says so in `sim_model`):
 * dispatch / combine: the rows that cross ranks (rank 0's sent + received, each way) over the
   fabric: host -> PCIe (the torch pipelines' copy engine, one direction after the other on
   their one stream, both at once in torch-moe-overlap; kosmos's SM movers at the measured rate of
-  both directions together, link.moe_sm_duplex_GBps), nvlink -> the NCCL point-to-point rate, local -> device copies at HBM speed;
+  both directions together, link.moe_sm_duplex_GBps), nvlink -> the NCCL point-to-point rate,
+  local -> device copies at HBM speed;
 * memory passes (permute, activation, unpermute, fold) at HBM speed x MEM_EFFICIENCY, bytes
   counted per step (eager torch materialises fp32 activations; compiled fuses them; kosmos
   reads each output row once in its fold);
