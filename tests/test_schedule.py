@@ -569,10 +569,10 @@ def _check_band_items(sch, W, r, group):
                              [sch.flags.band + p * nb + k0 // 128 + j for j in range(len(bands))])
             # order flag (g, mt, nt) at built + g*m_tiles*n_tiles + mt*n_tiles + nt (FlagLayout)
             tile_flag = (m0 // 128) * S.cdiv(N // W, 256) + n0 // 256
+            # (with both, group g waits for exactly the flag group g-1 of this tile releases)
             order = [f for f in d if f >= sch.flags.built]
-            assert order == ([] if g == 0 else [sch.flags.built + (g - 1) * tn + tile_flag])
-            assert order == ([] if g == 0 else [bt.table[items[g - 1], S.F["rel_flag"]]])
-            assert row[S.F["rel_flag"]] == (-1 if g == ng - 1 else sch.flags.built + g * tn + tile_flag)
+            assert order == ([] if g == 0 else [sch.flags.built + (g - 1) * tn + tile_flag]), "order dep"
+            assert row[S.F["rel_flag"]] == (-1 if g == ng - 1 else sch.flags.built + g * tn + tile_flag), "order release"
         assert kseen == [((r + s) % W, j * 128 * gb) for s in range(W) for j in range(S.cdiv(nb, gb))]
     assert sch.flags.num_flags == sch.flags.built + ng * tn
     assert np.all(sch.flag_mult[sch.flags.built:] == 1)
@@ -591,22 +591,26 @@ def test_wgrad_band_items_cover_every_tile_once_per_group(W, group):
         _check_band_items(sch, W, r, group)
 
 
-@pytest.mark.parametrize("break_it", ["drop_order_dep", "last_releases", "other_tile_flag"])
-def test_band_checks_fail_on_a_broken_schedule(break_it):
-    """The order-flag assertions of _check_band_items catch each way the chain can break."""
+@pytest.mark.parametrize("break_it,check", [("drop_order_dep", "order dep"), ("last_releases", "order release"),
+                                             ("swapped_tile_flags", "order release")])
+def test_band_checks_fail_on_a_broken_schedule(break_it, check):
+    """Each order-flag assertion of _check_band_items catches its way of breaking the chain (the
+    breaks keep every released flag distinct, so the duplicate-release check does not fire first)."""
     sch = _band_sched(2, 0)
-    bt, tn = sch.builders, S.cdiv(3000, 128) * S.cdiv(777, 256)
+    bt = sch.builders
+    group0 = {(row[2], row[4]): i for i, row in reversed(list(enumerate(bt.table.tolist())))}
     items = [i for i, row in enumerate(bt.table.tolist()) if (row[2], row[4]) == (0, 0)]
     if break_it == "drop_order_dep":  # group 1 of tile (0, 0) no longer waits for group 0
         d0 = int(bt.table[items[1], S.F["dep_begin"]])
         for k in range(int(bt.table[items[1], S.F["dep_count"]])):
             if sch.deps[d0 + k] >= sch.flags.built:
                 sch.deps[d0 + k] = sch.flags.entry
-    elif break_it == "last_releases":
-        bt.table[items[-1], S.F["rel_flag"]] = sch.flags.built + (len(items) - 1) * tn
-    else:  # group 0 of tile (0, 0) releases tile (0, 1)'s order flag
-        bt.table[items[0], S.F["rel_flag"]] += 1
-    with pytest.raises(AssertionError):
+    elif break_it == "last_releases":  # the last group releases a flag nobody else does
+        bt.table[items[-1], S.F["rel_rank"]], bt.table[items[-1], S.F["rel_flag"]] = 0, sch.flags.num_flags
+    else:  # group 0 of tiles (0, 0) and (0, 256) release each other's order flag
+        a, b = group0[0, 0], group0[0, 256]
+        bt.table[[a, b], S.F["rel_flag"]] = bt.table[[b, a], S.F["rel_flag"]]
+    with pytest.raises(AssertionError, match=check):
         _check_band_items(sch, 2, 0, None)
 
 
