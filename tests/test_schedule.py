@@ -572,7 +572,8 @@ def _check_band_items(sch, W, r, group):
             # (with both, group g waits for exactly the flag group g-1 of this tile releases)
             order = [f for f in d if f >= sch.flags.built]
             assert order == ([] if g == 0 else [sch.flags.built + (g - 1) * tn + tile_flag]), "order dep"
-            assert row[S.F["rel_flag"]] == (-1 if g == ng - 1 else sch.flags.built + g * tn + tile_flag), "order release"
+            release = -1 if g == ng - 1 else sch.flags.built + g * tn + tile_flag
+            assert row[S.F["rel_flag"]] == release, "order release"
         assert kseen == [((r + s) % W, j * 128 * gb) for s in range(W) for j in range(S.cdiv(nb, gb))]
     assert sch.flags.num_flags == sch.flags.built + ng * tn
     assert np.all(sch.flag_mult[sch.flags.built:] == 1)
