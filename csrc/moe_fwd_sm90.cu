@@ -17,11 +17,12 @@
 //                        tile table in queue order (moe_params.h queue_order; demand: the tiles
 //                        of own rows expert by expert, so that the ~132 tiles in flight read
 //                        one or two experts' weights, which stay in L2, then the tiles waiting
-//                        for peer rows). -> state[2] = epoch
+//                        for peer rows, expert by expert). -> state[2] = epoch
 //   SHARED_UP m,n  math  shared expert gate/up tile, SwiGLU epilogue -> sh_up_done[m]
 //   DISPATCH b     main  (remote experts only) rows of tokens 32b.. to the owners' send buffers
 //   SHARED_DOWN    math  after its m-tile's SHARED_UPs -> sh_down_done[m]
-//   UP q,n         math  after every row of tile g = tile_order[q] arrived: A = sorted rows,
+//   UP q,n         math  (L.up_tile: 16 queue positions at a time, n-tiles outer)
+//                        after every row of tile g = tile_order[q] arrived: A = sorted rows,
 //                        B = W1t[e] (H x 2F, columns of n-tile n = [128 gate | 128 up], arranged
 //                        once at prepare), h = silu(g) * u (bf16) -> up_done[g]
 //   DOWN q,n       math  after every UP of tile g: h @ W2t[e] -> expert outputs (bf16) -> down_done[g]
@@ -31,9 +32,18 @@
 //                        (+ shared), fp32, one bf16 rounding: bitwise identical across calls.
 // and, outside the sequence, the movers' items (their own claim counters), from SCAN on:
 //   INDEX b        movers  sorted_choice[pos(t, j)] = t * topk + j for tokens 32b.. -> ctr INDEXED
-//   GATHER 4q+p    movers  after every INDEX: own rows 32p.. of tile tile_order[q] -> arrived[tile]
-// so the own rows reach the sorted buffer tile by tile in the order UP claims them, while the
-// math warps run the shared expert (or the first tiles), instead of a dispatch phase between.
+//   GATHER 4q+p    movers  after every INDEX: rows 32p.. of tile tile_order[q] (own rows from x, the
+//                          peers' from recv_rows) -> arrived[tile]
+//   COMBINE_TILE q movers  (host fabric) after tile tile_order[q]'s DOWNs: its peer rows' outputs -> recv_out
+// so the rows reach the sorted buffer tile by tile in the order UP claims them, while the math
+// warps run the shared expert (or the first tiles), instead of a dispatch phase between; and the
+// peers' outputs leave as their tiles finish.
+//
+// Host fabric, mover ce (moe_params.h ce_flags): the peers' buffers are device copies that the
+// runner's copy-engine plans fill (recv_rows expert by expert, then send_out, host -> device) and
+// drain (send_rows after the last DISPATCH, recv_out expert by expert once COMBINE_TILE released
+// it, device -> host) beside the launch; GATHER waits for its expert's rows, FOLD for the peer's
+// send_out. mover sm: the same items read and write the pinned buffers themselves.
 //
 // Block: the Hopper builder's 384 threads (builder_sm90.cuh). Loader warps 0-1: thread 32
 // schedules (claims, watchdog-bounded waits), warp 0 issues a math item's TMA loads after pushing
@@ -111,19 +121,31 @@ static_assert(sizeof(Params) <= 32000, "kernel parameters must fit the 32 KB par
 struct Layout {
   int begin[KOSMOS_MOE_NUM_KINDS + 1];
   int nu, nd, nsu, nsd;  // n-tiles: UP (2F/256), DOWN and SHARED_DOWN (H/256), SHARED_UP (2Fs/256)
+  int tm;                // tiles_max
   __device__ Layout(const KosmosMoeArgs& a) {
+    tm = a.tiles_max;
     nu = 2 * a.F / kBN;
     nd = (a.H + kBN - 1) / kBN;
     nsu = 2 * a.Fs / kBN;
     nsd = a.Fs ? nd : 0;
     const int tb = (a.T + kTB - 1) / kTB;
-    const int pb = (a.peer_rows + kTB - 1) / kTB;
     const int sends = a.E_tiles < a.E ? tb : 0;  // DISPATCH: rows for remote experts only
-    int n[KOSMOS_MOE_NUM_KINDS] = {a.route_blocks, 1, a.route_blocks * nsu, sends, pb, a.route_blocks * nsd,
-                                   a.tiles_max * nu, a.tiles_max * nd, pb, tb};
+    int n[KOSMOS_MOE_NUM_KINDS] = {a.route_blocks, 1, a.route_blocks * nsu, sends, 0, a.route_blocks * nsd,
+                                   a.tiles_max * nu, a.tiles_max * nd, 0, tb};  // the peers' rows: the movers
     begin[0] = 0;
     for (int k = 0; k < KOSMOS_MOE_NUM_KINDS; ++k) begin[k + 1] = begin[k] + n[k];
   }
+  // UP item i -> (queue position q, n-tile n): groups of kUpGroup queue positions, n-tiles outer
+  // in a group, so the ~132 items in flight read ~16 tiles' rows and ~8 n-tiles of one expert's
+  // W1 (q-major: ~8 tiles and all n-tiles, 74 MB at deepseek-v3's H 7168, F 2048: beyond L2).
+  static constexpr int kUpGroup = 16;
+  __device__ void up_tile(int i, int* q, int* n) const {
+    const int g0 = i / (kUpGroup * nu) * kUpGroup, r = i % (kUpGroup * nu);
+    const int gm = min(kUpGroup, tm - g0);
+    *q = g0 + r % gm;
+    *n = r / gm;
+  }
+  __device__ int count(int k) const { return begin[k + 1] - begin[k]; }
   __device__ int kind_of(int c) const {
     int k = 0;
     while (k < KOSMOS_MOE_NUM_KINDS - 1 && c >= begin[k + 1]) ++k;
@@ -139,6 +161,7 @@ struct Ctx {
   uint32_t* down_done;
   uint32_t* sh_up_done;
   uint32_t* sh_down_done;
+  uint32_t* combined;
   __device__ Ctx(const KosmosMoeArgs& a_, int block) : a(a_) {
     sc = SyncCtx{ld_relaxed(a.state) + 1, a.state, static_cast<KosmosErrorRecord*>(a.err), a.timeout_ns, false, 0,
                  block, static_cast<uint32_t>(a.spin_ns)};
@@ -147,6 +170,7 @@ struct Ctx {
     down_done = up_done + a.tiles_max;
     sh_up_done = down_done + a.tiles_max;
     sh_down_done = sh_up_done + a.route_blocks;
+    combined = sh_down_done + a.route_blocks;
   }
   // wait until *f >= target (count); `flag` names the counter in the error record
   __device__ bool wait(const uint32_t* f, uint32_t target, int kind, int item, int flag) const {
@@ -177,8 +201,6 @@ __device__ int decide(const Ctx& c, const Layout& L) {
         ok = c.wait(a.ctr + KOSMOS_MOE_CTR_ROUTED, uint32_t(a.route_blocks), kind, i, KOSMOS_MOE_CTR_ROUTED);
         break;
       case KOSMOS_MOE_DISPATCH:
-      case KOSMOS_MOE_PEER_DISPATCH:
-      case KOSMOS_MOE_COMBINE:  // the tiles of its rows: waited for by the 128 threads (run_combine)
         ok = c.wait_scan(kind, i);
         break;
       case KOSMOS_MOE_SHARED_DOWN: {
@@ -189,7 +211,8 @@ __device__ int decide(const Ctx& c, const Layout& L) {
       case KOSMOS_MOE_UP:
       case KOSMOS_MOE_DOWN: {
         if (!c.wait_scan(kind, i)) return -1;
-        const int q = i / (kind == KOSMOS_MOE_UP ? L.nu : L.nd);
+        int q = i / L.nd, n;
+        if (kind == KOSMOS_MOE_UP) L.up_tile(i, &q, &n);
         if (q >= ldcg(a.meta)) continue;  // beyond this call's tiles
         const int g = ldcg(a.tile_order + q);
         const uint32_t* f = kind == KOSMOS_MOE_UP ? c.arrived + g : c.up_done + g;
@@ -255,11 +278,9 @@ __device__ void run_scan(const Ctx& c, Shared& s, int tid) {
         for (int f = 0; f < a.E; ++f) q += min(s_tiles[f], j) + ((f < e && s_tiles[f] > j) ? 1 : 0);
       } else if (j < s_own[e]) {  // demand: own tiles by (e, j)
         q = own_before + j;
-      } else {  // then the tiles waiting for peer rows by (j, e)
-        q = own_all;
-        for (int f = 0; f < a.E_tiles; ++f) {
-          q += max(0, min(s_tiles[f], j) - s_own[f]) + ((f < e && j >= s_own[f] && s_tiles[f] > j) ? 1 : 0);
-        }
+      } else {  // then the tiles waiting for peer rows by (e, j): the order the copy engine brings them
+        q = own_all + j - s_own[e];
+        for (int f = 0; f < e; ++f) q += s_tiles[f] - s_own[f];
       }
       if (mode == 2) q = total - 1 - q;
       if (mode == 3) q = int((int64_t(q) * 1000003) % total);  // a prime above any tile count: a bijection
@@ -304,30 +325,73 @@ __device__ void run_index(const Ctx& c, int b, int mt) {
   }
 }
 
-// GATHER (tile g, part): own rows 32*part.. of sorted tile g from their tokens' rows; returns
-// how many (rows past the expert's own rows are the peers', PEER_DISPATCH's).
-__device__ int run_gather(const Ctx& c, int g, int part, int mt) {
+// Where tile g's rows come from: expert e, the tile's index j in its expert, and its own rows
+// (from this rank's tokens; the rest, up to rows, are the peers' on the host fabric).
+struct TileRows {
+  int e, j, own, rows;
+};
+__device__ __forceinline__ TileRows tile_rows_of(const KosmosMoeArgs& a, int g) {
+  const int e = ldcg(a.tile_expert + g);
+  const int j = g - ldcg(a.seg_start + e) / kBM;
+  return TileRows{e, j, max(0, min(kBM, ldcg(a.own_total + e) - j * kBM)), ldcg(a.tile_rows + g)};
+}
+
+// The peer row (moe_params.h) that tile row r (>= the tile's own rows) holds.
+__device__ __forceinline__ PeerRow tile_peer_row(const KosmosMoeArgs& a, const TileRows& tr, int r) {
+  const int k = tr.j * kBM + r - ldcg(a.own_total + tr.e);  // among e's peer rows
+  return peer_row(a, a.peer_inv[a.peer_first[tr.e] + k]);
+}
+
+// Copy-engine flags (moe_params.h ce_flags).
+__device__ __forceinline__ uint32_t* ce_recv_in(const KosmosMoeArgs& a, int e) { return a.ce_flags + e; }
+__device__ __forceinline__ uint32_t* ce_send_out_in(const KosmosMoeArgs& a, int p) { return a.ce_flags + a.E_tiles + p - 1; }
+__device__ __forceinline__ uint32_t* ce_sent(const KosmosMoeArgs& a) { return a.ce_flags + a.E_tiles + 7; }
+__device__ __forceinline__ uint32_t* ce_combined(const KosmosMoeArgs& a, int e) { return a.ce_flags + a.E_tiles + 8 + e; }
+constexpr int kCeFlag = -2;  // the error record's flag for a copy-engine word (watchdog message)
+
+// GATHER (tile g, part): rows 32*part.. of sorted tile g: own rows from their tokens' rows of x,
+// the peers' (host fabric) from recv_rows (pinned host memory, or its device copy once the copy
+// engine released the expert). Returns how many.
+__device__ int run_gather(const Ctx& c, const TileRows& tr, int g, int part, int mt) {
   constexpr int kWarps = kMoverThreads / 32;
   const KosmosMoeArgs& a = c.a;
-  const int e = ldcg(a.tile_expert + g);
-  const int j = g - ldcg(a.seg_start + e) / kBM;  // the tile's index within its expert
-  const int own = min(kBM, ldcg(a.own_total + e) - j * kBM);
-  const int r0 = part * kTB, r1 = min(own, r0 + kTB);
+  const int r0 = part * kTB, r1 = min(tr.rows, r0 + kTB);
   const int warp = mt / 32, lane = mt % 32;
   for (int r = r0 + warp; r < r1; r += kWarps) {
     const int64_t pos = int64_t(g) * kBM + r;
-    const int t = ldcg(a.sorted_choice + pos) / a.topk;
-    copy_row<16>(reinterpret_cast<int4*>(static_cast<bf16*>(a.xs) + pos * a.H),
-                 reinterpret_cast<const int4*>(static_cast<const bf16*>(a.x) + int64_t(t) * a.H), a.H / 8, lane);
+    const bf16* src;
+    if (r < tr.own) {
+      src = static_cast<const bf16*>(a.x) + int64_t(ldcg(a.sorted_choice + pos) / a.topk) * a.H;
+    } else {
+      const PeerRow pr = tile_peer_row(a, tr, r);
+      src = static_cast<const bf16*>(a.recv_rows[pr.p]) + int64_t(pr.ip) * a.H;
+    }
+    copy_row<8>(reinterpret_cast<int4*>(static_cast<bf16*>(a.xs) + pos * a.H), reinterpret_cast<const int4*>(src),
+                 a.H / 8, lane);
   }
   return max(0, r1 - r0);
 }
 
+// COMBINE_TILE (host fabric; tile g, after its DOWNs): the expert outputs of its peer rows to the
+// peers' recv_out.
+__device__ void run_combine_tile(const Ctx& c, const TileRows& tr, int g, int mt) {
+  constexpr int kWarps = kMoverThreads / 32;
+  const KosmosMoeArgs& a = c.a;
+  const int warp = mt / 32, lane = mt % 32;
+  for (int r = tr.own + warp; r < tr.rows; r += kWarps) {
+    const PeerRow pr = tile_peer_row(a, tr, r);
+    copy_row<8>(reinterpret_cast<int4*>(static_cast<bf16*>(a.recv_out[pr.p]) + int64_t(pr.ip) * a.H),
+                 reinterpret_cast<const int4*>(static_cast<const bf16*>(a.os) + (int64_t(g) * kBM + r) * a.H),
+                 a.H / 8, lane);
+  }
+}
+
 // The movers (warps 2-3): after SCAN, INDEX items until none is left, then (every INDEX done)
-// GATHER items in queue order, so the tiles the math warps will claim first fill first. Mover
-// thread 0 claims and waits (watchdog-bounded); the others follow through s.mcmd, so a failed
-// wait or an abort takes all 64 out together.
-__device__ void mover_loop(const Ctx& c, Shared& s, Tracer& tr, int mt) {
+// GATHER items in queue order, so the tiles the math warps will claim first fill first; on the
+// host fabric then COMBINE_TILE items in queue order (each after its tile's DOWNs), so the peers'
+// outputs leave as their tiles finish. Mover thread 0 claims and waits (watchdog-bounded); the
+// others follow through s.mcmd, so a failed wait or an abort takes all 64 out together.
+__device__ __noinline__ void mover_loop(const Ctx& c, const Layout& L, Shared& s, Tracer& tr, int mt) {
   const KosmosMoeArgs& a = c.a;
   const bool lead = mt == 0;
   const int tb = (a.T + kTB - 1) / kTB;
@@ -339,12 +403,14 @@ __device__ void mover_loop(const Ctx& c, Shared& s, Tracer& tr, int mt) {
     named_bar_sync(kBarMover, kMoverThreads);
     return r;
   };
-  if (share(lead && c.wait_scan(KOSMOS_MOE_INDEX, 0) ? 0 : -1) < 0) return;
-  for (;;) {
+  // the lead's claim of the next item from counter `ctr` (-1: none left below `n`, or aborted)
+  auto claim = [&](int ctr, int n) {
     int k = -1;
-    if (lead && !aborted(c.sc)) k = int(atomicAdd(a.ctr + KOSMOS_MOE_CTR_INDEX, 1u));
-    const int b = share(k < tb ? k : -1);
-    if (b < 0) break;
+    if (lead && !aborted(c.sc)) k = int(atomicAdd(a.ctr + ctr, 1u));
+    return share(k >= 0 && k < n ? k : -1);
+  };
+  if (share(lead && c.wait_scan(KOSMOS_MOE_INDEX, 0) ? 0 : -1) < 0) return;
+  for (int b; (b = claim(KOSMOS_MOE_CTR_INDEX, tb)) >= 0;) {
     const uint64_t t0 = lead ? tr.now() : 0;
     run_index(c, b, mt);
     __threadfence();
@@ -357,14 +423,16 @@ __device__ void mover_loop(const Ctx& c, Shared& s, Tracer& tr, int mt) {
   const uint32_t* indexed = a.ctr + KOSMOS_MOE_CTR_INDEXED;
   if (share(lead && c.wait(indexed, uint32_t(tb), KOSMOS_MOE_GATHER, 0, c.flag_id(indexed)) ? 0 : -1) < 0) return;
   const int tiles = ldcg(a.meta);
-  for (;;) {
-    int k = -1;
-    if (lead && !aborted(c.sc)) k = int(atomicAdd(a.ctr + KOSMOS_MOE_CTR_GATHER, 1u));
-    const int i = share(k >= 0 && k / kParts < tiles ? k : -1);
-    if (i < 0) break;
+  for (int i; (i = claim(KOSMOS_MOE_CTR_GATHER, tiles * kParts)) >= 0;) {
     const uint64_t t0 = lead ? tr.now() : 0;
     const int g = ldcg(a.tile_order + i / kParts);
-    const int n = run_gather(c, g, i % kParts, mt);
+    const TileRows rows = tile_rows_of(a, g);
+    // copy-engine movers: the expert's peer rows are in once the copy engine released it
+    const int r0 = (i % kParts) * kTB;
+    const bool peers = a.ce_flags && rows.rows > max(rows.own, r0) && r0 + kTB > rows.own;
+    if (share(!lead || !peers || c.wait(ce_recv_in(a, rows.e), c.sc.epoch, KOSMOS_MOE_GATHER, i, kCeFlag) ? 0 : -1) < 0)
+      return;
+    const int n = run_gather(c, rows, g, i % kParts, mt);
     __threadfence();
     named_bar_sync(kBarMover, kMoverThreads);
     if (lead) {
@@ -372,45 +440,24 @@ __device__ void mover_loop(const Ctx& c, Shared& s, Tracer& tr, int mt) {
       tr.add(kRoleDispatch, (KOSMOS_MOE_GATHER << 24) | i, t0, tr.now());
     }
   }
-}
-
-// PEER_DISPATCH b (host fabric): peer rows 32b.. from pinned host memory to their sorted rows.
-__device__ void run_peer_dispatch(const Ctx& c, int b, int tid) {
-  const KosmosMoeArgs& a = c.a;
-  const int warp = tid / 32, lane = tid % 32;
-  const int r1 = min(a.peer_rows, (b + 1) * kTB);
-  for (int i = b * kTB + warp; i < r1; i += kMainThreads / 32) {
-    const PeerRow pr = peer_row(a, i);
-    const int4* src = reinterpret_cast<const int4*>(static_cast<const bf16*>(a.recv_rows[pr.p]) + int64_t(pr.ip) * a.H);
-    copy_row(reinterpret_cast<int4*>(static_cast<bf16*>(a.xs) + int64_t(pr.dst) * a.H), src, a.H / 8, lane);
+  if (!a.peer_rows) return;
+  for (int q; (q = claim(KOSMOS_MOE_CTR_COMB, tiles)) >= 0;) {
+    const int g = ldcg(a.tile_order + q);
+    const TileRows rows = tile_rows_of(a, g);
+    if (rows.rows <= rows.own) continue;  // no peer rows in this tile
+    const uint32_t* f = c.down_done + g;
+    if (share(!lead || c.wait(f, uint32_t(L.nd), KOSMOS_MOE_COMBINE_TILE, q, c.flag_id(f)) ? 0 : -1) < 0) return;
+    const uint64_t t0 = lead ? tr.now() : 0;
+    run_combine_tile(c, rows, g, mt);
     __threadfence();
-    __syncwarp();
-    if (lane == 0) atomicAdd(c.arrived + pr.dst / kBM, 1u);
+    named_bar_sync(kBarMover, kMoverThreads);
+    if (lead) {
+      const uint32_t n = uint32_t(rows.rows - rows.own);
+      const uint32_t done = atomicAdd(c.combined + rows.e, n) + n;
+      if (a.ce_flags && done == uint32_t(a.peer_total[rows.e])) st_release(ce_combined(a, rows.e), c.sc.epoch, false);
+      tr.add(kRoleCombine, (KOSMOS_MOE_COMBINE_TILE << 24) | q, t0, tr.now());
+    }
   }
-}
-
-// COMBINE b (host fabric): the expert outputs of peer rows 32b.. back to the peers' buffers,
-// each row once its tile's DOWN items are done (every thread waits for a share of the rows). A
-// failed wait (timeout, abort) is shared through s.bad, so that all 128 threads take the same
-// path through the loader barriers (an abort seen by some threads only would split them).
-__device__ void run_combine(const Ctx& c, const Layout& L, Shared& s, int b, int tid) {
-  const KosmosMoeArgs& a = c.a;
-  const int warp = tid / 32, lane = tid % 32;
-  const int r1 = min(a.peer_rows, (b + 1) * kTB);
-  bool ok = true;
-  for (int i = b * kTB + tid; i < r1 && ok; i += kMainThreads) {
-    const uint32_t* f = c.down_done + peer_row(a, i).dst / kBM;
-    ok = c.wait(f, uint32_t(L.nd), KOSMOS_MOE_COMBINE, b, c.flag_id(f));
-  }
-  if (!ok) s.bad = 1;
-  named_bar_sync(kBarLoader, kMainThreads);
-  const bool bad = s.bad != 0;
-  for (int i = b * kTB + warp; i < r1 && !bad; i += kMainThreads / 32) {
-    const PeerRow pr = peer_row(a, i);
-    const int4* src = reinterpret_cast<const int4*>(static_cast<const bf16*>(a.os) + int64_t(pr.dst) * a.H);
-    copy_row(reinterpret_cast<int4*>(static_cast<bf16*>(a.recv_out[pr.p]) + int64_t(pr.ip) * a.H), src, a.H / 8, lane);
-  }
-  named_bar_sync(kBarLoader, kMainThreads);  // s.bad read by every thread
 }
 
 // FOLD b (the 256 math threads: the fold is memory-bound, and their registers keep 8 choices'
@@ -430,13 +477,15 @@ __device__ void run_fold(const Ctx& c, const Layout& L, Shared& s, int b, int ti
     const int t = t0 + p / k, j = p % k;
     int e;
     const int pos = pos_of(a, t, j, &e);
-    const bool here = e < a.E_tiles;  // else: the owner's output of this row, static in pinned host memory
+    const bool here = e < a.E_tiles;  // else: the owner's output of this row, static (pinned host memory or its copy)
     s.fold_src[p] = pos < 0 ? nullptr
                             : (here ? static_cast<const bf16*>(a.os) : static_cast<const bf16*>(a.send_out[e / a.E_loc])) +
                                   int64_t(pos) * a.H;
     s.fold_w[p] = __ldcg(a.weights + int64_t(t) * k + j);
     const uint32_t* f = c.down_done + pos / kBM;
     if (ok && here) ok = c.wait(f, uint32_t(L.nd), KOSMOS_MOE_FOLD, b, c.flag_id(f));
+    if (ok && !here && pos >= 0 && a.ce_flags)  // the owner's output, once the copy engine brought it
+      ok = c.wait(ce_send_out_in(a, e / a.E_loc), c.sc.epoch, KOSMOS_MOE_FOLD, b, kCeFlag);
   }
   if (a.Fs && tid == 0 && ok) {
     const uint32_t* f = c.sh_down_done + t0 / kBM;
@@ -714,7 +763,9 @@ __device__ void math_loop(const Ctx& c, const Layout& L, const Params& P, Shared
         break;
       }
       case KOSMOS_MOE_UP: {
-        const int g = __ldcg(a.tile_order + i / L.nu), n = i % L.nu;
+        int q, n;
+        L.up_tile(i, &q, &n);
+        const int g = __ldcg(a.tile_order + q);
         builder.mma_k(acc, a.H / kBK);
         if (a.gus)
           store_preact(builder, acc, m, static_cast<bf16*>(a.gus) + int64_t(g) * kBM * 2 * a.F, a.F, n * (kBN / 2), kBM);
@@ -782,7 +833,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
   if (role == Builder::Role::kLoader) {
     cutlass::arch::warpgroup_reg_dealloc<kLoaderRegs>();
     if (warp_idx >= kMainThreads / 32) {
-      mover_loop(c, s, tr, tid - kMainThreads);
+      mover_loop(c, L, s, tr, tid - kMainThreads);
     } else {
       int folds_claimed = 0;  // (thread kSched)
       for (;;) {
@@ -817,9 +868,11 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
               } else if (kind == KOSMOS_MOE_SHARED_DOWN) {
                 builder.produce_grouped(P.sh_down, a.T, 1, 0, i / L.nsd, a.H, a.Fs, a.Fs / kBK, 1, 0, i % L.nsd);
               } else if (kind == KOSMOS_MOE_UP) {
-                const int g = __ldcg(a.tile_order + i / L.nu);
+                int q, n;
+                L.up_tile(i, &q, &n);
+                const int g = __ldcg(a.tile_order + q);
                 const int e = __ldcg(a.tile_expert + g);
-                builder.produce_grouped(P.up, rows_s, 1, 0, g, 2 * a.F, a.H, a.H / kBK, a.E_tiles, e, i % L.nu);
+                builder.produce_grouped(P.up, rows_s, 1, 0, g, 2 * a.F, a.H, a.H / kBK, a.E_tiles, e, n);
               } else if (kind == KOSMOS_MOE_DOWN) {
                 const int g = __ldcg(a.tile_order + i / L.nd);
                 const int e = __ldcg(a.tile_expert + g);
@@ -838,12 +891,12 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
             } else if (kind == KOSMOS_MOE_DISPATCH) {
               r = kRoleDispatch;
               run_dispatch(c, i, tid);
-            } else if (kind == KOSMOS_MOE_PEER_DISPATCH) {
-              r = kRoleDispatch;
-              run_peer_dispatch(c, i, tid);
-            } else {
-              r = kRoleCombine;
-              run_combine(c, L, s, i, tid);
+              if (a.ce_flags) {  // the last DISPATCH releases the copy engine's send_rows copies
+                __threadfence();
+                named_bar_sync(kBarLoader, kMainThreads);
+                if (tid == kSched && atomicAdd(a.ctr + KOSMOS_MOE_CTR_SENT, 1u) + 1 == uint32_t(L.count(kind)))
+                  st_release(ce_sent(a), c.sc.epoch, false);
+              }
             }
             if (tid == kSched) tr.add(r, item, t0, tr.now());
             break;
@@ -871,6 +924,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
   if (s.last) {
     __threadfence();
     for (int w = tid; w < a.ctr_words; w += kThreads) a.ctr[w] = 0;
+    // copy-engine movers: whatever the call released or not (an abort), no copy waits past it
+    if (a.ce_flags)
+      for (int w = tid; w <= a.E_tiles; w += kThreads) st_release(ce_sent(a) + w, c.sc.epoch, false);
     __syncthreads();
     if (tid == 0) {
       __threadfence();
@@ -926,7 +982,7 @@ long kosmos_moe_args_offset(int i) {
 #define F(name) offsetof(KosmosMoeArgs, name)
   static const long off[] = {F(x), F(bias), F(y), F(routes), F(weights), F(rank), F(logits), F(blk_cnt), F(blk_base),
                              F(seg_start), F(tile_order), F(tile_expert), F(tile_rows), F(meta), F(xs), F(hs), F(os),
-                             F(hsh), F(ysh), F(gus), F(gush), F(own_total), F(sorted_choice), F(ref_routes), F(ref_slot), F(peer_expert), F(peer_rel),
+                             F(hsh), F(ysh), F(gus), F(gush), F(own_total), F(sorted_choice), F(peer_inv), F(peer_first), F(ce_flags), F(ref_routes), F(ref_slot), F(peer_expert), F(peer_rel),
                              F(peer_total), F(recv_rows), F(recv_out), F(send_rows), F(send_out), F(peer_begin),
                              F(E_tiles), F(E_loc), F(peer_rows), F(ctr), F(state), F(err), F(trace), F(trace_count), F(timeout_ns), F(T),
                              F(H), F(F), F(Fs), F(E), F(topk), F(n_group), F(topk_group), F(scoring),
@@ -967,11 +1023,12 @@ int kosmos_moe_set(void* h, const KosmosMoeArgs* args, const void* wr_t, const v
     return fail(KOSMOS_ERR_INVALID, "moe sm90: E_tiles / E_loc do not fit E");
   if (a.E_tiles < a.E && (!a.ref_routes || !a.ref_slot))
     return fail(KOSMOS_ERR_INVALID, "moe sm90: remote experts without the reference routing's send slots");
-  if (a.peer_rows < 0 || (a.peer_rows && (!a.peer_expert || !a.peer_rel || !a.peer_total)))
+  if (a.peer_rows < 0 || (a.peer_rows && (!a.peer_expert || !a.peer_rel || !a.peer_total || !a.peer_inv || !a.peer_first)))
     return fail(KOSMOS_ERR_INVALID, "moe sm90: peer rows without their tables");
   if (a.route_blocks != (a.T + 127) / 128 || a.tiles_max < (a.T * a.topk + a.peer_rows + 127) / 128 + a.E_tiles)
     return fail(KOSMOS_ERR_INVALID, "moe sm90: route_blocks / tiles_max do not match T, topk, E");
-  if (a.ctr_words < KOSMOS_MOE_CTR_HEAD + 3 * a.tiles_max + 2 * a.route_blocks)
+  if (a.ce_flags && a.E_tiles == a.E) return fail(KOSMOS_ERR_INVALID, "moe sm90: copy-engine flags without peers");
+  if (a.ctr_words < KOSMOS_MOE_CTR_HEAD + 3 * a.tiles_max + 2 * a.route_blocks + a.E_tiles)
     return fail(KOSMOS_ERR_INVALID, "moe sm90: ctr_words too small");
   Params& P = *static_cast<Params*>(h);
   P.a = a;

@@ -65,7 +65,9 @@ def test_counter_names_for_the_watchdog():
     assert moe_sm90.counter_name(moe_sm90.CTR_HEAD + 3, T, k, E) == "arrived[3]"
     assert moe_sm90.counter_name(moe_sm90.CTR_HEAD + tm + 2, T, k, E) == "up_done[2]"
     assert moe_sm90.counter_name(moe_sm90.CTR_HEAD + 3 * tm, T, k, E) == "shared_up_done[0]"
-    assert moe_sm90.ctr_words(T, k, E) == moe_sm90.CTR_HEAD + 3 * tm + 2 * 8
+    assert moe_sm90.counter_name(moe_sm90.CTR_HEAD + 3 * tm + 2 * 8 + 5, T, k, E) == "combined[5]"
+    assert moe_sm90.counter_name(-2, T, k, E) == "copy-engine flag"
+    assert moe_sm90.ctr_words(T, k, E) == moe_sm90.CTR_HEAD + 3 * tm + 2 * 8 + E
 
 
 def test_args_struct_has_no_padding():
@@ -87,3 +89,37 @@ def test_policies_other_than_self_are_skipped_with_the_reason(op):
     assert why["self"] is None or "self-schedule" not in why["self"]
     for pol in ("fixed:4", "predicted"):
         assert f"self-schedule only (policy {pol}" in why[pol]
+
+
+def test_peer_inverse_table_names_every_expert_row_once():
+    """The host view's peer tables (moe_params.h peer_inv / peer_first): expert e's k-th peer row
+    (peers in order, each peer's rows of e in its order) is peer row peer_inv[peer_first[e] + k],
+    a permutation of the peer rows; GATHER and COMBINE_TILE read rows by it."""
+    from types import SimpleNamespace
+
+    s = mm.MoeShape(T=64, H=128, F=128, E=16, topk=2, world=4)
+    g = torch.Generator().manual_seed(3)
+    meta = {p: torch.sort(torch.randint(0, s.E_loc, (n,), generator=g)).values for p, n in ((1, 9), (2, 0), (3, 14))}
+    view = SimpleNamespace(peers=[1, 2, 3], routes0=torch.zeros(1, 2), slot0=torch.zeros(1, 2),
+                           recv_meta={p: torch.stack([m, m, m], 1).to(torch.int32) for p, m in meta.items()})
+    t = kosmos_moe.MoeRunner._peer_tables(view, s, "cpu")
+    inv, first, total = t["inv"].long(), t["first"].long(), t["total"].long()
+    assert sorted(inv.tolist()) == list(range(t["rows"])) and t["rows"] == 23
+    expert = torch.cat([meta[1], meta[2], meta[3]])
+    for e in range(s.E_loc):
+        rows = inv[first[e]:first[e] + total[e]]
+        assert bool((expert[rows] == e).all()) and rows.tolist() == sorted(rows.tolist())  # peers in order
+
+
+def test_mover_choice_and_its_reasons():
+    assert kosmos_moe.moe_mover(None, "host", 8) == "ce" and kosmos_moe.moe_mover(None, "local", 8) == "sm"
+    assert kosmos_moe.moe_mover(None, "host", 1) == "sm" and kosmos_moe.moe_mover("sm", "host", 8) == "sm"
+    s = mm.preset("qwen3-235b-a22b", T=256, world=8)
+    assert kosmos_moe.unsupported(s, "host", "ce") is None
+    assert "host-fabric only" in kosmos_moe.unsupported(s, "local", "ce")
+    from kosmos_bench.impls.kosmos import KosmosImpl
+    from kosmos_bench.point import Point
+
+    p = Point(op="moe-bwd", impl="kosmos", M=256, N=4096, K=1536, world=8, fabric="host", policy="self", mover="ce",
+              moe="qwen3-235b-a22b", routing="uniform", tokens=256)
+    assert "SM movers only" in KosmosImpl().unsupported(p)

@@ -97,12 +97,16 @@ def test_local_world(preset, routing, world):
         runner.close()
 
 
+@pytest.mark.parametrize("mover", ["ce", "sm"])
 @pytest.mark.parametrize("preset,routing", [("deepseek-v3", "uniform"), ("qwen3-235b-a22b", "zipf:1.2")])
-def test_host_world8(preset, routing):
-    """Rank-0 view: peers' rows in and their outputs out through pinned host memory; the bytes
-    the peers' buffers receive are checked too (rank 0's rows, and its outputs of peer rows)."""
+def test_host_world8(preset, routing, mover):
+    """Rank-0 view: peers' rows in and their outputs out through pinned host memory (mover ce:
+    the copy engine moves them beside the launch; sm: the kernel's movers load and store the
+    pinned buffers); the bytes the peers' buffers receive are checked too (rank 0's rows, and
+    its outputs of peer rows)."""
     shape = small(preset, T=384, world=8, routing=routing)
-    runner, inputs = make(shape, fabric="host")
+    runner, inputs = make(shape, fabric="host", mover=mover)
+    assert runner.mover == mover and bool(runner.ce_plans) == (mover == "ce")
     view = inputs.host["view"]
     try:
         for p in view.peers:

@@ -73,7 +73,8 @@ def test_host_fabric_matches_the_measured_uniform_points():
     d = d[(d.routing == "uniform") & (d.status == "ok")]
     assert len(d) == 6
     for _, r in d.iterrows():
-        sim = _sim(r.impl, preset=r.moe, world=8, fabric="host")["t_median_us"]
+        kw = {"mover": "sm"} if r.impl == "kosmos" else {}  # the run's kernel moved with SM movers
+        sim = _sim(r.impl, preset=r.moe, world=8, fabric="host", **kw)["t_median_us"]
         assert sim == pytest.approx(r.t_median_us, rel=0.15), (r.impl, r.moe, sim, r.t_median_us)
 
 

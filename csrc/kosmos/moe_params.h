@@ -9,7 +9,7 @@
 #pragma once
 #include <stdint.h>
 
-#define KOSMOS_MOE_ABI_VERSION 5
+#define KOSMOS_MOE_ABI_VERSION 6
 #define KOSMOS_MOE_MAX_E 256   // experts per launch (the router tile is 256 wide)
 #define KOSMOS_MOE_MAX_TOPK 16
 #define KOSMOS_MOE_TOK_BLOCK 32  // tokens per DISPATCH / INDEX / FOLD item, rows per GATHER item
@@ -22,16 +22,18 @@ enum KosmosMoeKind {
   KOSMOS_MOE_SHARED_UP = 2,   // shared expert gate/up tile (128 tokens x 256 of 2*Fs), SwiGLU epilogue
   KOSMOS_MOE_DISPATCH = 3,    // 32 tokens: rows of remote experts -> the owner's send buffer (host
                               //   fabric: pinned host memory); none without remote experts
-  KOSMOS_MOE_PEER_DISPATCH = 4,  // host fabric: 32 peer rows (pinned host) -> the sorted buffer
+  KOSMOS_MOE_PEER_DISPATCH = 4,  // unused (the peers' rows are GATHER's)
   KOSMOS_MOE_SHARED_DOWN = 5,
   KOSMOS_MOE_UP = 6,          // expert tile (queue position q, n-tile of 2F), SwiGLU epilogue
   KOSMOS_MOE_DOWN = 7,        // expert tile (q, n-tile of H)
-  KOSMOS_MOE_COMBINE = 8,     // host fabric: expert outputs of 32 peer rows -> the peers' buffers (pinned host)
+  KOSMOS_MOE_COMBINE = 8,     // unused (COMBINE_TILE, the movers')
   KOSMOS_MOE_FOLD = 9,        // 32 tokens: y = sum_j w_j * out[pos(t, j)] (+ shared), fixed order
   KOSMOS_MOE_NUM_KINDS = 10,
   KOSMOS_MOE_INDEX = 10,      // movers, 32 tokens: sorted_choice[pos(t, j)] = t * topk + j (own experts)
-  KOSMOS_MOE_GATHER = 11,     // movers, after every INDEX: 32 own rows of the tile at queue position
-                              //   q (item 4q + part) -> the expert-sorted buffer -> arrived[tile]
+  KOSMOS_MOE_GATHER = 11,     // movers, after every INDEX: rows 32 part.. of the tile at queue position
+                              //   q (item 4q + part; own rows from x, the peers' from recv_rows) -> arrived[tile]
+  KOSMOS_MOE_COMBINE_TILE = 12,  // movers, host fabric, after the GATHERs: the expert outputs of the
+                                 //   peer rows of the tile at queue position q -> recv_out (after its DOWNs)
 };
 
 // Counter words (uint32, zeroed by the last CTA of every call; the host zeroes them after an abort).
@@ -40,10 +42,12 @@ enum KosmosMoeCtr {
   KOSMOS_MOE_CTR_INDEX = 3,    // INDEX claims
   KOSMOS_MOE_CTR_INDEXED = 4,  // INDEX items done
   KOSMOS_MOE_CTR_GATHER = 5,   // GATHER claims
+  KOSMOS_MOE_CTR_SENT = 6,     // DISPATCH items done (host fabric)
+  KOSMOS_MOE_CTR_COMB = 7,     // COMBINE_TILE claims
   KOSMOS_MOE_CTR_HEAD = 8
 };
 // after the head: arrived[tiles_max], up_done[tiles_max], down_done[tiles_max], sh_up_done[route_blocks],
-// sh_down_done[route_blocks]
+// sh_down_done[route_blocks], combined[E_tiles] (peer rows of expert e whose outputs are in recv_out)
 
 typedef struct KosmosMoeArgs {
   const void* x;         // (T x H) bf16 tokens
@@ -72,6 +76,19 @@ typedef struct KosmosMoeArgs {
   void* gush;            // (T x 2Fs) (Fs > 0)
   int32_t* own_total;    // (E) rows of expert e from the executed tokens this call (scan)
   int32_t* sorted_choice; // (M_MAX) choice t * topk + j of each own row of the expert-sorted buffer (INDEX)
+  // host fabric: the peers' rows of expert e in sorted order, as peer rows (below):
+  // peer_inv[peer_first[e] + k] = the peer row of e's k-th peer row (static, from the view)
+  const int32_t* peer_inv;    // (R)
+  const int32_t* peer_first;  // (E_tiles)
+  // host fabric with copy-engine movers (mover ce; NULL: SM movers read and write the pinned
+  // buffers below themselves): those buffers are then device copies that the runner's copy-
+  // engine plans move over PCIe, and these words (monotonic, = the call's epoch when released)
+  // order the two: [e] expert e's peer rows are in recv_rows, [E_tiles + p - 1] peer p's
+  // send_out is in (both written by the copy engine); [E_tiles + 7] every DISPATCH row is in
+  // send_rows, [E_tiles + 8 + e] every peer row of expert e has its output in recv_out (both
+  // written by the kernel; the last CTA releases all of them at exit, so an aborted call
+  // leaves no copy waiting). 2 E_tiles + 8 words.
+  uint32_t* ce_flags;
   // host fabric: the peers' outputs exist for rank 0's reference routing only (moe_host.py): a
   // remote choice (t, e) finds its row in e's owner's send buffers where ref_routes[t][j'] == e
   // (ref_slot[t][j']); a choice the reference did not make has no row (-1: not sent, adds 0)
@@ -104,7 +121,7 @@ typedef struct KosmosMoeArgs {
   float scale;
   // expert-tile order of UP / DOWN (and the backward's DH / DX), set by SCAN: 0 demand (tiles
   // whose rows are all own first, expert by expert, so the tiles in flight share one expert's
-  // weights in L2; then the tiles waiting for peer rows, first tiles of every expert first),
+  // weights in L2; then the tiles waiting for peer rows, expert by expert),
   // 1 fifo (first tile of every expert, then the second...: the order dispatch fills them),
   // 2 reverse (of demand), 3 random (a fixed permutation of demand)
   int32_t queue_order;

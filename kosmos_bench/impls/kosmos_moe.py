@@ -38,10 +38,12 @@ from .kosmos import DEFAULT_TIMEOUT_S, WatchdogError
 DEFAULT_TRACE_CAP = 4096
 
 
-def unsupported(shape, fabric: str) -> str | None:
-    """Why this kernel cannot run `shape` on `fabric` (None: it can). No GPU needed."""
+def unsupported(shape, fabric: str, mover: str = "sm") -> str | None:
+    """Why this kernel cannot run `shape` on `fabric` with `mover` (None: it can). No GPU needed."""
     if fabric not in ("local", "world1", "host") and shape.world > 1:
         return f"kosmos moe: fabric {fabric} is not implemented yet (world 1, local and host)"
+    if mover == "ce" and (fabric != "host" or shape.world == 1):
+        return f"kosmos moe: mover ce: copy-engine movers are host-fabric only (fabric {fabric}, world {shape.world})"
     ws = shape.world if fabric == "local" else 1
     T = shape.T * ws
     E = shape.E
@@ -75,13 +77,15 @@ def arrange_w1(W1):
 class MoeRunner:
     def __init__(self, shape, ctx, inputs, *, ranks: list[int], fabric: str = "local", timeout_s: float | None = None,
                  grid: int | None = None, spin_ns: int = 32, trace_cap: int = DEFAULT_TRACE_CAP,
-                 debug_skip_scan: bool = False, save_preact: bool = False, queue_order: str = "demand"):
+                 debug_skip_scan: bool = False, save_preact: bool = False, queue_order: str = "demand",
+                 mover: str = "sm"):
         import torch
 
         host = fabric == "host" and shape.world > 1
-        why = unsupported(shape, "host" if host else ("local" if len(ranks) > 1 else "world1"))
+        why = unsupported(shape, "host" if host else ("local" if len(ranks) > 1 else "world1"), mover)
         if why:
             raise ValueError(why)
+        self.mover = mover
         self.shape, self.ranks, self.closed = shape, list(ranks), False
         self.dev = ctx.device
         self.lib = K.load()
@@ -144,6 +148,8 @@ class MoeRunner:
         self.gush = torch.zeros(T, 2 * Fs, dtype=bf, device=dev) if save_preact and Fs else None
         self.own_total = torch.empty(E, dtype=i32, device=dev)
         self.sorted_choice = torch.empty(tm * K.BM, dtype=i32, device=dev)  # t*k+j of each own sorted row
+        self.calls = 0  # launches so far: the next one's epoch is calls + 1 (the kernel's state[0] + 1)
+        self.ce_plans = []
         self.ctr = torch.zeros(K.ctr_words(T, k, E_tiles, R), dtype=i32, device=dev)
         self.state = torch.zeros(4, dtype=i32, device=dev)
         self.err = torch.zeros(64, dtype=torch.uint8, device=dev)
@@ -171,10 +177,15 @@ class MoeRunner:
             self._peer = peer  # keeps the tables alive
             a.ref_routes, a.ref_slot = ptr(peer["ref_routes"]), ptr(peer["ref_slot"])
             a.peer_expert, a.peer_rel, a.peer_total = ptr(peer["expert"]), ptr(peer["rel"]), ptr(peer["total"])
+            a.peer_inv, a.peer_first = ptr(peer["inv"]), ptr(peer["first"])
             a.peer_rows = R
+            bufs = {n: getattr(view, n) for n in ("recv_rows", "recv_out", "send_rows", "send_out")}
+            if mover == "ce":  # the kernel's side of them: device copies the copy-engine plans move
+                bufs = self._ce_setup(view, peer, shape, dev)
+                a.ce_flags = ptr(self.ce_flags)
             for p in view.peers:
-                a.recv_rows[p], a.recv_out[p] = view.recv_rows[p].data_ptr(), view.recv_out[p].data_ptr()
-                a.send_rows[p], a.send_out[p] = view.send_rows[p].data_ptr(), view.send_out[p].data_ptr()
+                for n, b in bufs.items():
+                    getattr(a, n)[p] = b[p].data_ptr()
             for p in range(K.MAX_PEERS + 1):
                 a.peer_begin[p] = peer["begin"][min(p, len(peer["begin"]) - 1)]
         a.timeout_ns = int(self.timeout_s * 1e9)
@@ -215,10 +226,89 @@ class MoeRunner:
             seen += cnt
             begin.append(begin[-1] + e.numel())
         cat = lambda xs: torch.cat(xs).to(torch.int32).to(dev) if xs else torch.zeros(1, dtype=torch.int32, device=dev)  # noqa: E731
+        first = torch.cumsum(seen, 0) - seen  # expert e's first entry in inv
+        inv = torch.zeros(max(1, begin[-1]), dtype=torch.int64)
+        if experts:
+            inv[first[torch.cat(experts)] + torch.cat(rels)] = torch.arange(begin[-1])
         return {"rows": begin[-1], "begin": begin, "expert": cat(experts), "rel": cat(rels),
+                "inv": inv.to(torch.int32).to(dev), "first": first.to(torch.int32).to(dev),
                 "total": seen.to(torch.int32).to(dev),
                 "ref_routes": view.routes0.to(torch.int32).to(dev).contiguous(),
                 "ref_slot": view.slot0.to(torch.int32).to(dev).contiguous()}
+
+    def _ce_setup(self, view, peer: dict, shape, dev) -> dict:
+        """mover ce (host fabric): device copies of the view's four peer buffers for the kernel,
+        the copy-engine flags (moe_params.h ce_flags) and two plans of the main library's
+        copy-engine runtime (runtime.cu): host -> device, recv_rows expert by expert (the order
+        the kernel's demand order needs them; one release per expert, on its last block) and then
+        send_out peer by peer (one release each); device -> host, send_rows peer by peer after
+        the kernel's last DISPATCH, then recv_out expert by expert as the kernel releases them.
+        Returns the device buffers, by name and peer."""
+        import torch
+
+        from .. import kernels
+        from .kosmos import plan_streams
+
+        self.klib = kernels.load()
+        E_loc = shape.E_loc
+        names = ("recv_rows", "recv_out", "send_rows", "send_out")
+        bufs = {n: {p: torch.empty_like(getattr(view, n)[p], device=dev) for p in view.peers} for n in names}
+        self.ce_bufs = bufs
+        self.ce_flags = torch.zeros(2 * E_loc + 8, dtype=torch.int32, device=dev)
+        flag = lambda i: self.ce_flags.data_ptr() + 4 * i  # noqa: E731
+        row = shape.H * 2
+        cnt = {p: torch.bincount(view.recv_meta[p][:, 0].long(), minlength=E_loc).tolist() for p in view.peers}
+        first = {p: np.concatenate([[0], np.cumsum(cnt[p])[:-1]]).astype(int).tolist() for p in view.peers}
+        blocks = [(e, p) for e in range(E_loc) for p in view.peers if cnt[p][e]]
+        last = {e: p for e, p in blocks}  # each expert's last block releases it
+        h2d = [(bufs["recv_rows"][p], view.recv_rows[p], first[p][e], cnt[p][e], flag(e) if last[e] == p else 0)
+               for e, p in blocks]
+        h2d += [(bufs["send_out"][p], view.send_out[p], 0, len(view.send_out[p]), flag(E_loc + p - 1))
+                for p in view.peers if len(view.send_out[p])]
+        d2h = [(view.send_rows[p], bufs["send_rows"][p], 0, len(view.send_rows[p]), flag(E_loc + 7))
+               for p in view.peers if len(view.send_rows[p])]
+        d2h += [(view.recv_out[p], bufs["recv_out"][p], first[p][e], cnt[p][e], flag(E_loc + 8 + e)) for e, p in blocks]
+        streams = plan_streams(self.klib, dev.index or 0, 3)
+        if h2d:
+            self.ce_plans.append(self._ce_plan(h2d, streams[0], streams[1], row, waits=False))
+        if d2h:
+            self.ce_plans.append(self._ce_plan(d2h, streams[2], streams[2], row, waits=True))
+        return bufs
+
+    def _ce_plan(self, entries, copy_stream: int, flag_stream: int, row: int, *, waits: bool):
+        """A copy-engine plan of (dst, src, first row, rows, word) entries: each copy releases its
+        word (its address; 0: none) with the call's epoch, or (waits) first waits for the word
+        to reach it."""
+        n = len(entries)
+        u64 = lambda xs: np.ascontiguousarray(np.array(xs, dtype=np.uint64))  # noqa: E731
+        cols = [u64([d.data_ptr() + r0 * row for d, _, r0, _, _ in entries]),
+                u64([s_.data_ptr() + r0 * row for _, s_, r0, _, _ in entries]),
+                u64([row] * n), u64([rows for *_, rows, _ in entries]), u64([row] * n)]
+        words = u64([w for *_, w in entries])
+        ones, zeros = np.ones(n, dtype=np.uint32), np.zeros(n, dtype=np.uint32)
+        P64, P32 = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+        release = u64([0] * n) if waits else words
+        head = 0 if waits else (1 if n > 1 else n)
+        h = self.klib.kosmos_ce_plan_create(ctypes.c_void_p(copy_stream), ctypes.c_void_p(flag_stream), n,
+                                            *(c.ctypes.data_as(P64) for c in cols), release.ctypes.data_as(P64),
+                                            (zeros if waits else ones).ctypes.data_as(P32), zeros.ctypes.data_as(P32),
+                                            head, n - 1 if not waits else n)
+        if not h:
+            raise RuntimeError(f"kosmos moe: copy-engine plan: {self._klib_error()}")
+        self._keep = getattr(self, "_keep", []) + [cols, words, ones, zeros, release]
+        if waits:
+            self._ce_ok(self.klib.kosmos_ce_plan_set_waits(h, n, words.ctypes.data_as(P64), ones.ctypes.data_as(P32)),
+                        "kosmos_ce_plan_set_waits")
+        return h
+
+    def _klib_error(self) -> str:
+        from .. import kernels
+
+        return kernels.last_error(self.klib)
+
+    def _ce_ok(self, rc: int, what: str) -> None:
+        if rc != 0:
+            raise RuntimeError(f"kosmos moe: {what}: {self._klib_error()} (rc {rc})")
 
     # ---- helpers ----
     def _ok(self, rc: int) -> None:
@@ -234,7 +324,15 @@ class MoeRunner:
         import torch
 
         stream = torch.cuda.current_stream(self.dev).cuda_stream
+        epoch = self.calls + 1
+        # copy-engine plans (mover ce): the host -> device copies' first entry before the launch,
+        # the rest after it; the device -> host copies wait on the kernel, so all of them after it
+        for plan in self.ce_plans:
+            self._ce_ok(self.klib.kosmos_ce_plan_begin(plan, ctypes.c_void_p(stream), epoch), "kosmos_ce_plan_begin")
         self._ok(self.lib.kosmos_moe_launch(ctypes.c_void_p(self.handle), ctypes.c_void_p(stream)))
+        self.calls += 1
+        for plan in self.ce_plans:
+            self._ce_ok(self.klib.kosmos_ce_plan_end(plan, ctypes.c_void_p(stream), epoch), "kosmos_ce_plan_end")
 
     def _raise_if_timed_out(self) -> None:
         if self.closed:
@@ -279,6 +377,9 @@ class MoeRunner:
         if self.handle:
             self.lib.kosmos_moe_destroy(ctypes.c_void_p(self.handle))
             self.handle = None
+        for plan in self.ce_plans:
+            self.klib.kosmos_ce_plan_destroy(plan)
+        self.ce_plans = []
         self.outputs = {}
         self.routes = {}
 
@@ -382,7 +483,17 @@ def prepare_moe(point, ctx, inputs, *, config=None, timeout_s: float | None = No
     if shape.world > 1 and fabric not in ("local", "host"):
         raise ValueError(unsupported(shape, fabric) or f"kosmos moe: fabric {fabric}")
     ranks = list(range(shape.world)) if shape.world > 1 and fabric == "local" else [ctx.rank]
-    return MoeRunner(shape, ctx, inputs, ranks=ranks, fabric=fabric, timeout_s=timeout_s, **runner_settings(config, kw))
+    mover = moe_mover(kw.pop("mover", None) or getattr(config, "mover", None), fabric, shape.world)
+    return MoeRunner(shape, ctx, inputs, ranks=ranks, fabric=fabric, timeout_s=timeout_s, mover=mover,
+                     **runner_settings(config, kw))
+
+
+def moe_mover(mover: str | None, fabric: str, world: int) -> str:
+    """The forward kernel's movers: the configuration's ``mover``, else (auto) kosmos.builder's
+    rule (the copy engine on the host fabric at world > 1, SM movers elsewhere)."""
+    from ..kosmos.builder import mover_choice  # noqa: PLC0415
+
+    return mover_choice(mover, "moe", fabric, "sm90", "self", world)
 
 
 def runner_settings(config, kw: dict) -> dict:
@@ -398,4 +509,7 @@ def unsupported_moe(point) -> str | None:
     """Why the kernel does not run `point` (None: it does); KosmosImpl.validate calls it."""
     from ..ops.moe import moe_shape  # noqa: PLC0415
 
-    return unsupported(moe_shape(point), point.fabric if point.world > 1 else "world1")
+    from ..kosmos.config import KosmosConfig  # noqa: PLC0415
+
+    fabric = point.fabric if point.world > 1 else "world1"
+    return unsupported(moe_shape(point), fabric, moe_mover(KosmosConfig.from_point(point).mover, fabric, point.world))

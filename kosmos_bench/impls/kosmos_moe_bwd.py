@@ -224,4 +224,8 @@ def unsupported_moe_bwd(point) -> str | None:
     """Why the backward kernel does not run `point` (None: it does); KosmosImpl.unsupported calls it."""
     from ..ops.moe import moe_shape  # noqa: PLC0415
 
+    from ..kosmos.config import KosmosConfig  # noqa: PLC0415
+
+    if KosmosConfig.from_point(point).mover == "ce":
+        return "kosmos moe backward: SM movers only (the copy-engine movers are the forward kernel's)"
     return unsupported_bwd(moe_shape(point), point.fabric if point.world > 1 else "world1")

@@ -17,7 +17,7 @@ from . import libs
 from .abi import struct_mismatches
 
 LIB = libs.MOE_SM90
-ABI_VERSION = 5
+ABI_VERSION = 6
 MAX_E = 256
 MAX_TOPK = 16
 TOK_BLOCK = 32  # tokens per DISPATCH / INDEX / FOLD item, rows per GATHER item
@@ -26,11 +26,11 @@ BM = 128        # rows per expert tile (segments of the sorted buffer are padded
 # Item kinds in claim order (moe_params.h KosmosMoeKind): the error record's `queue`, and the
 # high byte of a trace record's item; INDEX and GATHER are the movers' (outside the sequence).
 KINDS = ("ROUTE", "SCAN", "SHARED_UP", "DISPATCH", "PEER_DISPATCH", "SHARED_DOWN", "UP", "DOWN", "COMBINE", "FOLD",
-         "INDEX", "GATHER")
+         "INDEX", "GATHER", "COMBINE_TILE")
 # Counter words (KosmosMoeCtr): head, then arrived / up_done / down_done [tiles_max],
-# sh_up_done / sh_down_done [route_blocks].
+# sh_up_done / sh_down_done [route_blocks], combined [E (with tiles)].
 CTR_HEAD = 8
-HEAD_NAMES = ("claim", "routed", "exit", "index claim", "indexed", "gather claim", "unused", "unused")
+HEAD_NAMES = ("claim", "routed", "exit", "index claim", "indexed", "gather claim", "sent", "combine claim")
 # Trace roles of this kernel (the kernel's MoeRole).
 ROLE_CODES = {0: "ROUTER", 1: "DISPATCH", 2: "EXPERT", 3: "COMBINE", 4: "FOLD"}
 
@@ -44,7 +44,8 @@ class MoeArgs(C.Structure):
         ("x", P), ("bias", P), ("y", P), ("routes", P), ("weights", P), ("rank", P), ("logits", P),
         ("blk_cnt", P), ("blk_base", P), ("seg_start", P), ("tile_order", P), ("tile_expert", P),
         ("tile_rows", P), ("meta", P), ("xs", P), ("hs", P), ("os", P), ("hsh", P), ("ysh", P),
-        ("gus", P), ("gush", P), ("own_total", P), ("sorted_choice", P), ("ref_routes", P), ("ref_slot", P), ("peer_expert", P), ("peer_rel", P), ("peer_total", P),
+        ("gus", P), ("gush", P), ("own_total", P), ("sorted_choice", P), ("peer_inv", P), ("peer_first", P), ("ce_flags", P),
+        ("ref_routes", P), ("ref_slot", P), ("peer_expert", P), ("peer_rel", P), ("peer_total", P),
         ("recv_rows", P * MAX_PEERS), ("recv_out", P * MAX_PEERS), ("send_rows", P * MAX_PEERS),
         ("send_out", P * MAX_PEERS), ("peer_begin", I32 * (MAX_PEERS + 1)), ("E_tiles", I32), ("E_loc", I32),
         ("peer_rows", I32),
@@ -58,7 +59,7 @@ class MoeArgs(C.Structure):
     ]
 
 
-assert C.sizeof(MoeArgs) == (33 + 4 * MAX_PEERS) * 8 + 8 + (9 + 3 + 18) * 4, C.sizeof(MoeArgs)
+assert C.sizeof(MoeArgs) == (36 + 4 * MAX_PEERS) * 8 + 8 + (9 + 3 + 18) * 4, C.sizeof(MoeArgs)
 
 
 def tiles_max(T: int, topk: int, E: int, peer_rows: int = 0) -> int:
@@ -69,18 +70,20 @@ def tiles_max(T: int, topk: int, E: int, peer_rows: int = 0) -> int:
 
 def ctr_words(T: int, topk: int, E: int, peer_rows: int = 0) -> int:
     nb = -(-T // BM)
-    return CTR_HEAD + 3 * tiles_max(T, topk, E, peer_rows) + 2 * nb
+    return CTR_HEAD + 3 * tiles_max(T, topk, E, peer_rows) + 2 * nb + E
 
 
 def counter_name(word: int, T: int, topk: int, E: int, peer_rows: int = 0) -> str:
     """What counter word `word` is (for the watchdog's message); -1 is the scan flag."""
+    if word == -2:
+        return "copy-engine flag"
     if word < 0:
         return "scan flag"
     if word < CTR_HEAD:
         return f"counter {HEAD_NAMES[word]}"
     w, tm, nb = word - CTR_HEAD, tiles_max(T, topk, E, peer_rows), -(-T // BM)
     for name, n in (("arrived", tm), ("up_done", tm), ("down_done", tm), ("shared_up_done", nb),
-                    ("shared_down_done", nb)):
+                    ("shared_down_done", nb), ("combined", E)):
         if w < n:
             return f"{name}[{w}]"
         w -= n

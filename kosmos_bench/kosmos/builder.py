@@ -143,6 +143,8 @@ def mover_choice(mover: str | None, op: str, fabric: str, builder: str, policy: 
         return mover
     if world == 1:  # nothing moves
         return "sm"
+    if op == "moe":  # the MoE forward kernel (sm90, self-scheduling only): the copy engine on the host fabric
+        return "ce" if fabric == "host" else "sm"
     ce = op in CE_AUTO_OPS and fabric == "host" and builder == "sm90" and policy == "self"
     return "ce" if ce else "sm"
 

@@ -12,8 +12,9 @@ profile (every row says so in `sim_model`):
   (N = H, depth F), spread over the SMs as one persistent grouped GEMM;
 * dispatch / combine: the rows that cross ranks (rank 0's sent + received, each way) over the
   fabric: host -> PCIe (the torch pipelines' copy engine, one direction after the other on
-  their one stream, both at once in torch-moe-overlap; kosmos's SM movers at the measured rate of
-  both directions together, link.moe_sm_duplex_GBps), nvlink -> the NCCL point-to-point rate,
+  their one stream, both at once in torch-moe-overlap and in kosmos's forward with its auto
+  mover, the copy engine; SM movers (mover sm) at the measured rate of both directions
+  together, link.moe_sm_duplex_GBps), nvlink -> the NCCL point-to-point rate,
   local -> device copies at HBM speed;
 * memory passes (permute, activation, unpermute, fold) at HBM speed x MEM_EFFICIENCY, bytes
   counted per step (eager torch materialises fp32 activations; compiled fuses them; kosmos
@@ -115,7 +116,7 @@ def _transfer_us(p: Point, prof: dict, s: mm.MoeShape, ld: Loads, *, movers: boo
             h2d, d2h = link["h2d_GBps"], link["d2h_GBps"]
             duplex = link.get("moe_sm_duplex_GBps", link.get("duplex_GBps", h2d + d2h))
             one = max(out_b / d2h, in_b / h2d, (out_b + in_b) / duplex) / 1e3
-        elif p.impl == "torch-moe-overlap":
+        elif p.impl in ("torch-moe-overlap", "kosmos"):  # kosmos: its copy-engine movers
             one = max(baselines._copy_us(prof, out_b, "d2h"), baselines._copy_us(prof, in_b, "h2d"))
         else:
             one = baselines._copy_us(prof, out_b, "d2h") + baselines._copy_us(prof, in_b, "h2d")
@@ -150,12 +151,17 @@ def simulate(p: Point, prof: dict) -> dict:
     launch = prof["launch_overhead_us"]
     router = len(ranks) * baselines.cublas_us(prof, "bf16", s.T, s.E, s.H, launch=False)
     shared = len(ranks) * _shared_us(prof, s)
-    disp, comb = _transfer_us(p, prof, s, ld, movers=p.impl == "kosmos")
+    from ..kosmos.builder import mover_choice  # noqa: PLC0415
+    from ..kosmos.config import KosmosConfig  # noqa: PLC0415
+
+    ce = p.impl == "kosmos" and p.op == "moe" and \
+        mover_choice(KosmosConfig.from_point(p).mover, "moe", p.fabric, "sm90", "self", s.world) == "ce"
+    disp, comb = _transfer_us(p, prof, s, ld, movers=p.impl == "kosmos" and not ce)
     H, F = s.H, s.F
     if p.impl == "kosmos":
         kind, k = _policy(p.policy)
         movers = 0
-        if s.world > 1 and p.fabric == "host":
+        if s.world > 1 and p.fabric == "host" and not ce:  # copy-engine movers take no WGs
             link = prof["link"]
             movers = k if kind == "fixed" else math.ceil(max(link["h2d_GBps"], link["d2h_GBps"]) / link["wg_GBps"])
         if kind == "fixed":  # k WGs are movers for the whole call
