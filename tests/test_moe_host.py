@@ -82,6 +82,27 @@ def test_rank0_output_from_the_view_matches_the_reference():
         assert wrong == 0
 
 
+def test_a_near_tie_to_another_remote_expert_adds_nothing_and_is_not_an_error():
+    """The view holds the peers' outputs for routes0 only: a routing that swaps one choice for
+    another remote expert (a tie) finds no row, and absent() marks exactly that choice, which the
+    reference then leaves out; a choice the view does hold stays in (dropping it is wrong)."""
+    s = _tiny()
+    x0, Wr, _, v = _view(s, seed=5)
+    idx = v.routes0.clone()
+    t, j = next((t, j) for t in range(s.T) for j in range(s.topk) if idx[t, j] >= s.E_loc)
+    other = next(e for e in range(s.E_loc, s.E) if e not in idx[t].tolist())
+    idx[t, j] = other
+    absent = v.absent(idx)
+    assert absent.sum() == 1 and absent[t, j]
+    assert not v.absent(v.routes0).any()
+    full = mm.reference(s, 0, x0, idx, "cpu", 5, Wr=Wr)
+    left = mm.reference(s, 0, x0, idx, "cpu", 5, Wr=Wr, absent=absent)
+    assert torch.equal(full[:t], left[:t]) and torch.equal(full[t + 1:], left[t + 1:])
+    w = mm.weights_for(s, x0.float() @ Wr.float().t(), idx)[t, j]
+    w1, w2 = mm.expert(s, other, "cpu", 5)
+    torch.testing.assert_close(full[t] - left[t], w * mm.ffn(x0[t:t + 1], w1, w2)[0], rtol=1e-4, atol=1e-4)
+
+
 def test_bytes_moved_count_rows_both_ways():
     s = _tiny(world=2, routing="uniform")
     _, _, _, v = _view(s)

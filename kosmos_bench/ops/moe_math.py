@@ -236,14 +236,17 @@ def ffn(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
 
 
 def reference(s: MoeShape, rank: int, x: torch.Tensor, idx: torch.Tensor, device, seed: int,
-              Wr: torch.Tensor | None = None) -> torch.Tensor:
+              Wr: torch.Tensor | None = None, absent: torch.Tensor | None = None) -> torch.Tensor:
     """fp32 output (T x H) of rank `rank` for its tokens x and the given routing decisions idx
     (the implementation's, already checked by `routing_mismatches`); weights recomputed in fp32
-    from the router. Experts are made one at a time (see `expert`)."""
+    from the router. absent (T x k bool): choices with no expert output (the host view's,
+    moe_host.MoeHostView.absent), which add 0. Experts are made one at a time (see `expert`)."""
     if Wr is None:
         Wr, _ = router(s, device, seed)
     logits = x.float() @ Wr.float().t()
     w = weights_for(s, logits, idx)
+    if absent is not None:
+        w = w.masked_fill(absent.to(w.device), 0.0)
     y = torch.zeros(x.shape[0], s.H, device=device, dtype=torch.float32)
     idx = idx.long()
     for e in torch.unique(idx).tolist():
