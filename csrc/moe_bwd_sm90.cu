@@ -32,7 +32,7 @@
 //   DH q,n           math   arrived[g] == 128 (g = the forward's tile_order[q]) -> dh_done[g]
 //   DXR mb,n         math   lg_done[mb] == tokens of the block                  -> xr_done[mb]
 //   DWR r,m,n        math   lg_done of rank r's blocks
-//   DX q,n           math   dh_done[g] == F-tiles                               -> dx_done[g]
+//   DX q,n           math   dh_done[g] == F-tiles (raster_tile order)           -> dx_done[g]
 //   PEER_COMBINE b   loader dx_done of its rows' tiles (host fabric: their dx rows -> the peers, pinned host)
 //   SHARED_DX mb,n   math   sdh_done[mb]                                        -> sdx_done[mb]
 //   WG2 e,m,n        math   arrived of every tile of e
@@ -226,8 +226,8 @@ __device__ int decide(const Ctx& c, const Layout& L) {
         break;
       case KOSMOS_MOE_BWD_DH:
       case KOSMOS_MOE_BWD_DX: {
-        const int n_per = kind == KOSMOS_MOE_BWD_DH ? L.nF : L.nH;
-        const int q = i / n_per;
+        int q = i / L.nF, n;
+        if (kind == KOSMOS_MOE_BWD_DX) moe::raster_tile(i, L.nH, f.tiles_max, &q, &n);
         if (q >= ldcg(f.meta)) continue;  // beyond the forward's tiles
         const int g = ldcg(f.tile_order + q);
         ok = kind == KOSMOS_MOE_BWD_DH ? c.wait(c.arrived() + g, uint32_t(kBM), kind, i)
@@ -592,7 +592,9 @@ __device__ __forceinline__ void math_loop(const Ctx& c, const Layout& L, Shared&
         break;
       }
       case KOSMOS_MOE_BWD_DX: {
-        const int g = ldcg(f.tile_order + i / L.nH), n = i % L.nH;
+        int q, n;
+        moe::raster_tile(i, L.nH, f.tiles_max, &q, &n);
+        const int g = ldcg(f.tile_order + q);
         auto acc = BuilderN::make_accum();
         bn.mma_k(acc, 2 * F / kBK);
         bn.store_staged_to(acc, m, static_cast<bf16*>(a.dxs) + int64_t(g) * kBM * H + n * kBN, H, kBM, H - n * kBN);
@@ -712,8 +714,10 @@ __device__ void produce_item(const Params& P, const Layout& L, BuilderN& bn, Bui
       bn.produce_grouped(P.dxr, T, 1, 0, i / L.nH, H, a.E8, cdiv(a.E8, kBK), 1, 0, i % L.nH);
       break;
     case KOSMOS_MOE_BWD_DX: {
-      const int g = ldcg(f.tile_order + i / L.nH);
-      bn.produce_grouped(P.dx, rows_s, 1, 0, g, H, 2 * F, 2 * F / kBK, f.E_tiles, ldcg(f.tile_expert + g), i % L.nH);
+      int q, n;
+      moe::raster_tile(i, L.nH, f.tiles_max, &q, &n);
+      const int g = ldcg(f.tile_order + q);
+      bn.produce_grouped(P.dx, rows_s, 1, 0, g, H, 2 * F, 2 * F / kBK, f.E_tiles, ldcg(f.tile_expert + g), n);
       break;
     }
     case KOSMOS_MOE_BWD_SHARED_DX:
@@ -796,17 +800,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_bwd_sm90_kernel(const __grid_
     cutlass::arch::warpgroup_reg_dealloc<kLoaderRegs>();
     int folds_claimed = 0;  // (thread kSched)
     for (;;) {
-      if (tid == kSched) {
-        // a FOLD has no mainloop stages to throttle the claims: claim the next one when the math
-        // warps finished the last, so the FOLDs spread over every CTA
-        while (*reinterpret_cast<volatile int*>(&s.folds_done) < folds_claimed && !aborted(c.sc)) __nanosleep(64);
-        s.bad = 0;
-        s.cmd[0] = decide(c, L);
-        folds_claimed += s.cmd[0] >= 0 && (s.cmd[0] >> 24) == KOSMOS_MOE_BWD_FOLD;
-      }
-      named_bar_sync(kBarLoader, kLoaderThreads);  // cmd written
-      const int item = s.cmd[0];
-      named_bar_sync(kBarLoader, kLoaderThreads);  // cmd read
+      const int item = moe::next_loader_item(s, folds_claimed, KOSMOS_MOE_BWD_FOLD, tid == kSched, kBarLoader,
+                                             kLoaderThreads, c.sc, [&] { return decide(c, L); });
       if (item < 0) break;
       const int kind = item >> 24, i = item & 0xffffff;
       if (!is_loader_item(kind)) {

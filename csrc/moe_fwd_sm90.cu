@@ -21,7 +21,7 @@
 //   SHARED_UP m,n  math  shared expert gate/up tile, SwiGLU epilogue -> sh_up_done[m]
 //   DISPATCH b     main  (remote experts only) rows of tokens 32b.. to the owners' send buffers
 //   SHARED_DOWN    math  after its m-tile's SHARED_UPs -> sh_down_done[m]
-//   UP q,n         math  (L.up_tile: 16 queue positions at a time, n-tiles outer)
+//   UP q,n         math  (moe_common.cuh raster_tile: 16 queue positions at a time, n-tiles outer)
 //                        after every row of tile g = tile_order[q] arrived: A = sorted rows,
 //                        B = W1t[e] (H x 2F, columns of n-tile n = [128 gate | 128 up], arranged
 //                        once at prepare), h = silu(g) * u (bf16) -> up_done[g]
@@ -135,16 +135,8 @@ struct Layout {
     begin[0] = 0;
     for (int k = 0; k < KOSMOS_MOE_NUM_KINDS; ++k) begin[k + 1] = begin[k] + n[k];
   }
-  // UP item i -> (queue position q, n-tile n): groups of kUpGroup queue positions, n-tiles outer
-  // in a group, so the ~132 items in flight read ~16 tiles' rows and ~8 n-tiles of one expert's
-  // W1 (q-major: ~8 tiles and all n-tiles, 74 MB at deepseek-v3's H 7168, F 2048: beyond L2).
-  static constexpr int kUpGroup = 16;
-  __device__ void up_tile(int i, int* q, int* n) const {
-    const int g0 = i / (kUpGroup * nu) * kUpGroup, r = i % (kUpGroup * nu);
-    const int gm = min(kUpGroup, tm - g0);
-    *q = g0 + r % gm;
-    *n = r / gm;
-  }
+  // UP item i -> (queue position q, n-tile n): moe_common.cuh raster_tile
+  __device__ void up_tile(int i, int* q, int* n) const { moe::raster_tile(i, nu, tm, q, n); }
   __device__ int count(int k) const { return begin[k + 1] - begin[k]; }
   __device__ int kind_of(int c) const {
     int k = 0;
@@ -837,17 +829,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
     } else {
       int folds_claimed = 0;  // (thread kSched)
       for (;;) {
-        if (tid == kSched) {
-          // a FOLD has no mainloop stages to throttle the claims: claim the next one when the math
-          // warps finished the last, so the FOLDs spread over every CTA
-          while (*reinterpret_cast<volatile int*>(&s.folds_done) < folds_claimed && !aborted(c.sc)) __nanosleep(64);
-          s.bad = 0;
-          s.cmd[0] = decide(c, L);
-          folds_claimed += s.cmd[0] >= 0 && (s.cmd[0] >> 24) == KOSMOS_MOE_FOLD;
-        }
-        named_bar_sync(kBarLoader, kMainThreads);  // cmd written
-        const int item = s.cmd[0];
-        named_bar_sync(kBarLoader, kMainThreads);  // cmd read
+        const int item = moe::next_loader_item(s, folds_claimed, KOSMOS_MOE_FOLD, tid == kSched, kBarLoader,
+                                               kMainThreads, c.sc, [&] { return decide(c, L); });
         if (item < 0) break;
         const int kind = item >> 24, i = item & 0xffffff;
         switch (kind) {

@@ -1,12 +1,13 @@
 // moe_common.cuh — device helpers shared by the MoE forward and backward kernels
 // (csrc/moe_fwd_sm90.cu, csrc/moe_bwd_sm90.cu): the sorted-row position of a choice, the
-// row copy of the loader warps, named barriers, the wgmma accumulator layout, a
+// row copy of the loader warps, named barriers, the loader's claim loop, the expert-tile raster, the wgmma accumulator layout, a
 // deterministic warp sum. Include after the CUDA / bf16 headers (builder_sm90.cuh).
 #pragma once
 #include <cuda_bf16.h>
 
 #include "moe_params.h"
 #include "platform.cuh"
+#include "sync.cuh"
 
 namespace kosmos {
 namespace moe {
@@ -16,6 +17,39 @@ constexpr int kMoeBM = 128;  // rows per expert tile (segments of the sorted buf
 __device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 
 __device__ __forceinline__ int ldcg(const int32_t* p) { return __ldcg(p); }
+
+// The loader's next item, claimed by its scheduler thread (decide(): the kernel's claim and
+// wait) and shared with the loader threads through s.cmd[0] (< 0: none left). A FOLD has no
+// mainloop stages to throttle its claims: the next claim waits until the math warps finished
+// the CTA's last FOLD (s.folds_done), so the FOLDs spread over every CTA.
+template <class Shared, class Decide>
+__device__ __forceinline__ int next_loader_item(Shared& s, int& folds_claimed, int fold_kind, bool sched, int bar,
+                                                int threads, const SyncCtx& sc, Decide decide) {
+  if (sched) {
+    while (*reinterpret_cast<volatile int*>(&s.folds_done) < folds_claimed && !aborted(sc)) __nanosleep(64);
+    s.bad = 0;
+    s.cmd[0] = decide();
+    folds_claimed += s.cmd[0] >= 0 && (s.cmd[0] >> 24) == fold_kind;
+  }
+  named_bar_sync(bar, threads);  // cmd written
+  const int item = s.cmd[0];
+  named_bar_sync(bar, threads);  // cmd read
+  return item;
+}
+
+// Expert-tile item i -> (queue position q, n-tile n) in groups of kRasterGroup queue positions,
+// n-tiles outer within a group (the forward's UP, the backward's DX: their B, one expert's W1,
+// is 59 MB at deepseek-v3's H 7168 / F 2048, beyond L2). The ~132 items in flight then read ~16
+// tiles' rows and ~8 n-tiles of W1; q-major they would read every n-tile of ~5 tiles, all of W1,
+// re-streamed from HBM every few tiles (UP tile 108 -> 92 us, results/device-h100-20261207).
+// tm: the table's tiles (items = tm * nn); a bijection of [0, tm * nn).
+constexpr int kRasterGroup = 16;
+__device__ __forceinline__ void raster_tile(int i, int nn, int tm, int* q, int* n) {
+  const int g0 = i / (kRasterGroup * nn) * kRasterGroup, r = i % (kRasterGroup * nn);
+  const int gm = min(kRasterGroup, tm - g0);
+  *q = g0 + r % gm;
+  *n = r / gm;
+}
 
 // Row of choice (t, j) (after the forward's SCAN): in the sorted buffer when its expert e has
 // tiles here (e < E_tiles), else (host fabric) in the send buffers of e's owner, -1 when the
