@@ -103,6 +103,33 @@ def test_a_near_tie_to_another_remote_expert_adds_nothing_and_is_not_an_error():
     torch.testing.assert_close(full[t] - left[t], w * mm.ffn(x0[t:t + 1], w1, w2)[0], rtol=1e-4, atol=1e-4)
 
 
+def test_token_grads_of_an_absent_choice_are_those_of_a_zero_output():
+    """moe_grad.token_grads(absent=): the gradients of the layer whose absent choices output 0
+    (autograd through the fp32 layer with those outputs masked), the host view's near-tie."""
+    from kosmos_bench.ops import moe_grad as mg
+
+    s = _tiny(scoring="sigmoid", n_group=4, topk_group=2, scale=2.5)
+    x0, Wr, _, v = _view(s, seed=5)
+    idx = v.routes0.clone()
+    t, j = next((t, j) for t in range(s.T) for j in range(s.topk) if idx[t, j] >= s.E_loc)
+    idx[t, j] = next(e for e in range(s.E_loc, s.E) if e not in idx[t].tolist())
+    absent = v.absent(idx)
+    dy = torch.randn(s.T, s.H)
+    got = mg.token_grads(s, x0, idx, dy, "cpu", 5, Wr, absent=absent)
+    xf = x0.float().requires_grad_(True)
+    Wf = Wr.float().requires_grad_(True)
+    w = mm.weights_for(s, xf @ Wf.t(), idx) * (~absent).float()
+    y = torch.zeros(s.T, s.H)
+    for e in torch.unique(idx).tolist():
+        tok, jj = (idx == e).nonzero(as_tuple=True)
+        w1, w2 = mm.expert(s, e, "cpu", 5)
+        y = y.index_add(0, tok, mm.ffn(xf[tok], w1, w2) * w[tok, jj, None])
+    gx, gW = torch.autograd.grad(y, [xf, Wf], dy)
+    torch.testing.assert_close(got["x"], gx, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got["Wr"], gW, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(mg.token_grads(s, x0, idx, dy, "cpu", 5, Wr)["x"][t], gx[t], rtol=1e-4, atol=1e-4)
+
+
 def test_bytes_moved_count_rows_both_ways():
     s = _tiny(world=2, routing="uniform")
     _, _, _, v = _view(s)

@@ -126,7 +126,9 @@ class MoeBwd(Moe):
         dev = inputs.Wr.device
         for r in ranks:
             x, idx, _, dy = parts[r]
-            ref = mg.token_grads(s, x, idx, dy, dev, state.seed, inputs.Wr)
+            view = inputs.host.get("view") if r == 0 else None  # near-ties: moe_host.MoeHostView.absent
+            ref = mg.token_grads(s, x, idx, dy, dev, state.seed, inputs.Wr,
+                                 absent=view.absent(idx) if view is not None else None)
             check(snap["dx"][r], ref["x"], "dx")
             check(snap["dWr"][r], ref["Wr"], "dWr")
             if ref["shared"] is not None:

@@ -49,9 +49,13 @@ def _swiglu_back(da, g, u, sg):
     return torch.cat([da * u * sg * (1 + g * (1 - sg)), da * g * sg], 1)
 
 
-def token_grads(s: mm.MoeShape, x, idx, dy, device, seed: int, Wr) -> dict:
-    """{'x': T x H, 'Wr': E x H, 'shared': (dW1s, dW2s) | None} fp32 of one rank's share."""
+def token_grads(s: mm.MoeShape, x, idx, dy, device, seed: int, Wr, absent=None) -> dict:
+    """{'x': T x H, 'Wr': E x H, 'shared': (dW1s, dW2s) | None} fp32 of one rank's share.
+    absent (T x k bool): choices with no expert output (moe_math.reference), whose output,
+    and so its dx and combine-weight gradient, is 0."""
     idx = idx.long()
+    # the experts' rows: an absent choice gets expert id E, which no expert has (skipped below)
+    rows = idx if absent is None else idx.masked_fill(absent.to(idx.device), s.E)
     xf, dyf = x.float(), dy.float()
     with torch.enable_grad():
         logits = (xf @ Wr.float().t()).requires_grad_(True)
@@ -59,8 +63,10 @@ def token_grads(s: mm.MoeShape, x, idx, dy, device, seed: int, Wr) -> dict:
     wd = w.detach()
     dw = torch.zeros_like(wd)
     dx = torch.zeros_like(xf)
-    for e in torch.unique(idx).tolist():
-        xe, dye, tok, j = _rows(x, idx, wd, dy, e)
+    for e in torch.unique(rows).tolist():
+        if e == s.E:
+            continue
+        xe, dye, tok, j = _rows(x, rows, wd, dy, e)
         w1, w2 = (t.float() for t in mm.expert(s, e, device, seed))
         g, u, sg, a = _swiglu_terms(xe, w1, s.F)
         dw[tok, j] = (dyf[tok] * (a @ w2.t())).sum(-1)
