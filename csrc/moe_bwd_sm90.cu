@@ -25,7 +25,7 @@
 // co-resident (cooperative launch) the earliest unfinished item can always progress:
 //
 //   SHARED_DH mb,n   math   no wait                         -> sdh_done[mb]
-//   GATHER b         loader no wait: 32 tokens' dO rows, dw, dlogits rows -> arrived[tile], lg_done[blk]
+//   GATHER b         math   no wait: 32 tokens' dO rows, dw, dlogits rows -> arrived[tile], lg_done[blk]
 //   PEER_GATHER b    loader no wait (host fabric): 32 peer rows' dO from pinned host memory -> arrived[tile]
 //   PAD e            loader no wait: zero dO rows of e's last tile beyond its rows -> arrived[tile]
 //   SHARED_WG2 r,m,n math   no wait
@@ -119,7 +119,7 @@ struct Shared {
   int last;
   int bad;  // PEER_COMBINE: some thread's wait failed (reset by the scheduler with each claim)
   int fold_bad;    // FOLD (math warps): likewise, reset by math thread 0 before the waits
-  int folds_done;  // FOLD items the math warps finished (the scheduler claims one FOLD at a time)
+  int mem_done;  // GATHER / FOLD items the math warps finished (moe_common.cuh next_loader_item)
   const bf16* fold_src[kTB * KOSMOS_MOE_MAX_TOPK];  // dxs row of each choice
 };
 constexpr int kSmemBytes = int(sizeof(Shared));
@@ -269,8 +269,9 @@ __device__ int decide(const Ctx& c, const Layout& L) {
   }
 }
 
-// ------------------------------------------------------------------------------ loader items
-// GATHER b: tokens 32b.., one warp per token. For each choice j (in order): the row
+// ------------------------------------------------------------------------------ memory items
+// GATHER b (the 256 math threads, as FOLD: 8 warps bring the dO rows in ~3x faster than the
+// loader's 4 did, and no tile waits on the loader meanwhile): tokens 32b.., one warp per token. For each choice j (in order): the row
 // dO[pos] = bf16(w_tj * dy_t) and dw_tj = <dy_t, o_tj> (each lane sums its 16-byte chunks in
 // order, then the warp's butterfly); then the token's dlogits row (E8 bf16, zero where not
 // chosen) from the router's backward (moe_math.weights_for):
@@ -278,6 +279,7 @@ __device__ int decide(const Ctx& c, const Layout& L) {
 //   sigmoid: w = scale s_j / S        ->  dl_j = (scale dw_j - sum_i w_i dw_i) / S * s_j (1 - s_j)
 // The top-k selection itself has no gradient; logits of experts not chosen get 0.
 __device__ void run_gather(const Ctx& c, int b, int tid) {
+  constexpr int kN = BuilderN::kNumMathThreads;
   const KosmosMoeBwdArgs& a = c.a;
   const KosmosMoeArgs& f = a.f;
   const int warp = tid / 32, lane = tid % 32;
@@ -288,7 +290,7 @@ __device__ void run_gather(const Ctx& c, int b, int tid) {
   const bf16* os = static_cast<const bf16*>(f.os);
   bf16* dos = static_cast<bf16*>(a.dos);
   bf16* dlg = static_cast<bf16*>(a.dlogits);
-  for (int tl = warp; tl < nt; tl += kLoaderThreads / 32) {
+  for (int tl = warp; tl < nt; tl += kN / 32) {
     const int t = t0 + tl;
     const int4* dyr = reinterpret_cast<const int4*>(dy + int64_t(t) * H);
     float my_w = 0.f, my_dw = 0.f;
@@ -302,6 +304,7 @@ __device__ void run_gather(const Ctx& c, int b, int tid) {
           (here ? os : static_cast<const bf16*>(f.send_out[e / f.E_loc])) + int64_t(pos) * H);
       int4* d = reinterpret_cast<int4*>((here ? dos : static_cast<bf16*>(a.send_gout[e / f.E_loc])) + int64_t(pos) * H);
       float part = 0.f;
+#pragma unroll 4
       for (int ch = lane; ch < chunks && pos >= 0; ch += 32) {  // pos < 0: no row (moe_params.h ref_slot), dw 0
         const int4 yv = __ldg(dyr + ch);
         const int4 ov = ld_cg_16(o + ch);
@@ -354,7 +357,7 @@ __device__ void run_gather(const Ctx& c, int b, int tid) {
     }
   }
   __threadfence();
-  named_bar_sync(kBarLoader, kLoaderThreads);  // every token's dlogits row before the count
+  named_bar_sync(kBarMath, kN);  // every token's dlogits row before the count
   if (tid == 0) atomicAdd(c.lg_done() + t0 / kBM, uint32_t(nt));
 }
 
@@ -669,10 +672,15 @@ __device__ __forceinline__ void math_loop(const Ctx& c, const Layout& L, Shared&
         role = kRoleWgrad;
         break;
       }
+      case KOSMOS_MOE_BWD_GATHER:
+        run_gather(c, i, m);
+        role = kRoleGather;
+        if (tid == 128) atomicAdd(&s.mem_done, 1);
+        break;
       case KOSMOS_MOE_BWD_FOLD:
         run_fold(c, L, s, i, m);
         role = kRoleFold;
-        if (tid == 128) atomicAdd(&s.folds_done, 1);
+        if (tid == 128) atomicAdd(&s.mem_done, 1);
         break;
       default:
         break;
@@ -756,8 +764,7 @@ __device__ void produce_item(const Params& P, const Layout& L, BuilderN& bn, Bui
 }
 
 __device__ __forceinline__ bool is_loader_item(int kind) {
-  return kind == KOSMOS_MOE_BWD_GATHER || kind == KOSMOS_MOE_BWD_PEER_GATHER || kind == KOSMOS_MOE_BWD_PAD ||
-         kind == KOSMOS_MOE_BWD_PEER_COMBINE;
+  return kind == KOSMOS_MOE_BWD_PEER_GATHER || kind == KOSMOS_MOE_BWD_PAD || kind == KOSMOS_MOE_BWD_PEER_COMBINE;
 }
 
 // ------------------------------------------------------------------------------ the kernel
@@ -780,7 +787,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_bwd_sm90_kernel(const __grid_
   const int lane = tid % 32;
   const auto role = BuilderN::role_of(tid);
   Ring ring(s.ring, warp_idx == 0, role == BuilderN::Role::kMath, BuilderN::kNumMathThreads);
-  if (tid == 0) s.folds_done = 0;
+  if (tid == 0) s.mem_done = 0;
   // both builder types over the one SharedStorage (the second initialises the same barriers
   // again, before any use: harmless)
   BuilderN bn(s.builder, P.bpn, role);
@@ -798,9 +805,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_bwd_sm90_kernel(const __grid_
 
   if (role == BuilderN::Role::kLoader) {
     cutlass::arch::warpgroup_reg_dealloc<kLoaderRegs>();
-    int folds_claimed = 0;  // (thread kSched)
+    int mem_claimed = 0;  // (thread kSched)
     for (;;) {
-      const int item = moe::next_loader_item(s, folds_claimed, KOSMOS_MOE_BWD_FOLD, tid == kSched, kBarLoader,
+      const int item = moe::next_loader_item(s, mem_claimed, (1u << KOSMOS_MOE_BWD_GATHER) | (1u << KOSMOS_MOE_BWD_FOLD), tid == kSched, kBarLoader,
                                              kLoaderThreads, c.sc, [&] { return decide(c, L); });
       if (item < 0) break;
       const int kind = item >> 24, i = item & 0xffffff;
@@ -815,9 +822,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_bwd_sm90_kernel(const __grid_
       }
       const uint64_t t0 = (tid == kSched) ? tr.now() : 0;
       uint16_t r = kRoleGather;
-      if (kind == KOSMOS_MOE_BWD_GATHER) {
-        run_gather(c, i, tid);
-      } else if (kind == KOSMOS_MOE_BWD_PEER_GATHER) {
+      if (kind == KOSMOS_MOE_BWD_PEER_GATHER) {
         run_peer_gather(c, i, tid);
       } else if (kind == KOSMOS_MOE_BWD_PAD) {
         run_pad(c, i, tid);

@@ -97,7 +97,7 @@ struct Shared {
   int last;
   int bad;       // COMBINE: some thread's wait failed (reset by the scheduler with each claim)
   int fold_bad;  // FOLD (math warps): likewise, reset by math thread 0 before the waits
-  int folds_done;  // FOLD items the math warps finished (the scheduler claims one FOLD at a time)
+  int mem_done;  // FOLD items the math warps finished (moe_common.cuh next_loader_item)
   const bf16* fold_src[kTB * KOSMOS_MOE_MAX_TOPK];  // expert output row of each choice
   float fold_w[kTB * KOSMOS_MOE_MAX_TOPK];
   int scan_tiles[KOSMOS_MOE_MAX_E];
@@ -778,7 +778,7 @@ __device__ void math_loop(const Ctx& c, const Layout& L, const Params& P, Shared
       case KOSMOS_MOE_FOLD:
         run_fold(c, L, s, i, m);
         role = kRoleFold;
-        if (tid == 128) atomicAdd(&s.folds_done, 1);
+        if (tid == 128) atomicAdd(&s.mem_done, 1);
         break;
       default:
         break;
@@ -812,7 +812,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
   const int lane = tid % 32;
   const auto role = Builder::role_of(tid);
   Ring ring(s.ring, warp_idx == 0, role == Builder::Role::kMath, Builder::kNumMathThreads);
-  if (tid == 0) s.folds_done = 0;
+  if (tid == 0) s.mem_done = 0;
   Builder builder(s.builder, P.bp, role);
   if (tid == 0) {
     Builder::Mainloop::prefetch_tma_descriptors(P.route);
@@ -827,9 +827,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
     if (warp_idx >= kMainThreads / 32) {
       mover_loop(c, L, s, tr, tid - kMainThreads);
     } else {
-      int folds_claimed = 0;  // (thread kSched)
+      int mem_claimed = 0;  // (thread kSched)
       for (;;) {
-        const int item = moe::next_loader_item(s, folds_claimed, KOSMOS_MOE_FOLD, tid == kSched, kBarLoader,
+        const int item = moe::next_loader_item(s, mem_claimed, 1u << KOSMOS_MOE_FOLD, tid == kSched, kBarLoader,
                                                kMainThreads, c.sc, [&] { return decide(c, L); });
         if (item < 0) break;
         const int kind = item >> 24, i = item & 0xffffff;

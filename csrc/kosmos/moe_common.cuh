@@ -19,17 +19,18 @@ __device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("ba
 __device__ __forceinline__ int ldcg(const int32_t* p) { return __ldcg(p); }
 
 // The loader's next item, claimed by its scheduler thread (decide(): the kernel's claim and
-// wait) and shared with the loader threads through s.cmd[0] (< 0: none left). A FOLD has no
-// mainloop stages to throttle its claims: the next claim waits until the math warps finished
-// the CTA's last FOLD (s.folds_done), so the FOLDs spread over every CTA.
+// wait) and shared with the loader threads through s.cmd[0] (< 0: none left). The math warps'
+// memory-bound items (kinds in mem_kinds, a bit mask: FOLD, the backward's GATHER) have no
+// mainloop stages to throttle their claims: the next claim waits until the math warps finished
+// the CTA's last one (s.mem_done), so those items spread over every CTA.
 template <class Shared, class Decide>
-__device__ __forceinline__ int next_loader_item(Shared& s, int& folds_claimed, int fold_kind, bool sched, int bar,
+__device__ __forceinline__ int next_loader_item(Shared& s, int& mem_claimed, uint32_t mem_kinds, bool sched, int bar,
                                                 int threads, const SyncCtx& sc, Decide decide) {
   if (sched) {
-    while (*reinterpret_cast<volatile int*>(&s.folds_done) < folds_claimed && !aborted(sc)) __nanosleep(64);
+    while (*reinterpret_cast<volatile int*>(&s.mem_done) < mem_claimed && !aborted(sc)) __nanosleep(64);
     s.bad = 0;
     s.cmd[0] = decide();
-    folds_claimed += s.cmd[0] >= 0 && (s.cmd[0] >> 24) == fold_kind;
+    mem_claimed += s.cmd[0] >= 0 && ((mem_kinds >> (s.cmd[0] >> 24)) & 1u);
   }
   named_bar_sync(bar, threads);  // cmd written
   const int item = s.cmd[0];
