@@ -42,7 +42,7 @@ __device__ __forceinline__ int next_loader_item(Shared& s, int& mem_claimed, uin
 // n-tiles outer within a group (the forward's UP, the backward's DX: their B, one expert's W1,
 // is 59 MB at deepseek-v3's H 7168 / F 2048, beyond L2). The ~132 items in flight then read ~16
 // tiles' rows and ~8 n-tiles of W1; q-major they would read every n-tile of ~5 tiles, all of W1,
-// re-streamed from HBM every few tiles (UP tile 108 -> 92 us, results/device-h100-20261207).
+// re-streamed from HBM every few tiles (UP tile 108 -> 92 us, results/device-h100-20261206c).
 // tm: the table's tiles (items = tm * nn); a bijection of [0, tm * nn).
 constexpr int kRasterGroup = 16;
 __device__ __forceinline__ void raster_tile(int i, int nn, int tm, int* q, int* n) {

@@ -21,7 +21,7 @@ only be precomputed for a known routing): `slot0[t, j]` is the row of choice (t,
 own routing of x_0 picks another remote expert (a near-tie, accepted by routing_mismatches)
 finds no output for it and adds 0, as a peer that never received the row would: the check's
 reference leaves those choices out too (`MoeHostView.absent`), so a tie is not an error (one
-deepseek-v3 token of 8192 did this at W 8, results/device-h100-20261207).
+deepseek-v3 token of 8192 did this at W 8, results/device-h100-20261206c).
 """
 from __future__ import annotations
 
