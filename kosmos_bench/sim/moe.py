@@ -12,9 +12,8 @@ profile (every row says so in `sim_model`):
   (N = H, depth F), spread over the SMs as one persistent grouped GEMM;
 * dispatch / combine: the rows that cross ranks (rank 0's sent + received, each way) over the
   fabric: host -> PCIe (the torch pipelines' copy engine, one direction after the other on
-  their one stream, both at once in torch-moe-overlap and in kosmos's forward with its auto
-  mover, the copy engine; SM movers (mover sm) at the measured rate of both directions
-  together, link.moe_sm_duplex_GBps), nvlink -> the NCCL point-to-point rate,
+  their one stream, both at once in torch-moe-overlap; the kernel, with copy-engine or SM
+  movers, at the measured rate of both directions together, link.moe_duplex_GBps), nvlink -> the NCCL point-to-point rate,
   local -> device copies at HBM speed;
 * memory passes (permute, activation, unpermute, fold) at HBM speed x MEM_EFFICIENCY, bytes
   counted per step (eager torch materialises fp32 activations; compiled fuses them; kosmos
@@ -101,9 +100,9 @@ def _shared_us(prof: dict, s: mm.MoeShape) -> float:
 
 def _transfer_us(p: Point, prof: dict, s: mm.MoeShape, ld: Loads, *, movers: bool) -> tuple[float, float]:
     """(one direction-pair of the dispatch, the same for the combine) in us, as the fabric moves
-    them: rank 0's rows out and the peers' rows in. Host: the kernel's SM movers load and store
-    mapped pinned memory, both directions together at the profile's ``moe_sm_duplex_GBps``
-    (measured: ~41 GB/s, H100, results/device-h100-20261206b; else the link's duplex); the
+    them: rank 0's rows out and the peers' rows in. Host: the kernel (copy-engine or SM movers:
+    both measured at the same rate) moves both directions together at the profile's
+    ``moe_duplex_GBps`` (~80 GB/s, H100, results/device-h100-20261206c; else the link's duplex); the
     overlapped pipeline copies D2H beside H2D on two streams; the sequential pipelines
     (torch-moe, torch-moe-compiled) copy on their one stream, one direction after the other."""
     if s.world == 1:
@@ -114,9 +113,9 @@ def _transfer_us(p: Point, prof: dict, s: mm.MoeShape, ld: Loads, *, movers: boo
     if p.fabric == "host":
         if movers:
             h2d, d2h = link["h2d_GBps"], link["d2h_GBps"]
-            duplex = link.get("moe_sm_duplex_GBps", link.get("duplex_GBps", h2d + d2h))
+            duplex = link.get("moe_duplex_GBps", link.get("duplex_GBps", h2d + d2h))
             one = max(out_b / d2h, in_b / h2d, (out_b + in_b) / duplex) / 1e3
-        elif p.impl in ("torch-moe-overlap", "kosmos"):  # kosmos: its copy-engine movers
+        elif p.impl == "torch-moe-overlap":
             one = max(baselines._copy_us(prof, out_b, "d2h"), baselines._copy_us(prof, in_b, "h2d"))
         else:
             one = baselines._copy_us(prof, out_b, "d2h") + baselines._copy_us(prof, in_b, "h2d")
@@ -156,7 +155,7 @@ def simulate(p: Point, prof: dict) -> dict:
 
     ce = p.impl == "kosmos" and p.op == "moe" and \
         mover_choice(KosmosConfig.from_point(p).mover, "moe", p.fabric, "sm90", "self", s.world) == "ce"
-    disp, comb = _transfer_us(p, prof, s, ld, movers=p.impl == "kosmos" and not ce)
+    disp, comb = _transfer_us(p, prof, s, ld, movers=p.impl == "kosmos")
     H, F = s.H, s.F
     if p.impl == "kosmos":
         kind, k = _policy(p.policy)
