@@ -29,6 +29,24 @@ def test_validate_says_why(bad, why):
     assert why in tiny(**bad).validate()
 
 
+def test_near_ties_finds_expert_and_group_ties_and_tokens_have_none():
+    s = tiny(E=8, topk=2, n_group=4, topk_group=2, scoring="sigmoid")
+    keys = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.5, 0.4, 0.3, 0.2],  # clear: groups 0, 1; experts 0, 1
+                         [4.0, 3.0, 3.0, 1.0, 0.5, 0.4, 0.3, 0.2],  # the 2nd and 3rd expert tie
+                         [4.0, 3.5, 2.0, 1.0, 2.5, 0.5, 0.3, 0.2]])  # groups 1 and 2 both score 3.0
+    assert m.near_ties(s, keys).tolist() == [False, True, True]
+    assert not m.near_ties(s, keys + torch.tensor([0, 0, 1e-3, 0, 0, 0, 0, 0])).tolist()[0]
+    for sh in (tiny(E=8, topk=3), tiny(E=16, topk=4, n_group=4, topk_group=2, scoring="sigmoid", scale=2.5)):
+        sh = dataclasses.replace(sh, T=4096, routing="zipf:1.2")
+        Wr, bias = m.router(sh, "cpu", 2)
+        x = m.tokens(sh, 1, "cpu", 2)
+        assert not m.near_ties(sh, x.float() @ Wr.float().t() + bias).any()
+        fresh = m._randn((sh.T, sh.H), "cpu", 2 * 1_000_003 + 17 + 1)  # the first draw: some rows redrawn
+        changed = int((x != fresh).any(-1).sum())
+        assert 0 < changed < sh.T // 50
+        assert torch.equal(x, m.tokens(sh, 1, "cpu", 2))
+
+
 def test_group_limited_topk_only_picks_kept_groups():
     s = tiny(E=16, topk=4, n_group=4, topk_group=2, scoring="sigmoid", scale=2.5)
     x = m.tokens(s, 0, "cpu", 1)

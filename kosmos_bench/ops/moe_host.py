@@ -17,11 +17,13 @@ Every implementation (the KOSMOS kernel and the torch baselines) moves exactly t
 
 The send side is laid out for rank 0's *reference* routing `routes0` (the peers' outputs can
 only be precomputed for a known routing): `slot0[t, j]` is the row of choice (t, j) in
-`send_out[owner]` (-1 for a choice of one of rank 0's own experts). An implementation whose
-own routing of x_0 picks another remote expert (a near-tie, accepted by routing_mismatches)
-finds no output for it and adds 0, as a peer that never received the row would: the check's
-reference leaves those choices out too (`MoeHostView.absent`), so a tie is not an error (one
-deepseek-v3 token of 8192 did this at W 8, results/device-h100-20261206c).
+`send_out[owner]` (-1 for a choice of one of rank 0's own experts). The tokens have no near-tie
+routing (moe_math.tokens redraws those rows), so every implementation's routing is routes0. Before
+that, a kernel's fp32 logits once picked the other expert of a tie (one deepseek-v3 token of 8192
+at W 8, results/device-h100-20261206c), found no output for it and added 0, and the peers' input
+gradients of that token's other choices (made with routes0's combine weights) were off. In case an
+implementation routes otherwise anyway, the check's reference leaves such choices out
+(`MoeHostView.absent`), as a peer that never received the row would.
 """
 from __future__ import annotations
 

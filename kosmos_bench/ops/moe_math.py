@@ -129,9 +129,42 @@ def _randn(shape, device, seed, scale=1.0) -> torch.Tensor:
     return (t * scale).to(torch.bfloat16)
 
 
+# A token whose routing is decided by a margin below this (relative to the keys, as
+# routing_mismatches' tie_eps) is redrawn. fp32 router logits summed in another order (a kernel's
+# wgmma tile, H = 7168 bf16 products) differ by ~5e-6; 2^-12 is 50x that, so every
+# implementation's routing of these tokens is the reference's, and so are the peers' routings
+# that a rank-0 view (moe_host) or another process precomputes. Redrawn: 0.1-1% of the rows.
+UNTIE_EPS = 2 ** -12
+
+
+def near_ties(s: MoeShape, raw: torch.Tensor, eps: float = UNTIE_EPS) -> torch.Tensor:
+    """(T,) bool: rows of raw keys (route's third value) whose chosen set, or kept groups, hang
+    on a margin below eps: the k-th and next key, or the last kept and next group's score."""
+    def close(v, n):  # the n-th and (n+1)-th of the descending v within eps of the n-th
+        if v.shape[-1] <= n:
+            return torch.zeros(v.shape[0], dtype=torch.bool, device=v.device)
+        top = v.topk(n + 1, dim=-1).values
+        return (top[:, n - 1] - top[:, n]) < eps * top[:, n - 1].abs().clamp_min(1.0)
+
+    tie = close(limit_groups(s, raw), s.topk)
+    if s.n_group > 1:
+        g = raw.view(raw.shape[0], s.n_group, -1)
+        tie |= close(g.topk(min(2, g.shape[-1]), dim=-1).values.sum(-1), s.topk_group)
+    return tie
+
+
 def tokens(s: MoeShape, rank: int, device, seed: int) -> torch.Tensor:
-    """x_r: (T x H) bf16."""
-    return _randn((s.T, s.H), device, seed * 1_000_003 + 17 + rank)
+    """x_r: (T x H) bf16, N(0, 1), with no near-tie routing (near_ties' rows redrawn, each from
+    its own row of a further stream, so the result does not depend on which rows tie)."""
+    base = seed * 1_000_003 + 17 + rank
+    x = _randn((s.T, s.H), device, base)
+    Wr, bias = router(s, device, seed)
+    for attempt in range(1, 17):
+        tie = near_ties(s, x.float() @ Wr.float().t() + bias)
+        if not bool(tie.any()):
+            return x
+        x[tie] = _randn((s.T, s.H), device, base + 200_000 + 1_000 * attempt)[tie]
+    raise RuntimeError(f"moe tokens: rank {rank}'s routing still ties after 16 redraws")
 
 
 def router(s: MoeShape, device, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
