@@ -238,7 +238,10 @@ def test_ctrl_c_says_what_is_saved_and_how_to_resume(tmp_path):
     # The sim runs 72 points in seconds: a one-page stderr pipe read without read-ahead makes the
     # sweep block on its progress lines long before the end, so the interrupt always lands mid-run.
     p = subprocess.Popen([sys.executable, "-m", "kosmos_bench.cli", "sweep", "ag-gemm", "--backend", "sim", "-o", str(out)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, env=_env(), cwd=tmp_path)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, env=_env(), cwd=tmp_path,
+                         # a test run started in the background inherits SIGINT ignored, and Python
+                         # then installs no KeyboardInterrupt handler: give the sweep the default back
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     if sys.platform == "linux":
         import fcntl
 
