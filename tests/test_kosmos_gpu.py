@@ -759,13 +759,14 @@ def test_sm90_rs_local_policies_bitwise_20(W, policy, order):
 @pytest.mark.parametrize("policy", ["self", "fixed:k", "predicted"])
 @pytest.mark.parametrize("shape", [(8 * 1024, 2048, 4096), rs_uneven(8)])
 def test_sm90_rs_host_fabric(shape, policy):
-    """Host fabric W = 8: rank 0 executes, peers' contributions come through RS_PROXY movers,
-    its partials for peers go to pinned host memory (RS_PUSH). Correct, bitwise over 20 calls,
-    every item traced once, epochs in step after the traced call."""
+    """Host fabric W = 8, SM movers (mover auto is the copy engine there): rank 0 executes, peers'
+    contributions come through RS_PROXY movers, its partials for peers go to pinned host memory
+    (RS_PUSH). Correct, bitwise over 20 calls, every item traced once, epochs in step after the
+    traced call."""
     W = 8
     M, N, K = shape
     p, ctx, inputs, A, B, runner = make("gemm-rs", W, M, N, K, fabric="host", policy=_rs_policy(policy, W, "host"),
-                                        builder="sm90", seed=60)
+                                        builder="sm90", mover="sm", seed=60)
     try:
         assert list(runner.outputs) == [0] and runner.info["builder"] == "sm90"
         expect_correct(p, runner, A, B, calls=20)

@@ -560,11 +560,15 @@ class KosmosRunner:
                     rs.built_alias.get(int(f), int(f)) for f in col]
                 arrs["builder_items"] = bi.reshape(-1)
                 arrs["deps"] = np.array([rs.arrival_alias.get(int(f), int(f)) for f in arrs["deps"]], dtype=np.int32)
+            if op == "gemm-rs" and W == 1:  # nothing reads the partials' flags: no release (fence) per tile
+                bi = arrs["builder_items"].reshape(-1, S.ITEM_STRIDE).copy()
+                bi[:, S.F["rel_flag"]] = -1
+                arrs["builder_items"] = bi.reshape(-1)
             for q, name in enumerate(("builder", "mover", "reduce")):
                 queue = arrs[f"{name}_queue"]
                 if q == S.Q_MOVE and self.mover == "ce":  # the copy engine moves; every WG builds
                     queue = queue[:0]
-                if q == S.Q_REDUCE and W == 1:  # the builders write C_r itself (its one slot)
+                if q == S.Q_REDUCE and W == 1:  # the builders write C_r itself (its one slot), released by none
                     queue = queue[:0]
                 ti, tq = _i32(self.dev, arrs[f"{name}_items"]), _i32(self.dev, np.ascontiguousarray(queue))
                 self._keep += [ti, tq]
