@@ -148,8 +148,7 @@ def near_ties(s: MoeShape, raw: torch.Tensor, eps: float = UNTIE_EPS) -> torch.T
 
     tie = close(limit_groups(s, raw), s.topk)
     if s.n_group > 1:
-        g = raw.view(raw.shape[0], s.n_group, -1)
-        tie |= close(g.topk(min(2, g.shape[-1]), dim=-1).values.sum(-1), s.topk_group)
+        tie |= close(group_scores(s, raw), s.topk_group)
     return tie
 
 
@@ -159,11 +158,12 @@ def tokens(s: MoeShape, rank: int, device, seed: int) -> torch.Tensor:
     base = seed * 1_000_003 + 17 + rank
     x = _randn((s.T, s.H), device, base)
     Wr, bias = router(s, device, seed)
+    rows = torch.arange(s.T, device=x.device)  # the rows to check: all, then the redrawn ones
     for attempt in range(1, 17):
-        tie = near_ties(s, x.float() @ Wr.float().t() + bias)
-        if not bool(tie.any()):
+        rows = rows[near_ties(s, x[rows].float() @ Wr.float().t() + bias)]
+        if rows.numel() == 0:
             return x
-        x[tie] = _randn((s.T, s.H), device, base + 200_000 + 1_000 * attempt)[tie]
+        x[rows] = _randn((s.T, s.H), device, base + 200_000 + 1_000 * attempt)[rows]
     raise RuntimeError(f"moe tokens: rank {rank}'s routing still ties after 16 redraws")
 
 
@@ -198,6 +198,12 @@ def shared(s: MoeShape, device, seed: int) -> tuple[torch.Tensor, torch.Tensor] 
             _randn((s.H, s.shared_F), device, base + 1, s.shared_F ** -0.5))
 
 
+def group_scores(s: MoeShape, keys: torch.Tensor) -> torch.Tensor:
+    """(T x n_group) scores of the group-limited top-k: the sum of each group's two best keys."""
+    g = keys.view(keys.shape[0], s.n_group, -1)
+    return g.topk(min(2, g.shape[-1]), dim=-1).values.sum(-1)
+
+
 def limit_groups(s: MoeShape, keys: torch.Tensor, tie: float = 0.0) -> torch.Tensor:
     """keys (T x E) with the experts outside the kept groups at -inf (group-limited top-k: a
     group scores the sum of its two best keys, the topk_group best groups are kept). tie > 0
@@ -205,7 +211,7 @@ def limit_groups(s: MoeShape, keys: torch.Tensor, tie: float = 0.0) -> torch.Ten
     if s.n_group <= 1:
         return keys
     g = keys.view(keys.shape[0], s.n_group, -1)
-    gscore = g.topk(min(2, g.shape[-1]), dim=-1).values.sum(-1)
+    gscore = group_scores(s, keys)
     if tie:
         last = gscore.topk(s.topk_group, dim=-1).values[:, -1:]
         drop = gscore < last - tie * last.abs().clamp_min(1.0)
