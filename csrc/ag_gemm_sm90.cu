@@ -286,7 +286,8 @@ __device__ __forceinline__ void named_bar_sync(int id, int nthreads) {
 // The math warpgroups of both kernels: pop builder item ids from the ring until -1; build each
 // tile (num_k_blk k-blocks, as the loader issued them) into tile_of(item row) (row stride ldc,
 // the row's rows x cols), then thread 128 releases its flag (every store of the tile before the
-// release) and records the BUILD interval. band (NoBandItems, BandItems): an item's k-blocks, and
+// release) and records the BUILD interval. A tile with no flag and no trace (ag-gemm's, every
+// tile at world 1) skips the barrier: the math warps then run as the standalone builder's. band (NoBandItems, BandItems): an item's k-blocks, and
 // its carry epilogue before (or instead of) the bf16 store.
 template <class TileOf, class Band = NoBandItems>
 __device__ __forceinline__ void math_loop(AgBuilder& builder, AgRing& ring, const KosmosParams& p,
@@ -310,6 +311,7 @@ __device__ __forceinline__ void math_loop(AgBuilder& builder, AgRing& ring, cons
       builder.mma_k(acc, band.kblocks(row, num_k_blk));
       if (band.carry(acc, row)) builder.store_staged_to(acc, tid - 128, tile, ldc, row[3], row[5]);
     }
+    if (done.rel_flag < 0 && !p.trace) continue;  // nothing to release or record (world 1, ag-gemm): no barrier
     named_bar_sync(kBarMath, AgBuilder::kNumMathThreads);  // every store of the tile (or carry) before its release
     if (tid == 128) {
       // (re)built here so that none of the scheduling state stays live across the MMAs

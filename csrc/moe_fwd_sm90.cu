@@ -18,16 +18,22 @@
 //                        of own rows expert by expert, so that the ~132 tiles in flight read
 //                        one or two experts' weights, which stay in L2, then the tiles waiting
 //                        for peer rows, expert by expert). -> state[2] = epoch
-//   SHARED_UP m,n  math  shared expert gate/up tile, SwiGLU epilogue -> sh_up_done[m]
+//   SHARED_UP m,n  math  shared expert gate/up tile, SwiGLU epilogue -> sh_up_done[m] (rastered as UP)
 //   DISPATCH b     main  (remote experts only) rows of tokens 32b.. to the owners' send buffers
 //   SHARED_DOWN    math  after its m-tile's SHARED_UPs -> sh_down_done[m]
 //   UP q,n         math  (moe_common.cuh raster_tile: 16 queue positions at a time, n-tiles outer)
 //                        after every row of tile g = tile_order[q] arrived: A = sorted rows,
 //                        B = W1t[e] (H x 2F, columns of n-tile n = [128 gate | 128 up], arranged
 //                        once at prepare), h = silu(g) * u (bf16) -> up_done[g]
-//   DOWN q,n       math  after every UP of tile g: h @ W2t[e] -> expert outputs (bf16) -> down_done[g]
-//   FOLD b         math   after the tiles of its tokens' choices (and the shared expert's tile;
-//                        the math warps' loads, no mainloop; one FOLD per CTA at a time):
+//   DOWN q,n       math  after every UP of tile g: h @ W2t[e] -> expert outputs (bf16) -> down_done[g],
+//                        down_group[c]; without peer rows in up to 4 column groups c of H (Layout
+//                        down_tile: every tile's n-tiles of group 0, then of group 1, ...)
+//   FOLD c,b       math   (and movers) tokens 32b.., the columns of group c, after the tiles of its
+//                        tokens' choices (with groups: every DOWN of group c) and the shared
+//                        expert's tile; the math warps' loads, no mainloop, one FOLD per CTA at a
+//                        time; claimed from their own counter, which the movers claim from too,
+//                        so group c folds beside group c + 1's DOWNs and only the last group's
+//                        fold is left after them:
 //                        y_t = sum over j = 0..k-1 in that order of w_tj * out[pos(t, j)]
 //                        (+ shared), fp32, one bf16 rounding: bitwise identical across calls.
 // and, outside the sequence, the movers' items (their own claim counters), from SCAN on:
@@ -35,6 +41,7 @@
 //   GATHER 4q+p    movers  after every INDEX: rows 32p.. of tile tile_order[q] (own rows from x, the
 //                          peers' from recv_rows) -> arrived[tile]
 //   COMBINE_TILE q movers  (host fabric) after tile tile_order[q]'s DOWNs: its peer rows' outputs -> recv_out
+//   FOLD c,b       movers  (no peer rows) as above, on the 64 mover threads
 // so the rows reach the sorted buffer tile by tile in the order UP claims them, while the math
 // warps run the shared expert (or the first tiles), instead of a dispatch phase between; and the
 // peers' outputs leave as their tiles finish.
@@ -89,6 +96,14 @@ static_assert(kLoaderThreads * kLoaderRegs + 256 * kMathRegs <= 384 * 168, "setm
 // Trace roles of this kernel (kosmos_bench/kernels/moe_sm90.py ROLE_CODES).
 enum MoeRole : uint16_t { kRoleRouter = 0, kRoleDispatch = 1, kRoleExpert = 2, kRoleCombine = 3, kRoleFold = 4 };
 
+// A FOLD's staging (run_fold): the expert output row and weight of each choice of its tokens, and
+// a failed wait (reset by the fold's thread 0 before the waits; as s.bad in COMBINE).
+struct FoldSmem {
+  const bf16* src[kTB * KOSMOS_MOE_MAX_TOPK];
+  float w[kTB * KOSMOS_MOE_MAX_TOPK];
+  int bad;
+};
+
 struct Shared {
   Builder::SharedStorage builder;
   Ring::SharedStorage ring;
@@ -96,10 +111,9 @@ struct Shared {
   int mcmd;  // the movers' claim (mover_loop)
   int last;
   int bad;       // COMBINE: some thread's wait failed (reset by the scheduler with each claim)
-  int fold_bad;  // FOLD (math warps): likewise, reset by math thread 0 before the waits
   int mem_done;  // FOLD items the math warps finished (moe_common.cuh next_loader_item)
-  const bf16* fold_src[kTB * KOSMOS_MOE_MAX_TOPK];  // expert output row of each choice
-  float fold_w[kTB * KOSMOS_MOE_MAX_TOPK];
+  FoldSmem fold;   // the math warps' FOLD
+  FoldSmem mfold;  // the movers' FOLD (column groups)
   int scan_tiles[KOSMOS_MOE_MAX_E];
   int scan_first[KOSMOS_MOE_MAX_E + 1];
   int scan_total[KOSMOS_MOE_MAX_E];
@@ -122,21 +136,43 @@ struct Layout {
   int begin[KOSMOS_MOE_NUM_KINDS + 1];
   int nu, nd, nsu, nsd;  // n-tiles: UP (2F/256), DOWN and SHARED_DOWN (H/256), SHARED_UP (2Fs/256)
   int tm;                // tiles_max
+  int tb;                // token blocks (FOLD items per column group)
+  // DOWN column groups: fg groups of gs n-tiles (the last one may have fewer). One group when peer
+  // rows wait for whole tiles (host fabric: COMBINE_TILE sends a tile's outputs after its DOWNs).
+  int fg, gs;
   __device__ Layout(const KosmosMoeArgs& a) {
     tm = a.tiles_max;
+    rb = a.route_blocks;
     nu = 2 * a.F / kBN;
     nd = (a.H + kBN - 1) / kBN;
     nsu = 2 * a.Fs / kBN;
     nsd = a.Fs ? nd : 0;
-    const int tb = (a.T + kTB - 1) / kTB;
+    tb = (a.T + kTB - 1) / kTB;
+    fg = a.peer_rows ? 1 : min(KOSMOS_MOE_FOLD_GROUPS, nd);
+    gs = (nd + fg - 1) / fg;
+    fg = (nd + gs - 1) / gs;
     const int sends = a.E_tiles < a.E ? tb : 0;  // DISPATCH: rows for remote experts only
     int n[KOSMOS_MOE_NUM_KINDS] = {a.route_blocks, 1, a.route_blocks * nsu, sends, 0, a.route_blocks * nsd,
-                                   a.tiles_max * nu, a.tiles_max * nd, 0, tb};  // the peers' rows: the movers
+                                   a.tiles_max * nu, a.tiles_max * nd, 0, tb * fg};  // the peers' rows: the movers
     begin[0] = 0;
     for (int k = 0; k < KOSMOS_MOE_NUM_KINDS; ++k) begin[k + 1] = begin[k] + n[k];
   }
+  // n-tiles of DOWN column group g
+  __device__ int group_tiles(int g) const { return min(gs, nd - g * gs); }
+  // DOWN item i -> (queue position q, n-tile n, column group g): groups outer, then q, then the
+  // group's n-tiles (a tile's rows are read once per group, from L2 while its n-tiles run)
+  __device__ void down_tile(int i, int* q, int* n, int* g) const {
+    const int gi = min(i / (tm * gs), fg - 1), r = i - gi * tm * gs, w = group_tiles(gi);
+    *g = gi;
+    *q = r / w;
+    *n = gi * gs + r % w;
+  }
   // UP item i -> (queue position q, n-tile n): moe_common.cuh raster_tile
   __device__ void up_tile(int i, int* q, int* n) const { moe::raster_tile(i, nu, tm, q, n); }
+  // SHARED_UP item i -> (m-block mb, n-tile n), rastered like UP: its B (the shared W1, 59 MB at
+  // deepseek-v3's H 7168 / Fs 2048) is beyond L2; m-major the tiles in flight read all of it
+  int rb;  // m-blocks of the shared expert (route_blocks)
+  __device__ void sh_up_tile(int i, int* mb, int* n) const { moe::raster_tile(i, nsu, rb, mb, n); }
   __device__ int count(int k) const { return begin[k + 1] - begin[k]; }
   __device__ int kind_of(int c) const {
     int k = 0;
@@ -154,6 +190,8 @@ struct Ctx {
   uint32_t* sh_up_done;
   uint32_t* sh_down_done;
   uint32_t* combined;
+  uint32_t* down_group;  // [KOSMOS_MOE_FOLD_GROUPS] DOWN items of column group g done
+  uint32_t* fold_claim;
   __device__ Ctx(const KosmosMoeArgs& a_, int block) : a(a_) {
     sc = SyncCtx{ld_relaxed(a.state) + 1, a.state, static_cast<KosmosErrorRecord*>(a.err), a.timeout_ns, false, 0,
                  block, static_cast<uint32_t>(a.spin_ns)};
@@ -163,6 +201,8 @@ struct Ctx {
     sh_up_done = down_done + a.tiles_max;
     sh_down_done = sh_up_done + a.route_blocks;
     combined = sh_down_done + a.route_blocks;
+    down_group = combined + a.E_tiles;
+    fold_claim = down_group + KOSMOS_MOE_FOLD_GROUPS;
   }
   // wait until *f >= target (count); `flag` names the counter in the error record
   __device__ bool wait(const uint32_t* f, uint32_t target, int kind, int item, int flag) const {
@@ -203,8 +243,11 @@ __device__ int decide(const Ctx& c, const Layout& L) {
       case KOSMOS_MOE_UP:
       case KOSMOS_MOE_DOWN: {
         if (!c.wait_scan(kind, i)) return -1;
-        int q = i / L.nd, n;
-        if (kind == KOSMOS_MOE_UP) L.up_tile(i, &q, &n);
+        int q, n, cg;
+        if (kind == KOSMOS_MOE_UP)
+          L.up_tile(i, &q, &n);
+        else
+          L.down_tile(i, &q, &n, &cg);
         if (q >= ldcg(a.meta)) continue;  // beyond this call's tiles
         const int g = ldcg(a.tile_order + q);
         const uint32_t* f = kind == KOSMOS_MOE_UP ? c.arrived + g : c.up_done + g;
@@ -212,9 +255,14 @@ __device__ int decide(const Ctx& c, const Layout& L) {
         ok = c.wait(f, need, kind, i, c.flag_id(f));
         break;
       }
-      case KOSMOS_MOE_FOLD:
-        ok = c.wait_scan(kind, i);  // the tiles of its choices: waited for by the 128 threads (fold)
-        break;
+      case KOSMOS_MOE_FOLD: {
+        // the tiles of its choices: waited for by the folding threads (run_fold); the item itself
+        // from the FOLD counter, which the movers claim from too
+        if (!c.wait_scan(kind, i)) return -1;
+        const int f = int(atomicAdd(c.fold_claim, 1u));
+        if (f >= L.count(kind)) continue;
+        return (kind << 24) | f;
+      }
     }
     if (!ok) return -1;
     return (kind << 24) | i;
@@ -378,8 +426,96 @@ __device__ void run_combine_tile(const Ctx& c, const TileRows& tr, int g, int mt
   }
 }
 
+// FOLD f = (column group g = f / tb, token block b = f % tb), by kN threads (the 256 math threads,
+// whose registers keep 8 choices' loads in flight per thread; or the 64 movers while the math warps
+// run the next group's DOWNs): the threads wait for the block's choices' tiles (watchdog; with
+// column groups, for every DOWN of group g at once), then y_t = sum_j w_tj * out[pos(t, j)]
+// (+ shared) over the group's columns, in j order, fp32, one bf16 rounding (bitwise the same
+// whoever folds and however H is grouped). A failed wait is shared through fs.bad; returns false.
+template <int kN>
+__device__ bool run_fold(const Ctx& c, const Layout& L, FoldSmem& fs, int f, int tid, int bar) {
+  const KosmosMoeArgs& a = c.a;
+  const int cg = f / L.tb, b = f % L.tb;
+  const int t0 = b * kTB;
+  const int nt = min(kTB, a.T - t0);
+  const int k = a.topk;
+  if (tid == 0) fs.bad = 0;
+  named_bar_sync(bar, kN);
+  bool ok = true;
+  if (L.fg > 1 && tid == 0) {  // no peer rows: every choice's tile is here
+    const uint32_t* d = c.down_group + cg;
+    ok = c.wait(d, uint32_t(ldcg(a.meta) * L.group_tiles(cg)), KOSMOS_MOE_FOLD, f, c.flag_id(d));
+  }
+  for (int p = tid; p < nt * k; p += kN) {
+    const int t = t0 + p / k, j = p % k;
+    int e;
+    const int pos = pos_of(a, t, j, &e);
+    const bool here = e < a.E_tiles;  // else: the owner's output of this row, static (pinned host memory or its copy)
+    fs.src[p] = pos < 0 ? nullptr
+                        : (here ? static_cast<const bf16*>(a.os) : static_cast<const bf16*>(a.send_out[e / a.E_loc])) +
+                              int64_t(pos) * a.H;
+    fs.w[p] = __ldcg(a.weights + int64_t(t) * k + j);
+    const uint32_t* d = c.down_done + pos / kBM;
+    if (ok && here && L.fg == 1) ok = c.wait(d, uint32_t(L.nd), KOSMOS_MOE_FOLD, f, c.flag_id(d));
+    if (ok && !here && pos >= 0 && a.ce_flags)  // the owner's output, once the copy engine brought it
+      ok = c.wait(ce_send_out_in(a, e / a.E_loc), c.sc.epoch, KOSMOS_MOE_FOLD, f, kCeFlag);
+  }
+  if (a.Fs && tid == 0 && ok) {
+    const uint32_t* d = c.sh_down_done + t0 / kBM;
+    ok = c.wait(d, uint32_t(L.nsd), KOSMOS_MOE_FOLD, f, c.flag_id(d));
+  }
+  if (!ok) fs.bad = 1;
+  named_bar_sync(bar, kN);
+  const bool bad = fs.bad != 0;
+  const int c0 = cg * L.gs * (kBN / 8);                                    // first 8-column chunk
+  const int chunks = min(a.H / 8, (cg + 1) * L.gs * (kBN / 8)) - c0;  // of the group
+  const bf16* ysh = static_cast<const bf16*>(a.ysh);
+  bf16* y = static_cast<bf16*>(a.y);
+  // each thread issues the loads of up to 8 choices (and the shared expert's row) before it
+  // adds them (32 KB in flight per 256 threads); adds in j order
+  constexpr int kAhead = 8;
+  for (int w = tid; w < nt * chunks && !bad; w += kN) {
+    const int tl = w / chunks, ch = c0 + w % chunks;
+    const int t = t0 + tl;
+    float acc[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) acc[u] = 0.f;
+    int4 sh = make_int4(0, 0, 0, 0);
+    if (a.Fs) sh = ld_cg_16(ysh + int64_t(t) * a.H + ch * 8);
+    for (int j0 = 0; j0 < k; j0 += kAhead) {
+      int4 v[kAhead];
+#pragma unroll
+      for (int d = 0; d < kAhead; ++d) {
+        const bf16* src = j0 + d < k ? fs.src[tl * k + j0 + d] : nullptr;
+        v[d] = src ? ld_cg_16(src + ch * 8) : make_int4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int d = 0; d < kAhead; ++d) {
+        if (j0 + d >= k || !fs.src[tl * k + j0 + d]) continue;  // no output for this choice (host fabric, moe_params.h ref_slot)
+        const float wt = fs.w[tl * k + j0 + d];
+        const bf16* h = reinterpret_cast<const bf16*>(&v[d]);
+#pragma unroll
+        for (int u = 0; u < 8; ++u) acc[u] = fmaf(wt, __bfloat162float(h[u]), acc[u]);
+      }
+    }
+    if (a.Fs) {
+      const bf16* h = reinterpret_cast<const bf16*>(&sh);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) acc[u] += __bfloat162float(h[u]);
+    }
+    int4 out;
+    bf16* o = reinterpret_cast<bf16*>(&out);
+#pragma unroll
+    for (int u = 0; u < 8; ++u) o[u] = __float2bfloat16_rn(acc[u]);
+    *reinterpret_cast<int4*>(y + int64_t(t) * a.H + ch * 8) = out;
+  }
+  named_bar_sync(bar, kN);  // fs.src / fs.w / fs.bad read by every thread
+  return !bad;
+}
+
 // The movers (warps 2-3): after SCAN, INDEX items until none is left, then (every INDEX done)
-// GATHER items in queue order, so the tiles the math warps will claim first fill first; on the
+// GATHER items in queue order, so the tiles the math warps will claim first fill first; with
+// DOWN in column groups then FOLD items (group by group, beside the math warps' DOWNs); on the
 // host fabric then COMBINE_TILE items in queue order (each after its tile's DOWNs), so the peers'
 // outputs leave as their tiles finish. Mover thread 0 claims and waits (watchdog-bounded); the
 // others follow through s.mcmd, so a failed wait or an abort takes all 64 out together.
@@ -396,11 +532,12 @@ __device__ __noinline__ void mover_loop(const Ctx& c, const Layout& L, Shared& s
     return r;
   };
   // the lead's claim of the next item from counter `ctr` (-1: none left below `n`, or aborted)
-  auto claim = [&](int ctr, int n) {
+  auto claim_at = [&](uint32_t* ctr, int n) {
     int k = -1;
-    if (lead && !aborted(c.sc)) k = int(atomicAdd(a.ctr + ctr, 1u));
+    if (lead && !aborted(c.sc)) k = int(atomicAdd(ctr, 1u));
     return share(k >= 0 && k < n ? k : -1);
   };
+  auto claim = [&](int ctr, int n) { return claim_at(a.ctr + ctr, n); };
   if (share(lead && c.wait_scan(KOSMOS_MOE_INDEX, 0) ? 0 : -1) < 0) return;
   for (int b; (b = claim(KOSMOS_MOE_CTR_INDEX, tb)) >= 0;) {
     const uint64_t t0 = lead ? tr.now() : 0;
@@ -432,6 +569,12 @@ __device__ __noinline__ void mover_loop(const Ctx& c, const Layout& L, Shared& s
       tr.add(kRoleDispatch, (KOSMOS_MOE_GATHER << 24) | i, t0, tr.now());
     }
   }
+  // DOWN in column groups (no peer rows): fold group g while the math warps run group g + 1
+  for (int f; L.fg > 1 && (f = claim_at(c.fold_claim, L.count(KOSMOS_MOE_FOLD))) >= 0;) {
+    const uint64_t t0 = lead ? tr.now() : 0;
+    if (!run_fold<kMoverThreads>(c, L, s.mfold, f, mt, kBarMover)) return;
+    if (lead) tr.add(kRoleFold, (KOSMOS_MOE_FOLD << 24) | f, t0, tr.now());
+  }
   if (!a.peer_rows) return;
   for (int q; (q = claim(KOSMOS_MOE_CTR_COMB, tiles)) >= 0;) {
     const int g = ldcg(a.tile_order + q);
@@ -450,84 +593,6 @@ __device__ __noinline__ void mover_loop(const Ctx& c, const Layout& L, Shared& s
       tr.add(kRoleCombine, (KOSMOS_MOE_COMBINE_TILE << 24) | q, t0, tr.now());
     }
   }
-}
-
-// FOLD b (the 256 math threads: the fold is memory-bound, and their registers keep 8 choices'
-// loads in flight per thread): every thread waits for a share of the block's choices' tiles
-// (watchdog), then y_t = sum_j w_tj * out[pos(t, j)] (+ shared) in j order, fp32, one bf16
-// rounding. A failed wait is shared through s.fold_bad (as s.bad in COMBINE).
-__device__ void run_fold(const Ctx& c, const Layout& L, Shared& s, int b, int tid) {
-  constexpr int kN = Builder::kNumMathThreads;
-  const KosmosMoeArgs& a = c.a;
-  const int t0 = b * kTB;
-  const int nt = min(kTB, a.T - t0);
-  const int k = a.topk;
-  if (tid == 0) s.fold_bad = 0;
-  named_bar_sync(kBarMath, kN);
-  bool ok = true;
-  for (int p = tid; p < nt * k; p += kN) {
-    const int t = t0 + p / k, j = p % k;
-    int e;
-    const int pos = pos_of(a, t, j, &e);
-    const bool here = e < a.E_tiles;  // else: the owner's output of this row, static (pinned host memory or its copy)
-    s.fold_src[p] = pos < 0 ? nullptr
-                            : (here ? static_cast<const bf16*>(a.os) : static_cast<const bf16*>(a.send_out[e / a.E_loc])) +
-                                  int64_t(pos) * a.H;
-    s.fold_w[p] = __ldcg(a.weights + int64_t(t) * k + j);
-    const uint32_t* f = c.down_done + pos / kBM;
-    if (ok && here) ok = c.wait(f, uint32_t(L.nd), KOSMOS_MOE_FOLD, b, c.flag_id(f));
-    if (ok && !here && pos >= 0 && a.ce_flags)  // the owner's output, once the copy engine brought it
-      ok = c.wait(ce_send_out_in(a, e / a.E_loc), c.sc.epoch, KOSMOS_MOE_FOLD, b, kCeFlag);
-  }
-  if (a.Fs && tid == 0 && ok) {
-    const uint32_t* f = c.sh_down_done + t0 / kBM;
-    ok = c.wait(f, uint32_t(L.nsd), KOSMOS_MOE_FOLD, b, c.flag_id(f));
-  }
-  if (!ok) s.fold_bad = 1;
-  named_bar_sync(kBarMath, kN);
-  const bool bad = s.fold_bad != 0;
-  const int chunks = a.H / 8;
-  const bf16* ysh = static_cast<const bf16*>(a.ysh);
-  bf16* y = static_cast<bf16*>(a.y);
-  // each thread issues the loads of up to 8 choices (and the shared expert's row) before it
-  // adds them (32 KB in flight per CTA); adds in j order
-  constexpr int kAhead = 8;
-  for (int w = tid; w < nt * chunks && !bad; w += kN) {
-    const int tl = w / chunks, ch = w % chunks;
-    const int t = t0 + tl;
-    float acc[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) acc[u] = 0.f;
-    int4 sh = make_int4(0, 0, 0, 0);
-    if (a.Fs) sh = ld_cg_16(ysh + int64_t(t) * a.H + ch * 8);
-    for (int j0 = 0; j0 < k; j0 += kAhead) {
-      int4 v[kAhead];
-#pragma unroll
-      for (int d = 0; d < kAhead; ++d) {
-        const bf16* src = j0 + d < k ? s.fold_src[tl * k + j0 + d] : nullptr;
-        v[d] = src ? ld_cg_16(src + ch * 8) : make_int4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int d = 0; d < kAhead; ++d) {
-        if (j0 + d >= k || !s.fold_src[tl * k + j0 + d]) continue;  // no output for this choice (host fabric, moe_params.h ref_slot)
-        const float wt = s.fold_w[tl * k + j0 + d];
-        const bf16* h = reinterpret_cast<const bf16*>(&v[d]);
-#pragma unroll
-        for (int u = 0; u < 8; ++u) acc[u] = fmaf(wt, __bfloat162float(h[u]), acc[u]);
-      }
-    }
-    if (a.Fs) {
-      const bf16* h = reinterpret_cast<const bf16*>(&sh);
-#pragma unroll
-      for (int u = 0; u < 8; ++u) acc[u] += __bfloat162float(h[u]);
-    }
-    int4 out;
-    bf16* o = reinterpret_cast<bf16*>(&out);
-#pragma unroll
-    for (int u = 0; u < 8; ++u) o[u] = __float2bfloat16_rn(acc[u]);
-    *reinterpret_cast<int4*>(y + int64_t(t) * a.H + ch * 8) = out;
-  }
-  named_bar_sync(kBarMath, kN);  // fold_src / fold_w / s.fold_bad read by every thread
 }
 
 // ------------------------------------------------------------------------------ math items
@@ -725,7 +790,7 @@ __device__ void math_loop(const Ctx& c, const Layout& L, const Params& P, Shared
     const int kind = item >> 24, i = item & 0xffffff;
     const uint64_t t0 = (tid == 128) ? tr.now() : 0;
     auto acc = Builder::make_accum();
-    uint32_t* rel = nullptr;
+    uint32_t *rel = nullptr, *rel2 = nullptr;
     uint16_t role = kRoleExpert;
     switch (kind) {
       case KOSMOS_MOE_ROUTE:
@@ -735,7 +800,8 @@ __device__ void math_loop(const Ctx& c, const Layout& L, const Params& P, Shared
         role = kRoleRouter;
         break;
       case KOSMOS_MOE_SHARED_UP: {
-        const int mb = i / L.nsu, n = i % L.nsu;
+        int mb, n;
+        L.sh_up_tile(i, &mb, &n);
         builder.mma_k(acc, a.H / kBK);
         if (a.gush)
           store_preact(builder, acc, m, static_cast<bf16*>(a.gush) + int64_t(mb) * kBM * 2 * a.Fs, a.Fs,
@@ -768,15 +834,18 @@ __device__ void math_loop(const Ctx& c, const Layout& L, const Params& P, Shared
         break;
       }
       case KOSMOS_MOE_DOWN: {
-        const int g = __ldcg(a.tile_order + i / L.nd), n = i % L.nd;
+        int q, n, cg;
+        L.down_tile(i, &q, &n, &cg);
+        const int g = __ldcg(a.tile_order + q);
         builder.mma_k(acc, a.F / kBK);
         builder.store_staged_to(acc, m, static_cast<bf16*>(a.os) + int64_t(g) * kBM * a.H + n * kBN, a.H, kBM,
                                 a.H - n * kBN);
         rel = c.down_done + g;
+        rel2 = c.down_group + cg;
         break;
       }
       case KOSMOS_MOE_FOLD:
-        run_fold(c, L, s, i, m);
+        run_fold<Builder::kNumMathThreads>(c, L, s.fold, i, m, kBarMath);
         role = kRoleFold;
         if (tid == 128) atomicAdd(&s.mem_done, 1);
         break;
@@ -787,6 +856,7 @@ __device__ void math_loop(const Ctx& c, const Layout& L, const Params& P, Shared
     named_bar_sync(kBarMath, Builder::kNumMathThreads);  // every store of the item before its release
     if (tid == 128) {
       if (rel) atomicAdd(rel, 1u);
+      if (rel2) atomicAdd(rel2, 1u);
       tr.add(role, item, t0, tr.now());
     }
   }
@@ -847,7 +917,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
               if (kind == KOSMOS_MOE_ROUTE) {
                 builder.produce_grouped(P.route, a.T, 1, 0, i, 256, a.H, a.H / kBK, 1, 0, 0);
               } else if (kind == KOSMOS_MOE_SHARED_UP) {
-                builder.produce_grouped(P.sh_up, a.T, 1, 0, i / L.nsu, 2 * a.Fs, a.H, a.H / kBK, 1, 0, i % L.nsu);
+                int mb, n;
+                L.sh_up_tile(i, &mb, &n);
+                builder.produce_grouped(P.sh_up, a.T, 1, 0, mb, 2 * a.Fs, a.H, a.H / kBK, 1, 0, n);
               } else if (kind == KOSMOS_MOE_SHARED_DOWN) {
                 builder.produce_grouped(P.sh_down, a.T, 1, 0, i / L.nsd, a.H, a.Fs, a.Fs / kBK, 1, 0, i % L.nsd);
               } else if (kind == KOSMOS_MOE_UP) {
@@ -857,9 +929,11 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
                 const int e = __ldcg(a.tile_expert + g);
                 builder.produce_grouped(P.up, rows_s, 1, 0, g, 2 * a.F, a.H, a.H / kBK, a.E_tiles, e, n);
               } else if (kind == KOSMOS_MOE_DOWN) {
-                const int g = __ldcg(a.tile_order + i / L.nd);
+                int q, n, cg;
+                L.down_tile(i, &q, &n, &cg);
+                const int g = __ldcg(a.tile_order + q);
                 const int e = __ldcg(a.tile_expert + g);
-                builder.produce_grouped(P.down, rows_s, 1, 0, g, a.H, a.F, a.F / kBK, a.E_tiles, e, i % L.nd);
+                builder.produce_grouped(P.down, rows_s, 1, 0, g, a.H, a.F, a.F / kBK, a.E_tiles, e, n);
               }
             }
             break;
@@ -1011,7 +1085,7 @@ int kosmos_moe_set(void* h, const KosmosMoeArgs* args, const void* wr_t, const v
   if (a.route_blocks != (a.T + 127) / 128 || a.tiles_max < (a.T * a.topk + a.peer_rows + 127) / 128 + a.E_tiles)
     return fail(KOSMOS_ERR_INVALID, "moe sm90: route_blocks / tiles_max do not match T, topk, E");
   if (a.ce_flags && a.E_tiles == a.E) return fail(KOSMOS_ERR_INVALID, "moe sm90: copy-engine flags without peers");
-  if (a.ctr_words < KOSMOS_MOE_CTR_HEAD + 3 * a.tiles_max + 2 * a.route_blocks + a.E_tiles)
+  if (a.ctr_words < KOSMOS_MOE_CTR_HEAD + 3 * a.tiles_max + 2 * a.route_blocks + a.E_tiles + KOSMOS_MOE_FOLD_GROUPS + 1)
     return fail(KOSMOS_ERR_INVALID, "moe sm90: ctr_words too small");
   Params& P = *static_cast<Params*>(h);
   P.a = a;

@@ -67,7 +67,8 @@ def test_counter_names_for_the_watchdog():
     assert moe_sm90.counter_name(moe_sm90.CTR_HEAD + 3 * tm, T, k, E) == "shared_up_done[0]"
     assert moe_sm90.counter_name(moe_sm90.CTR_HEAD + 3 * tm + 2 * 8 + 5, T, k, E) == "combined[5]"
     assert moe_sm90.counter_name(-2, T, k, E) == "copy-engine flag"
-    assert moe_sm90.ctr_words(T, k, E) == moe_sm90.CTR_HEAD + 3 * tm + 2 * 8 + E
+    assert moe_sm90.counter_name(moe_sm90.CTR_HEAD + 3 * tm + 2 * 8 + E + 1, T, k, E) == "down_group_done[1]"
+    assert moe_sm90.ctr_words(T, k, E) == moe_sm90.CTR_HEAD + 3 * tm + 2 * 8 + E + moe_sm90.FOLD_GROUPS + 1
 
 
 def test_args_struct_has_no_padding():

@@ -9,10 +9,14 @@
 #pragma once
 #include <stdint.h>
 
-#define KOSMOS_MOE_ABI_VERSION 6
+#define KOSMOS_MOE_ABI_VERSION 7
 #define KOSMOS_MOE_MAX_E 256   // experts per launch (the router tile is 256 wide)
 #define KOSMOS_MOE_MAX_TOPK 16
 #define KOSMOS_MOE_TOK_BLOCK 32  // tokens per DISPATCH / INDEX / FOLD item, rows per GATHER item
+// DOWN runs in up to this many column groups of H (every tile's n-tiles of group 0, then of group
+// 1, ...) when no peer rows wait for whole tiles (world 1, local fabric); the fold of group g then
+// runs, on the movers too, while group g + 1's DOWNs compute (moe_fwd_sm90.cu Layout)
+#define KOSMOS_MOE_FOLD_GROUPS 4
 
 // Item kinds, in claim order (also the error record's `queue` and the trace record's item high byte);
 // INDEX and GATHER are the movers' (their own counters, outside the claim sequence).
@@ -27,7 +31,8 @@ enum KosmosMoeKind {
   KOSMOS_MOE_UP = 6,          // expert tile (queue position q, n-tile of 2F), SwiGLU epilogue
   KOSMOS_MOE_DOWN = 7,        // expert tile (q, n-tile of H)
   KOSMOS_MOE_COMBINE = 8,     // unused (COMBINE_TILE, the movers')
-  KOSMOS_MOE_FOLD = 9,        // 32 tokens: y = sum_j w_j * out[pos(t, j)] (+ shared), fixed order
+  KOSMOS_MOE_FOLD = 9,        // 32 tokens x a column group: y = sum_j w_j * out[pos(t, j)] (+ shared), fixed
+                              //   order; claimed from their own counter by the sequence and the movers
   KOSMOS_MOE_NUM_KINDS = 10,
   KOSMOS_MOE_INDEX = 10,      // movers, 32 tokens: sorted_choice[pos(t, j)] = t * topk + j (own experts)
   KOSMOS_MOE_GATHER = 11,     // movers, after every INDEX: rows 32 part.. of the tile at queue position
@@ -47,7 +52,8 @@ enum KosmosMoeCtr {
   KOSMOS_MOE_CTR_HEAD = 8
 };
 // after the head: arrived[tiles_max], up_done[tiles_max], down_done[tiles_max], sh_up_done[route_blocks],
-// sh_down_done[route_blocks], combined[E_tiles] (peer rows of expert e whose outputs are in recv_out)
+// sh_down_done[route_blocks], combined[E_tiles] (peer rows of expert e whose outputs are in recv_out),
+// down_group_done[KOSMOS_MOE_FOLD_GROUPS] (DOWN items of column group g done), the FOLD claim counter
 
 typedef struct KosmosMoeArgs {
   const void* x;         // (T x H) bf16 tokens

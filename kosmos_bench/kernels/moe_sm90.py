@@ -17,7 +17,7 @@ from . import libs
 from .abi import struct_mismatches
 
 LIB = libs.MOE_SM90
-ABI_VERSION = 6
+ABI_VERSION = 7
 MAX_E = 256
 MAX_TOPK = 16
 TOK_BLOCK = 32  # tokens per DISPATCH / INDEX / FOLD item, rows per GATHER item
@@ -28,8 +28,10 @@ BM = 128        # rows per expert tile (segments of the sorted buffer are padded
 KINDS = ("ROUTE", "SCAN", "SHARED_UP", "DISPATCH", "PEER_DISPATCH", "SHARED_DOWN", "UP", "DOWN", "COMBINE", "FOLD",
          "INDEX", "GATHER", "COMBINE_TILE")
 # Counter words (KosmosMoeCtr): head, then arrived / up_done / down_done [tiles_max],
-# sh_up_done / sh_down_done [route_blocks], combined [E (with tiles)].
+# sh_up_done / sh_down_done [route_blocks], combined [E (with tiles)], down_group_done
+# [FOLD_GROUPS], the FOLD claim counter.
 CTR_HEAD = 8
+FOLD_GROUPS = 4  # moe_params.h KOSMOS_MOE_FOLD_GROUPS: DOWN's column groups (no peer rows)
 HEAD_NAMES = ("claim", "routed", "exit", "index claim", "indexed", "gather claim", "sent", "combine claim")
 # Trace roles of this kernel (the kernel's MoeRole).
 ROLE_CODES = {0: "ROUTER", 1: "DISPATCH", 2: "EXPERT", 3: "COMBINE", 4: "FOLD"}
@@ -70,7 +72,7 @@ def tiles_max(T: int, topk: int, E: int, peer_rows: int = 0) -> int:
 
 def ctr_words(T: int, topk: int, E: int, peer_rows: int = 0) -> int:
     nb = -(-T // BM)
-    return CTR_HEAD + 3 * tiles_max(T, topk, E, peer_rows) + 2 * nb + E
+    return CTR_HEAD + 3 * tiles_max(T, topk, E, peer_rows) + 2 * nb + E + FOLD_GROUPS + 1
 
 
 def counter_name(word: int, T: int, topk: int, E: int, peer_rows: int = 0) -> str:
@@ -83,7 +85,7 @@ def counter_name(word: int, T: int, topk: int, E: int, peer_rows: int = 0) -> st
         return f"counter {HEAD_NAMES[word]}"
     w, tm, nb = word - CTR_HEAD, tiles_max(T, topk, E, peer_rows), -(-T // BM)
     for name, n in (("arrived", tm), ("up_done", tm), ("down_done", tm), ("shared_up_done", nb),
-                    ("shared_down_done", nb), ("combined", E)):
+                    ("shared_down_done", nb), ("combined", E), ("down_group_done", FOLD_GROUPS), ("fold claim", 1)):
         if w < n:
             return f"{name}[{w}]"
         w -= n

@@ -170,7 +170,11 @@ def simulate(p: Point, prof: dict) -> dict:
             compute = sum(grouped_us(prof, s, ld.rows[q], builder=True) for q in ranks) + \
                 (disp + comb) * movers / prof["num_sms"]
         fold = _mem_us(prof, 2 * n_rows * H + 2 * len(ranks) * s.T * H)  # each output row read once
-        fwd_t = launch + router + shared + max(compute, disp + comb) + fold
+        # without peer rows (world 1, local) DOWN runs in column groups and the movers fold each
+        # group beside the next one's DOWNs: only the last group's fold is left after them
+        from ..kernels.moe_sm90 import FOLD_GROUPS  # noqa: PLC0415
+        grouped = s.world == 1 or p.fabric == "local"
+        fwd_t = launch + router + shared + max(compute, disp + comb) + (fold / FOLD_GROUPS if grouped else fold)
         gather = _mem_us(prof, 3 * 2 * n_rows * H)  # dy per choice, the output rows, the upstream rows written
         bwd_t = launch + 2 * (router + shared) + max(2 * compute, disp + comb) + gather + fold
         t = (fwd_t if p.op in ("moe", "moe-step") else 0.0) + (bwd_t if p.op in ("moe-bwd", "moe-step") else 0.0)
