@@ -287,8 +287,9 @@ __device__ __forceinline__ void named_bar_sync(int id, int nthreads) {
 // tile (num_k_blk k-blocks, as the loader issued them) into tile_of(item row) (row stride ldc,
 // the row's rows x cols), then thread 128 releases its flag (every store of the tile before the
 // release) and records the BUILD interval. A tile with no flag and no trace (ag-gemm's, every
-// tile at world 1) skips the barrier: the math warps then run as the standalone builder's. band (NoBandItems, BandItems): an item's k-blocks, and
-// its carry epilogue before (or instead of) the bf16 store.
+// tile at world 1) skips the barrier: the math warps then run as the standalone builder's.
+// band (NoBandItems, BandItems): an item's k-blocks, and its carry epilogue before (or instead
+// of) the bf16 store.
 template <class TileOf, class Band = NoBandItems>
 __device__ __forceinline__ void math_loop(AgBuilder& builder, AgRing& ring, const KosmosParams& p,
                                           const KosmosRankArgs& ra, int block, int kind, int64_t ldc,

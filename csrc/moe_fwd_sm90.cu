@@ -136,6 +136,7 @@ struct Layout {
   int begin[KOSMOS_MOE_NUM_KINDS + 1];
   int nu, nd, nsu, nsd;  // n-tiles: UP (2F/256), DOWN and SHARED_DOWN (H/256), SHARED_UP (2Fs/256)
   int tm;                // tiles_max
+  int rb;                // route_blocks (the shared expert's m-blocks)
   int tb;                // token blocks (FOLD items per column group)
   // DOWN column groups: fg groups of gs n-tiles (the last one may have fewer). One group when peer
   // rows wait for whole tiles (host fabric: COMBINE_TILE sends a tile's outputs after its DOWNs).
@@ -171,7 +172,6 @@ struct Layout {
   __device__ void up_tile(int i, int* q, int* n) const { moe::raster_tile(i, nu, tm, q, n); }
   // SHARED_UP item i -> (m-block mb, n-tile n), rastered like UP: its B (the shared W1, 59 MB at
   // deepseek-v3's H 7168 / Fs 2048) is beyond L2; m-major the tiles in flight read all of it
-  int rb;  // m-blocks of the shared expert (route_blocks)
   __device__ void sh_up_tile(int i, int* mb, int* n) const { moe::raster_tile(i, nsu, rb, mb, n); }
   __device__ int count(int k) const { return begin[k + 1] - begin[k]; }
   __device__ int kind_of(int c) const {
