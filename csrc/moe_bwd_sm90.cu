@@ -63,6 +63,7 @@
 
 #include "kosmos/builder_sm90.cuh"
 #include "kosmos/host_error.h"
+#include "kosmos/host_launch.h"
 #include "kosmos/moe_bwd_params.h"
 #include "kosmos/moe_common.cuh"
 #include "kosmos/sync.cuh"
@@ -73,9 +74,12 @@ namespace moe_bwd {
 
 using moe::acc_col;
 using moe::acc_row;
+using moe::add_bf16x8;
+using moe::fold_rows;
 using moe::ldcg;
 using moe::named_bar_sync;
 using moe::pos_of;
+using moe::store_bf16x8;
 using moe::warp_sum;
 
 using BuilderN = sm90::BuilderSm90<128, 256, 64, 4, true>;  // A row-major: dgrad GEMMs
@@ -455,40 +459,18 @@ __device__ void run_fold(const Ctx& c, const Layout& L, Shared& s, int b, int ti
   const bf16* dxr = static_cast<const bf16*>(a.dxr);
   const bf16* dxsh = static_cast<const bf16*>(a.dxsh);
   bf16* dx = static_cast<bf16*>(a.dx);
-  constexpr int kAhead = 8;  // loads issued before they are added (32 KB in flight per CTA); adds in j order
+  // the router's and the shared expert's rows, then up to 8 choices' loads in flight (32 KB per
+  // CTA) before they are added; adds in j order, then the router's, then the shared expert's
   for (int w = tid; w < nt * chunks && !bad; w += kN) {
     const int tl = w / chunks, ch = w % chunks;
     const int64_t t = t0 + tl;
-    float acc[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) acc[u] = 0.f;
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     const int4 vr = ld_cg_16(dxr + t * f.H + ch * 8);
     const int4 vs = f.Fs ? ld_cg_16(dxsh + t * f.H + ch * 8) : make_int4(0, 0, 0, 0);
-    for (int j0 = 0; j0 < k; j0 += kAhead) {
-      int4 v[kAhead];
-#pragma unroll
-      for (int d = 0; d < kAhead; ++d) {
-        const bf16* src = j0 + d < k ? s.fold_src[tl * k + j0 + d] : nullptr;
-        v[d] = src ? ld_cg_16(src + ch * 8) : make_int4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int d = 0; d < kAhead; ++d) {
-        if (j0 + d >= k || !s.fold_src[tl * k + j0 + d]) continue;  // no row (host fabric, moe_params.h ref_slot)
-        const bf16* h = reinterpret_cast<const bf16*>(&v[d]);
-#pragma unroll
-        for (int u = 0; u < 8; ++u) acc[u] += __bfloat162float(h[u]);
-      }
-    }
-    for (int src = 0; src < (f.Fs ? 2 : 1); ++src) {
-      const bf16* h = reinterpret_cast<const bf16*>(src == 0 ? &vr : &vs);
-#pragma unroll
-      for (int u = 0; u < 8; ++u) acc[u] += __bfloat162float(h[u]);
-    }
-    int4 out;
-    bf16* o = reinterpret_cast<bf16*>(&out);
-#pragma unroll
-    for (int u = 0; u < 8; ++u) o[u] = __float2bfloat16_rn(acc[u]);
-    *reinterpret_cast<int4*>(dx + t * f.H + ch * 8) = out;
+    fold_rows<false>(acc, s.fold_src + tl * k, nullptr, k, ch * 8);
+    add_bf16x8(acc, vr);
+    if (f.Fs) add_bf16x8(acc, vs);
+    store_bf16x8(dx + t * f.H + ch * 8, acc);
   }
   named_bar_sync(kBarMath, kN);  // fold_src and s.fold_bad read by every thread
 }
@@ -876,15 +858,6 @@ const char* validate(int T, int H, int F, int Fs, int E, int topk, int W) {
 
 bool aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-int co_resident(int dev, int* out) {
-  int per_sm = 0, sms = 0;
-  KOSMOS_CUDA(cudaFuncSetAttribute(moe_bwd_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  KOSMOS_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_bwd_sm90_kernel, kThreads, kSmemBytes));
-  KOSMOS_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  *out = per_sm * sms;
-  return KOSMOS_OK;
-}
-
 }  // namespace
 }  // namespace moe_bwd
 }  // namespace kosmos
@@ -993,15 +966,9 @@ int kosmos_moe_bwd_set(void* h, const KosmosMoeBwdArgs* args) {
 }
 
 int kosmos_moe_bwd_max_wgs(int device, int* out) {
-  if (!out) return fail(KOSMOS_ERR_INVALID, "null out");
-  int prev = 0, major = 0;
-  KOSMOS_CUDA(cudaGetDevice(&prev));
-  KOSMOS_CUDA(cudaSetDevice(device));
-  KOSMOS_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  if (major != 9) return fail(KOSMOS_ERR_INVALID, "the MoE sm90 backward kernel needs an sm_90 GPU (device %d is sm_%dx)", device, major);
-  int rc = kosmos::moe_bwd::co_resident(device, out);
-  KOSMOS_CUDA(cudaSetDevice(prev));
-  return rc;
+  namespace m = kosmos::moe_bwd;
+  return kosmos::sm90_co_resident(reinterpret_cast<const void*>(m::moe_bwd_sm90_kernel), m::kThreads, m::kSmemBytes,
+                                  device, out, "MoE sm90 backward kernel");
 }
 
 // One cooperative launch of the whole backward on `stream` (no synchronisation).
@@ -1009,19 +976,9 @@ int kosmos_moe_bwd_launch(void* h, void* stream) {
   if (!h) return fail(KOSMOS_ERR_INVALID, "moe bwd sm90: null handle");
   Params& P = *static_cast<Params*>(h);
   static int co[64];
-  int dev = 0;
-  KOSMOS_CUDA(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 64) return fail(KOSMOS_ERR_INVALID, "device %d", dev);
-  if (!co[dev])
-    if (int rc = kosmos::moe_bwd::co_resident(dev, &co[dev])) return rc;
-  if (P.a.grid < 1 || P.a.grid > co[dev])
-    return fail(KOSMOS_ERR_TOO_MANY_WGS, "moe bwd sm90: grid %d outside 1..%d co-resident CTAs", P.a.grid, co[dev]);
-  void* args[] = {&P};
-  KOSMOS_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kosmos::moe_bwd::moe_bwd_sm90_kernel),
-                                           dim3(P.a.grid), dim3(kosmos::moe_bwd::kThreads), args,
-                                           kosmos::moe_bwd::kSmemBytes, static_cast<cudaStream_t>(stream)));
-  KOSMOS_CUDA(cudaGetLastError());
-  return KOSMOS_OK;
+  namespace m = kosmos::moe_bwd;
+  return kosmos::cooperative_launch(reinterpret_cast<const void*>(m::moe_bwd_sm90_kernel), m::kThreads, m::kSmemBytes,
+                                    P, P.a.grid, stream, co, "moe bwd sm90");
 }
 
 }  // extern "C"

@@ -66,6 +66,7 @@
 
 #include "kosmos/builder_sm90.cuh"
 #include "kosmos/host_error.h"
+#include "kosmos/host_launch.h"
 #include "kosmos/moe_common.cuh"
 #include "kosmos/moe_params.h"
 #include "kosmos/sync.cuh"
@@ -471,43 +472,16 @@ __device__ bool run_fold(const Ctx& c, const Layout& L, FoldSmem& fs, int f, int
   const int chunks = min(a.H / 8, (cg + 1) * L.gs * (kBN / 8)) - c0;  // of the group
   const bf16* ysh = static_cast<const bf16*>(a.ysh);
   bf16* y = static_cast<bf16*>(a.y);
-  // each thread issues the loads of up to 8 choices (and the shared expert's row) before it
-  // adds them (32 KB in flight per 256 threads); adds in j order
-  constexpr int kAhead = 8;
+  // each thread issues the loads of up to 8 choices (32 KB in flight per 256 threads) and the
+  // shared expert's row before it adds them, in j order
   for (int w = tid; w < nt * chunks && !bad; w += kN) {
     const int tl = w / chunks, ch = c0 + w % chunks;
     const int t = t0 + tl;
-    float acc[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) acc[u] = 0.f;
-    int4 sh = make_int4(0, 0, 0, 0);
-    if (a.Fs) sh = ld_cg_16(ysh + int64_t(t) * a.H + ch * 8);
-    for (int j0 = 0; j0 < k; j0 += kAhead) {
-      int4 v[kAhead];
-#pragma unroll
-      for (int d = 0; d < kAhead; ++d) {
-        const bf16* src = j0 + d < k ? fs.src[tl * k + j0 + d] : nullptr;
-        v[d] = src ? ld_cg_16(src + ch * 8) : make_int4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int d = 0; d < kAhead; ++d) {
-        if (j0 + d >= k || !fs.src[tl * k + j0 + d]) continue;  // no output for this choice (host fabric, moe_params.h ref_slot)
-        const float wt = fs.w[tl * k + j0 + d];
-        const bf16* h = reinterpret_cast<const bf16*>(&v[d]);
-#pragma unroll
-        for (int u = 0; u < 8; ++u) acc[u] = fmaf(wt, __bfloat162float(h[u]), acc[u]);
-      }
-    }
-    if (a.Fs) {
-      const bf16* h = reinterpret_cast<const bf16*>(&sh);
-#pragma unroll
-      for (int u = 0; u < 8; ++u) acc[u] += __bfloat162float(h[u]);
-    }
-    int4 out;
-    bf16* o = reinterpret_cast<bf16*>(&out);
-#pragma unroll
-    for (int u = 0; u < 8; ++u) o[u] = __float2bfloat16_rn(acc[u]);
-    *reinterpret_cast<int4*>(y + int64_t(t) * a.H + ch * 8) = out;
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    const int4 sh = a.Fs ? ld_cg_16(ysh + int64_t(t) * a.H + ch * 8) : make_int4(0, 0, 0, 0);
+    fold_rows<true>(acc, fs.src + tl * k, fs.w + tl * k, k, ch * 8);
+    if (a.Fs) add_bf16x8(acc, sh);
+    store_bf16x8(y + int64_t(t) * a.H + ch * 8, acc);
   }
   named_bar_sync(bar, kN);  // fs.src / fs.w / fs.bad read by every thread
   return !bad;
@@ -1009,15 +983,6 @@ const char* validate(int T, int H, int F, int Fs, int E, int topk, int n_group, 
 
 bool aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-int co_resident(int dev, int* out) {
-  int per_sm = 0, sms = 0;
-  KOSMOS_CUDA(cudaFuncSetAttribute(moe_fwd_sm90_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  KOSMOS_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_fwd_sm90_kernel, kThreads, kSmemBytes));
-  KOSMOS_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  *out = per_sm * sms;
-  return KOSMOS_OK;
-}
-
 }  // namespace
 }  // namespace moe
 }  // namespace kosmos
@@ -1105,15 +1070,9 @@ int kosmos_moe_set(void* h, const KosmosMoeArgs* args, const void* wr_t, const v
 }
 
 int kosmos_moe_max_wgs(int device, int* out) {
-  if (!out) return fail(KOSMOS_ERR_INVALID, "null out");
-  int prev = 0, major = 0;
-  KOSMOS_CUDA(cudaGetDevice(&prev));
-  KOSMOS_CUDA(cudaSetDevice(device));
-  KOSMOS_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  if (major != 9) return fail(KOSMOS_ERR_INVALID, "the MoE sm90 kernel needs an sm_90 GPU (device %d is sm_%dx)", device, major);
-  int rc = kosmos::moe::co_resident(device, out);
-  KOSMOS_CUDA(cudaSetDevice(prev));
-  return rc;
+  namespace m = kosmos::moe;
+  return kosmos::sm90_co_resident(reinterpret_cast<const void*>(m::moe_fwd_sm90_kernel), m::kThreads, m::kSmemBytes,
+                                  device, out, "MoE sm90 kernel");
 }
 
 // One cooperative launch of the whole forward on `stream` (no synchronisation).
@@ -1121,19 +1080,9 @@ int kosmos_moe_launch(void* h, void* stream) {
   if (!h) return fail(KOSMOS_ERR_INVALID, "moe sm90: null handle");
   Params& P = *static_cast<Params*>(h);
   static int co[64];
-  int dev = 0;
-  KOSMOS_CUDA(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 64) return fail(KOSMOS_ERR_INVALID, "device %d", dev);
-  if (!co[dev])
-    if (int rc = kosmos::moe::co_resident(dev, &co[dev])) return rc;
-  if (P.a.grid < 1 || P.a.grid > co[dev])
-    return fail(KOSMOS_ERR_TOO_MANY_WGS, "moe sm90: grid %d outside 1..%d co-resident CTAs", P.a.grid, co[dev]);
-  void* args[] = {&P};
-  KOSMOS_CUDA(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kosmos::moe::moe_fwd_sm90_kernel),
-                                           dim3(P.a.grid), dim3(kosmos::moe::kThreads), args, kosmos::moe::kSmemBytes,
-                                           static_cast<cudaStream_t>(stream)));
-  KOSMOS_CUDA(cudaGetLastError());
-  return KOSMOS_OK;
+  namespace m = kosmos::moe;
+  return kosmos::cooperative_launch(reinterpret_cast<const void*>(m::moe_fwd_sm90_kernel), m::kThreads, m::kSmemBytes,
+                                    P, P.a.grid, stream, co, "moe sm90");
 }
 
 }  // extern "C"

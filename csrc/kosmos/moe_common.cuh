@@ -1,7 +1,8 @@
 // moe_common.cuh — device helpers shared by the MoE forward and backward kernels
 // (csrc/moe_fwd_sm90.cu, csrc/moe_bwd_sm90.cu): the sorted-row position of a choice, the
-// row copy of the loader warps, named barriers, the loader's claim loop, the expert-tile raster, the wgmma accumulator layout, a
-// deterministic warp sum. Include after the CUDA / bf16 headers (builder_sm90.cuh).
+// row copy of the loader warps, the folds' inner loop, named barriers, the loader's claim loop,
+// the expert-tile raster, the wgmma accumulator layout, a deterministic warp sum.
+// Include after the CUDA / bf16 headers (builder_sm90.cuh).
 #pragma once
 #include <cuda_bf16.h>
 
@@ -91,6 +92,47 @@ __device__ __forceinline__ void copy_row(int4* dst, const int4* src, int chunks,
     for (int u = 0; u < kDepth; ++u)
       if (i + u * 32 < chunks) dst[i + u * 32] = v[u];
   }
+}
+
+// The folds' inner loop (forward FOLD: weighted, backward FOLD: weight 1): acc[u] += w[j] * the
+// 8 bf16 at rows[j] + off, j = 0..k-1 in j order (bitwise the same sums every call), kAhead
+// choices' 16-byte loads in flight before their adds (a fold is latency-bound). A null row (no
+// output for that choice: host fabric, moe_params.h ref_slot) adds nothing.
+template <bool kWeighted, int kAhead = 8>
+__device__ __forceinline__ void fold_rows(float (&acc)[8], const bf16* const* rows, const float* w, int k,
+                                          int64_t off) {
+  for (int j0 = 0; j0 < k; j0 += kAhead) {
+    int4 v[kAhead];
+#pragma unroll
+    for (int d = 0; d < kAhead; ++d) {
+      const bf16* src = j0 + d < k ? rows[j0 + d] : nullptr;
+      v[d] = src ? ld_cg_16(src + off) : make_int4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int d = 0; d < kAhead; ++d) {
+      if (j0 + d >= k || !rows[j0 + d]) continue;
+      const bf16* h = reinterpret_cast<const bf16*>(&v[d]);
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+        acc[u] = kWeighted ? fmaf(w[j0 + d], __bfloat162float(h[u]), acc[u]) : acc[u] + __bfloat162float(h[u]);
+    }
+  }
+}
+
+// acc[u] += the 8 bf16 of v (the shared expert's row, the router's input gradient).
+__device__ __forceinline__ void add_bf16x8(float (&acc)[8], const int4& v) {
+  const bf16* h = reinterpret_cast<const bf16*>(&v);
+#pragma unroll
+  for (int u = 0; u < 8; ++u) acc[u] += __bfloat162float(h[u]);
+}
+
+// The 8 sums rounded to bf16 as one 16-byte store.
+__device__ __forceinline__ void store_bf16x8(bf16* dst, const float (&acc)[8]) {
+  int4 out;
+  bf16* o = reinterpret_cast<bf16*>(&out);
+#pragma unroll
+  for (int u = 0; u < 8; ++u) o[u] = __float2bfloat16_rn(acc[u]);
+  *reinterpret_cast<int4*>(dst) = out;
 }
 
 // Accumulator layout (builder_sm90.cuh store_staged_to): math thread m (0..255), value v:
