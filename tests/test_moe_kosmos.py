@@ -71,6 +71,20 @@ def test_counter_names_for_the_watchdog():
     assert moe_sm90.ctr_words(T, k, E) == moe_sm90.CTR_HEAD + 3 * tm + 2 * 8 + E + moe_sm90.FOLD_GROUPS + 1
 
 
+def test_constants_mirror_moe_params_h():
+    """The Python mirror's constants are moe_params.h's (FOLD_GROUPS sizes the counters)."""
+    import re
+    from pathlib import Path
+
+    h = (Path(__file__).resolve().parents[1] / "csrc" / "kosmos" / "moe_params.h").read_text()
+    define = lambda name: int(re.search(rf"#define {name} (\d+)", h).group(1))  # noqa: E731
+    assert define("KOSMOS_MOE_ABI_VERSION") == moe_sm90.ABI_VERSION
+    assert define("KOSMOS_MOE_MAX_E") == moe_sm90.MAX_E
+    assert define("KOSMOS_MOE_MAX_TOPK") == moe_sm90.MAX_TOPK
+    assert define("KOSMOS_MOE_TOK_BLOCK") == moe_sm90.TOK_BLOCK
+    assert define("KOSMOS_MOE_FOLD_GROUPS") == moe_sm90.FOLD_GROUPS
+
+
 def test_args_struct_has_no_padding():
     sizes = sum(ctypes.sizeof(t) for _, t in moe_sm90.MoeArgs._fields_)
     assert sizes == ctypes.sizeof(moe_sm90.MoeArgs)
