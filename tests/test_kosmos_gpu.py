@@ -183,7 +183,7 @@ def test_host_fabric_correct_and_roles_change(op, shape):
         assert list(runner.outputs) == [0]
         expect_correct(p, runner, A, B, calls=3)
         df = runner.run_traced()
-        assert set(df.columns) == {"rank", "wg", "sm", "role", "item", "t0_ns", "t1_ns"}
+        assert set(df.columns) == {"rank", "wg", "sm", "role", "item", "t0_ns", "t1_ns", "lane"}
         assert len(df) > 0 and runner.info["trace_dropped"] == 0
         assert (df["t1_ns"] >= df["t0_ns"]).all()
         roles = df[df.role != "WAIT"].groupby("wg")["role"].nunique()

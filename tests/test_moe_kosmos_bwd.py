@@ -276,7 +276,8 @@ def test_runner_wires_the_buffers(fake_gpu, monkeypatch, op_name, preset, world,
         assert (runner.outputs != {}) == (op_name == "moe-step") and set(runner.routes) == set(here)
         runner.run()
         runner.check()
-        assert list(runner.run_traced().columns) == ["rank", "wg", "sm", "role", "item", "kind", "t0_ns", "t1_ns"]
+        assert list(runner.run_traced().columns) == ["rank", "wg", "sm", "role", "item", "kind", "t0_ns", "t1_ns",
+                                                  "lane"]
         # a watchdog record (as the kernel writes it): DH item 7 waited for arrived[1]
         rec = torch.zeros(16, dtype=torch.int32)
         rec[0], rec[1], rec[4], rec[5], rec[7], rec[8], rec[9] = 1, 2, moe_bwd_sm90.KINDS.index("DH"), 7, \

@@ -124,3 +124,30 @@ def test_render_a_compacted_run_with_the_concurrency_reference(synth_run, tmp_pa
     assert all(p.parent == tmp_path / "conc-plots" for p in paths)
     md = (tmp_path / "conc-plots" / "index.md").read_text()
     assert "issued together (no dependency): median 0.98" in md
+
+
+def test_gantt_moe_lanes_and_roles():
+    """A MoE trace (roles of its own, concurrent lanes in a WG): every role its own colour, lanes
+    side by side in the WG's row; its Perfetto export keeps one track per (WG, lane)."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from kosmos_bench.plot.figures import ROLE_COLORS, _gantt
+    from kosmos_bench.trace import ROLE_CLASS, assign_lanes, perfetto_events
+
+    rec = [(0, "ROUTER", 0, 10), (0, "DISPATCH", 5, 25), (0, "EXPERT", 20, 60), (0, "COMBINE", 30, 40), (1, "FOLD", 0, 50)]
+    t = pd.DataFrame([{"rank": 0, "wg": w, "sm": w, "role": r, "item": i, "t0_ns": a * 1000, "t1_ns": b * 1000}
+                      for i, (w, r, a, b) in enumerate(rec)])
+    t["lane"] = assign_lanes(t)
+    fig, ax = plt.subplots()
+    _gantt(ax, t, 60.0, "WG")
+    bars = [b for c in ax.containers for b in c]
+    assert len(bars) == len(rec)
+    assert all(name in ROLE_COLORS for name in ROLE_CLASS)  # no role drawn in the fallback black
+    heights = {round(b.get_height(), 3) for b in bars}
+    assert heights == {0.4}  # two lanes share the 0.8 row
+    ys = sorted(round(b.get_y() + b.get_height() / 2, 3) for b in bars)
+    assert ys == [-0.2, -0.2, 0.2, 0.2, 0.8]  # WG 0's lanes at -0.2 / +0.2; WG 1 (lane 0) at 1 - 0.2
+    plt.close(fig)
+    tracks = {(e["pid"], e["tid"]) for e in perfetto_events(t)["traceEvents"] if e["ph"] == "X"}
+    assert tracks == {(0, 0), (0, 1), (0, 16)}

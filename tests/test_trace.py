@@ -276,3 +276,80 @@ def test_gpu_work_per_range_follows_correlation_ids_not_time(tmp_path):
     assert (k.n_copies, k.n_kernels, k.host_us, k.lead_us) == (2, 1, 50, 895)
     g = df.loc["call|0|gemm"]
     assert (g.gpu_start, g.gpu_end, g.n_copies, g.n_kernels) == (1410, 1490, 0, 1) and np.isnan(g.c_start)
+
+
+# One WG of a MoE kernel, two agents at once (math warps and movers), window [0, 100] us:
+#   math:   ROUTER 0-10 | EXPERT 20-60 | EXPERT 60-90
+#   movers: DISPATCH 5-25 | COMBINE 70-80 | FOLD 85-100
+# The union of WG 0's useful records is the whole window (busy 100 us, though its records sum
+# to 155); WG 1 (math only) runs EXPERT 10-40: idle 0-10 and 40-100.
+LANES = [(0, "ROUTER", 0, 0, 10), (0, "DISPATCH", 1, 5, 25), (0, "EXPERT", 2, 20, 60), (0, "EXPERT", 3, 60, 90),
+         (0, "COMBINE", 4, 70, 80), (0, "FOLD", 5, 85, 100), (1, "EXPERT", 6, 10, 40)]
+
+
+def test_assign_lanes_separates_concurrent_agents():
+    from kosmos_bench.trace import assign_lanes
+
+    df = tl(LANES)
+    df["lane"] = assign_lanes(df)
+    assert list(df["lane"]) == [0, 1, 0, 0, 1, 1, 0]
+    for _, g in df.groupby(["wg", "lane"]):  # no two records of one lane overlap
+        g = g.sort_values("t0_ns")
+        assert (g["t0_ns"].to_numpy()[1:] >= g["t1_ns"].to_numpy()[:-1]).all()
+    assert list(assign_lanes(tl(HAND))) == [0] * len(HAND)  # one agent per WG: one lane
+
+
+def test_summarize_lanes_union_and_role_classes():
+    """Concurrent records of one WG are not clipped away: busy is their union, the classes sum."""
+    from kosmos_bench.trace import assign_lanes
+
+    df = tl(LANES)
+    without_lanes = summarize(df)
+    assert without_lanes["trace_clipped"] > 0  # the old view: overlaps taken for malformed records
+    df["lane"] = assign_lanes(df)
+    s = summarize(df)
+    wg_time = 200.0
+    assert s["trace_clipped"] == 0
+    assert s["busy_frac"] == pytest.approx((100 + 30) / wg_time)
+    assert s["idle_frac"] == pytest.approx(70 / wg_time) and s["idle_windows"] == 2
+    assert s["busy_frac_build"] == pytest.approx((10 + 40 + 30 + 30) / wg_time)  # ROUTER + EXPERTs
+    assert s["busy_frac_move"] == pytest.approx((20 + 10) / wg_time)  # DISPATCH + COMBINE
+    assert s["busy_frac_reduce"] == pytest.approx(15 / wg_time)  # FOLD
+    assert s["wg_busy_frac_max"] == pytest.approx(1.0) and s["wg_busy_frac_min"] == pytest.approx(0.3)
+    assert s["first_build_us"] == 0.0 and s["tail_after_move_us"] == 20.0
+    assert s["role_switches"] == 1  # lane 0: BUILD only; lane 1: MOVE, MOVE -> REDUCE; WG 1: BUILD only
+    assert s["wgs_build"] == 2 and s["wgs_move"] == 1 and s["wgs_reduce"] == 1
+    iw = idle_windows(df)
+    assert [(int(r.wg), r.t0_ns // US, r.t1_ns // US) for r in iw.itertuples()] == [(1, 0, 10), (1, 40, 100)]
+
+
+def test_moe_roles_have_classes():
+    """Every role the MoE kernels write is MOVE, BUILD or REDUCE in the summaries."""
+    from kosmos_bench.kernels import moe_bwd_sm90, moe_sm90
+    from kosmos_bench.trace import ROLE_CLASS, USEFUL_ROLES
+
+    for mod in (moe_sm90, moe_bwd_sm90):
+        for name in mod.ROLE_CODES.values():
+            assert ROLE_CLASS.get(name) in USEFUL_ROLES, (mod.__name__, name)
+
+
+def test_moe_decode_trace_lanes():
+    """The MoE kernels' decoder: item kinds from the high byte, times from the first record, lanes."""
+    import torch
+
+    from kosmos_bench.impls.kosmos_moe import decode_trace
+    from kosmos_bench.kernels import moe_sm90 as K
+
+    grid, cap = 2, 4
+    raw = np.zeros((grid, cap), dtype=TRACE_RECORD_DTYPE)
+    up, comb = K.KINDS.index("UP"), K.KINDS.index("COMBINE")
+    raw[0, :3] = [(1000, 5000, (up << 24) | 3, 2, 11), (2000, 3000, (comb << 24) | 1, 3, 11), (5000, 6000, (up << 24) | 4, 2, 11)]
+    raw[1, :1] = [(1500, 2500, (up << 24) | 9, 2, 12)]
+    buf = torch.from_numpy(raw.view(np.uint8).reshape(-1).copy())
+    df, dropped = decode_trace(buf, torch.tensor([3, 1], dtype=torch.int32), grid, cap, 0, K.ROLE_CODES, K.KINDS)
+    assert dropped == 0
+    assert list(df["kind"]) == ["UP", "COMBINE", "UP", "UP"] and list(df["item"]) == [3, 1, 4, 9]
+    assert list(df["role"]) == ["EXPERT", "COMBINE", "EXPERT", "EXPERT"]
+    assert list(df["t0_ns"]) == [0, 1000, 4000, 500] and list(df["lane"]) == [0, 1, 0, 0]
+    s = summarize(df)
+    assert s["trace_clipped"] == 0 and s["busy_frac"] == pytest.approx((5000 + 1000) / (2 * 5000))

@@ -60,6 +60,7 @@ from ..kosmos.plan import ce_rank_arrays
 from ..kosmos.plan import info as plan_info
 from ..kosmos.plan import plan as make_plan
 from ..point import Point, parse_policy
+from ..trace.analysis import decode_launch
 from .base import common_unsupported
 
 DEFAULT_TIMEOUT_S = float(os.environ.get("KOSMOS_TIMEOUT_S", "5"))
@@ -997,8 +998,7 @@ class KosmosRunner:
         self._raise_if_timed_out()
 
     def run_traced(self):
-        """Run one call with role tracing; returns a DataFrame (rank, wg, sm, role, item, t0_ns, t1_ns)."""
-        import pandas as pd
+        """Run one call with role tracing; returns a DataFrame (rank, wg, sm, role, item, t0_ns, t1_ns, lane)."""
         import torch
 
         if self.trace_buf is None:
@@ -1009,30 +1009,12 @@ class KosmosRunner:
         self.trace_count.zero_()
         self._launch(self._params(trace=True))
         self.check()
-        counts = self.trace_count.cpu().numpy().astype(np.int64)
-        rec = np.frombuffer(self.trace_buf.cpu().numpy().tobytes(), dtype=np.dtype(
-            [("t0", "<u8"), ("t1", "<u8"), ("item", "<i4"), ("role", "<u2"), ("sm", "<u2")])).reshape(
-            self.grid, self.trace_cap)
-        self.info["trace_dropped"] = int(np.maximum(counts - self.trace_cap, 0).sum())
-        rows = []
-        for g in range(self.grid):
-            n = int(min(counts[g], self.trace_cap))
-            if n == 0:
-                continue
-            i = int(np.searchsorted(self.starts, g, side="right") - 1)
-            r = self.ranks[i]
-            chunk = rec[g, :n]
-            rows.append(pd.DataFrame({"rank": r, "wg": g - int(self.starts[i]), "sm": chunk["sm"].astype(np.int32),
-                                      "role": np.array(S.ROLE_NAMES)[chunk["role"]], "item": chunk["item"],
-                                      "t0_ns": chunk["t0"].astype(np.int64), "t1_ns": chunk["t1"].astype(np.int64)}))
-        cols = ["rank", "wg", "sm", "role", "item", "t0_ns", "t1_ns"]
-        if not rows:
-            return pd.DataFrame(columns=cols)
-        df = pd.concat(rows, ignore_index=True)
-        t_min = int(df["t0_ns"].min())
-        df["t0_ns"] -= t_min
-        df["t1_ns"] -= t_min
-        return df[cols]
+        # each WG's rank: the ranks' WGs are contiguous in the grid (self.starts)
+        ranks = np.repeat(np.asarray(self.ranks, dtype=np.int64), np.diff(self.starts))
+        df, self.info["trace_dropped"] = decode_launch(self.trace_buf.cpu().numpy().tobytes(), self.trace_count.cpu().numpy(),
+                                                       self.grid, self.trace_cap, rank=ranks,
+                                                       role_codes=dict(enumerate(S.ROLE_NAMES)))
+        return df
 
     def close(self) -> None:
         if self.closed:

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..kernels import moe_sm90 as K
 from ..kosmos.config import QUEUE_ORDERS
+from ..trace.analysis import decode_launch
 from .kosmos import DEFAULT_TIMEOUT_S, WatchdogError
 
 DEFAULT_TRACE_CAP = 4096
@@ -449,31 +450,10 @@ def _reset_after_abort(ctr, dev) -> None:
 
 
 def decode_trace(buf, counts_t, grid: int, cap: int, rank: int, role_codes: dict, kinds) -> tuple:
-    """(DataFrame (rank, wg, sm, role, item, kind, t0_ns, t1_ns), records dropped) of one traced
-    launch: KosmosTraceRecord [grid][cap], the item's high byte its kind."""
-    import pandas as pd
-
-    counts = counts_t.cpu().numpy().astype(np.int64)
-    rec = np.frombuffer(buf.cpu().numpy().tobytes(), dtype=np.dtype(
-        [("t0", "<u8"), ("t1", "<u8"), ("item", "<i4"), ("role", "<u2"), ("sm", "<u2")])).reshape(grid, cap)
-    dropped = int(np.maximum(counts - cap, 0).sum())
-    rows = []
-    for g in range(grid):
-        chunk = rec[g, :int(min(counts[g], cap))]
-        if len(chunk):
-            rows.append(pd.DataFrame({"rank": rank, "wg": g, "sm": chunk["sm"].astype(np.int32),
-                                      "role": [role_codes[int(c)] for c in chunk["role"]],
-                                      "item": chunk["item"] & 0xFFFFFF,
-                                      "kind": [kinds[int(i) >> 24] for i in chunk["item"]],
-                                      "t0_ns": chunk["t0"].astype(np.int64), "t1_ns": chunk["t1"].astype(np.int64)}))
-    cols = ["rank", "wg", "sm", "role", "item", "kind", "t0_ns", "t1_ns"]
-    if not rows:
-        return pd.DataFrame(columns=cols), dropped
-    df = pd.concat(rows, ignore_index=True)
-    t_min = int(df["t0_ns"].min())
-    df["t0_ns"] -= t_min
-    df["t1_ns"] -= t_min
-    return df[cols], dropped
+    """(DataFrame (rank, wg, sm, role, item, t0_ns, t1_ns, kind, lane), records dropped) of one
+    traced launch: KosmosTraceRecord [grid][cap], the item's high byte its kind."""
+    return decode_launch(buf.cpu().numpy().tobytes(), counts_t.cpu().numpy(), grid, cap, rank=rank,
+                         role_codes=role_codes, kinds=tuple(kinds))
 
 
 def prepare_moe(point, ctx, inputs, *, config=None, timeout_s: float | None = None, **kw) -> MoeRunner:

@@ -22,6 +22,14 @@ from ..trace.analysis import idle_windows, summarize  # noqa: E402
 ROLE_COLORS = {"MOVE": "#1f77b4", "BUILD": "#2ca02c", "REDUCE": "#ff7f0e", "WAIT": "#d62728", "KERNEL": "#9467bd"}
 ROLE_LABELS = {"MOVE": "MOVE (mover: copy a chunk)", "BUILD": "BUILD (builder: GEMM tile)",
                "REDUCE": "REDUCE (sum partials)", "WAIT": "WAIT (nothing ready)", "KERNEL": "kernel"}
+# The MoE kernels' roles (ROLE_CLASS gives their class): shades of their class's colour.
+ROLE_COLORS |= {"ROUTER": "#8c564b", "EXPERT": "#2ca02c", "EXPERT_DGRAD": "#2ca02c", "EXPERT_WGRAD": "#98df8a",
+                "SHARED": "#17becf", "DISPATCH": "#aec7e8", "GATHER": "#aec7e8", "COMBINE": "#1f77b4", "FOLD": "#ff7f0e"}
+ROLE_LABELS |= {"ROUTER": "ROUTER (router tile, top-k)", "EXPERT": "EXPERT (expert GEMM tile)",
+                "EXPERT_DGRAD": "EXPERT_DGRAD (expert dgrad tile)", "EXPERT_WGRAD": "EXPERT_WGRAD (expert wgrad tile)",
+                "SHARED": "SHARED (shared-expert tile)", "DISPATCH": "DISPATCH (rows to their experts)",
+                "GATHER": "GATHER (output-gradient rows)", "COMBINE": "COMBINE (expert rows back)",
+                "FOLD": "FOLD (sum over the choices)"}
 KNOBS = {"policy": "self", "queue_order": "demand", "local_first": True, "chunk": 1}
 KNOB_TITLES = {"policy": "role policy", "queue_order": "queue order", "local_first": "local-first", "chunk": "chunk (bands of BM rows)"}
 
@@ -262,12 +270,15 @@ def _gantt(ax, t: pd.DataFrame, span_us: float, ylabel: str) -> None:
     t0 = int(t["t0_ns"].min())
     wgs = sorted(t["wg"].unique())
     ypos = {w: i for i, w in enumerate(wgs)}
+    row_h = 0.8 if len(wgs) <= 40 else 1.0
+    n_lanes = int(t["lane"].max()) + 1 if "lane" in t.columns and len(t) else 1  # concurrent agents split the row
     for role, g in t.groupby("role"):
-        y = g["wg"].map(ypos).to_numpy()
+        lane = g["lane"].to_numpy() if n_lanes > 1 else 0
+        y = g["wg"].map(ypos).to_numpy() + (lane - (n_lanes - 1) / 2) * row_h / n_lanes
         s = (g["t0_ns"].to_numpy() - t0) / 1e3
         w = (g["t1_ns"] - g["t0_ns"]).to_numpy() / 1e3
         # rasterized: a real trace has 10^4-10^5 bars; keeps the SVG small
-        ax.barh(y, w, left=s, height=0.8 if len(wgs) <= 40 else 1.0, color=ROLE_COLORS.get(role, "black"), linewidth=0,
+        ax.barh(y, w, left=s, height=row_h / n_lanes, color=ROLE_COLORS.get(role, "black"), linewidth=0,
                 label=ROLE_LABELS.get(role, role), rasterized=len(g) > 2000)
     ax.set_ylim(len(wgs) - 0.5, -0.5)
     step = max(1, len(wgs) // 16)

@@ -19,6 +19,13 @@ Definitions used everywhere (tests check them on hand-built timelines):
   record: explicit WAIT records and gaps between records are both idle, and adjacent ones
   merge into one **idle window** (a maximal idle interval of one WG).
 * Fractions are of WG-time: sum over WGs of their rank's window length.
+
+Kernels whose roles have their own names (the MoE kernels: ROUTER, EXPERT, GATHER, ...) map
+them to the three classes through ROLE_CLASS. Their WGs run several agents at once (math
+warps, the loader's sequence items, mover warps), so a WG's records may overlap: such traces
+carry a ``lane`` column (`assign_lanes`), records of one lane never overlap, and a WG is busy
+wherever ANY lane runs a useful record (the union). The per-class fractions sum their records'
+durations, so with lanes they can add up to more than busy_frac.
 """
 from __future__ import annotations
 
@@ -30,21 +37,61 @@ USEFUL_ROLES = ("MOVE", "BUILD", "REDUCE")
 # Integer codes of the roles in the kernel's raw trace records (see `decode`).
 ROLE_CODES = {0: "MOVE", 1: "BUILD", 2: "REDUCE", 3: "WAIT"}
 BASE_COLUMNS = ["rank", "wg", "sm", "role", "item", "t0_ns", "t1_ns"]
+# The class (MOVE / BUILD / REDUCE / WAIT) of every role a kernel writes; the MoE kernels'
+# ROLE_CODES (kernels/moe_sm90.py, moe_bwd_sm90.py) name roles of their own.
+ROLE_CLASS = {r: r for r in ROLES} | {
+    "ROUTER": "BUILD", "EXPERT": "BUILD", "EXPERT_DGRAD": "BUILD", "EXPERT_WGRAD": "BUILD", "SHARED": "BUILD",
+    "DISPATCH": "MOVE", "GATHER": "MOVE", "COMBINE": "MOVE", "FOLD": "REDUCE",
+}
+
+
+def role_class(roles: pd.Series) -> pd.Series:
+    """Each role's class (MOVE / BUILD / REDUCE / WAIT; other names, e.g. KERNEL, stay as they are)."""
+    return roles.map(lambda r: ROLE_CLASS.get(r, r))
+
+
+def assign_lanes(df: pd.DataFrame) -> np.ndarray:
+    """Lane of every record (aligned with df's rows): the fewest lanes per (rank, wg) such that
+    no two records of one lane overlap (greedy by start time: the first lane free by then)."""
+    lanes = np.zeros(len(df), dtype=np.int64)
+    if df.empty:
+        return lanes
+    order = np.lexsort((df["t0_ns"].to_numpy(), df["wg"].to_numpy(), df["rank"].to_numpy()))
+    rk, wg = df["rank"].to_numpy()[order], df["wg"].to_numpy()[order]
+    t0, t1 = df["t0_ns"].to_numpy()[order], df["t1_ns"].to_numpy()[order]
+    ends: list[int] = []
+    for n, i in enumerate(order):
+        if n == 0 or rk[n] != rk[n - 1] or wg[n] != wg[n - 1]:
+            ends = []
+        lane = next((j for j, e in enumerate(ends) if e <= t0[n]), len(ends))
+        if lane == len(ends):
+            ends.append(0)
+        ends[lane] = t1[n]
+        lanes[i] = lane
+    return lanes
+
+
+def _track_cols(df: pd.DataFrame) -> list[str]:
+    return ["rank", "wg", "lane"] if "lane" in df.columns else ["rank", "wg"]
 
 
 def clean(trace_df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     """Sorted copy with no overlap on any (rank, wg) track, plus the number of records changed.
 
-    Records are sorted by (rank, wg, t0_ns, t1_ns); a record that starts before the previous
-    record of the same WG ends is clipped to start there, and records left with no duration
-    are dropped. A well-formed kernel trace comes back unchanged with count 0.
+    Records are sorted by (rank, wg[, lane], t0_ns, t1_ns); a record that starts before the
+    previous record of the same WG (and lane, where the trace has lanes) ends is clipped to
+    start there, and records left with no duration are dropped. A well-formed kernel trace
+    comes back unchanged with count 0.
     """
     if trace_df.empty:
         return trace_df.reset_index(drop=True).copy(), 0
-    df = trace_df.sort_values(["rank", "wg", "t0_ns", "t1_ns"], kind="stable").reset_index(drop=True)
+    tracks = _track_cols(trace_df)
+    df = trace_df.sort_values(tracks + ["t0_ns", "t1_ns"], kind="stable").reset_index(drop=True)
     t0 = df["t0_ns"].to_numpy(dtype=np.int64).copy()
     t1 = df["t1_ns"].to_numpy(dtype=np.int64)
-    track = (df["rank"].to_numpy(dtype=np.int64) << 32) + df["wg"].to_numpy(dtype=np.int64)
+    track = (df["rank"].to_numpy(dtype=np.int64) << 40) + (df["wg"].to_numpy(dtype=np.int64) << 8)
+    if "lane" in df.columns:
+        track += df["lane"].to_numpy(dtype=np.int64)
     new_track = np.ones(len(df), dtype=bool)
     new_track[1:] = track[1:] != track[:-1]
     # Latest end so far within the track, shifted by one record (where t0 may start).
@@ -131,6 +178,29 @@ def decode(records: np.ndarray, counts: np.ndarray, *, rank=0, sms: np.ndarray |
     return df, dropped
 
 
+def decode_launch(raw: bytes, counts: np.ndarray, grid: int, cap: int, *, rank, role_codes: dict[int, str],
+                  kinds: tuple[str, ...] | None = None) -> tuple[pd.DataFrame, int]:
+    """One traced launch's buffer (KosmosTraceRecord [grid][cap] as bytes) -> (trace, dropped).
+
+    rank: int or per-WG array (emulated ranks share a grid); kinds: the kernel's item kinds when
+    an item's high byte holds its kind (the MoE kernels: a ``kind`` column, the item its low 24
+    bits). Times start at the launch's first record; ``lane`` separates the records a WG's
+    concurrent agents (scheduler, math warps, movers) write at once (`assign_lanes`).
+    """
+    rec = np.frombuffer(raw, dtype=TRACE_RECORD_DTYPE, count=grid * cap).reshape(grid, cap)
+    df, dropped = decode(rec, np.asarray(counts, dtype=np.int64), rank=rank, role_codes=role_codes)
+    if kinds is not None:
+        df["kind"] = np.array(kinds, dtype=object)[(df["item"].to_numpy() >> 24) & 0xFF] if len(df) else []
+        df["item"] &= 0xFFFFFF
+        df = df[["rank", "wg", "sm", "role", "item", "kind", "t0_ns", "t1_ns"]]
+    if len(df):
+        t_min = int(df["t0_ns"].min())
+        df["t0_ns"] -= t_min
+        df["t1_ns"] -= t_min
+    df["lane"] = assign_lanes(df)
+    return df, dropped
+
+
 def _windows_of_rank(df: pd.DataFrame) -> tuple[int, int]:
     return int(df["t0_ns"].min()), int(df["t1_ns"].max())
 
@@ -138,8 +208,8 @@ def _windows_of_rank(df: pd.DataFrame) -> tuple[int, int]:
 def idle_windows(trace_df: pd.DataFrame) -> pd.DataFrame:
     """Maximal idle intervals of every WG: columns rank, wg, t0_ns, t1_ns, dur_ns.
 
-    Idle = inside its rank's kernel window and not running a useful (MOVE/BUILD/REDUCE)
-    record; WAIT records and gaps merge. Sorted by (rank, wg, t0_ns).
+    Idle = inside its rank's kernel window and running no useful (MOVE/BUILD/REDUCE class)
+    record on any lane; WAIT records and gaps merge. Sorted by (rank, wg, t0_ns).
     """
     cols = ["rank", "wg", "t0_ns", "t1_ns", "dur_ns"]
     if trace_df.empty:
@@ -147,7 +217,7 @@ def idle_windows(trace_df: pd.DataFrame) -> pd.DataFrame:
     df, _ = clean(trace_df)
     win = df.groupby("rank").agg(w0=("t0_ns", "min"), w1=("t1_ns", "max"))
     tracks = df[["rank", "wg"]].drop_duplicates()
-    u = df[df["role"].isin(USEFUL_ROLES)]  # sorted by (rank, wg, t0) and non-overlapping
+    u = df[role_class(df["role"]).isin(USEFUL_ROLES)].sort_values(["rank", "wg", "t0_ns"], kind="stable")
     rk = u["rank"].to_numpy(dtype=np.int64)
     wg = u["wg"].to_numpy(dtype=np.int64)
     s = u["t0_ns"].to_numpy(dtype=np.int64)
@@ -158,14 +228,19 @@ def idle_windows(trace_df: pd.DataFrame) -> pd.DataFrame:
     first[1:] = (rk[1:] != rk[:-1]) | (wg[1:] != wg[:-1])
     last = np.ones(len(u), dtype=bool)
     last[:-1] = first[1:]
-    prev_end = np.where(first, w0, np.concatenate([[0], e[:-1]]))
+    # The latest end of the WG's earlier useful records (lanes overlap: a running maximum).
+    reach = np.empty(len(u), dtype=np.int64)
+    bounds = list(np.flatnonzero(first)) + [len(u)]
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        reach[a:b] = np.maximum.accumulate(e[a:b])
+    prev_end = np.where(first, w0, np.concatenate([[0], reach[:-1]]))
     # Gaps before each useful record, after the last one of each WG, and whole windows of
     # WGs that ran no useful record at all.
     busy = set(zip(rk.tolist(), wg.tolist()))
     lazy = tracks[[(r, w) not in busy for r, w in zip(tracks["rank"], tracks["wg"])]]
     parts = [
         (rk, wg, prev_end, s),
-        (rk[last], wg[last], e[last], w1[last]),
+        (rk[last], wg[last], reach[last], w1[last]),
         (lazy["rank"].to_numpy(dtype=np.int64), lazy["wg"].to_numpy(dtype=np.int64),
          win["w0"].reindex(lazy["rank"]).to_numpy(dtype=np.int64), win["w1"].reindex(lazy["rank"]).to_numpy(dtype=np.int64)),
     ]
@@ -203,25 +278,25 @@ def summarize(trace_df: pd.DataFrame) -> dict:
         return {"trace_records": 0}
     dropped = trace_df.attrs.get("dropped")
     df, clipped = clean(trace_df)
-    df = df.assign(dur=df["t1_ns"] - df["t0_ns"])
+    df = df.assign(dur=df["t1_ns"] - df["t0_ns"], cls=role_class(df["role"]))
     win = df.groupby("rank").agg(w0=("t0_ns", "min"), w1=("t1_ns", "max"))
     win["len"] = win["w1"] - win["w0"]
     wgs_per_rank = df.groupby("rank")["wg"].nunique()
     wg_time = float((win["len"] * wgs_per_rank).sum())
 
-    role_ns = df.groupby("role")["dur"].sum()
-    busy_ns = float(sum(role_ns.get(r, 0) for r in USEFUL_ROLES))
+    role_ns = df.groupby("cls")["dur"].sum()
     iw = idle_windows(df)
     idle_us = iw["dur_ns"].to_numpy(dtype=np.float64) / 1e3 if len(iw) else np.zeros(0)
+    frac = (lambda ns: ns / wg_time) if wg_time else (lambda ns: float("nan"))
 
     out: dict = {
         "kernel_us": float(win["len"].max()) / 1e3,
-        "busy_frac": busy_ns / wg_time if wg_time else float("nan"),
+        "busy_frac": frac(wg_time - float(idle_us.sum() * 1e3)),  # the union of the lanes' useful records
     }
     for r in ("MOVE", "BUILD", "REDUCE"):
-        out[f"busy_frac_{r.lower()}"] = float(role_ns.get(r, 0)) / wg_time if wg_time else float("nan")
-    out["wait_frac"] = float(role_ns.get("WAIT", 0)) / wg_time if wg_time else float("nan")
-    out["idle_frac"] = float(idle_us.sum() * 1e3) / wg_time if wg_time else float("nan")
+        out[f"busy_frac_{r.lower()}"] = frac(float(role_ns.get(r, 0)))
+    out["wait_frac"] = frac(float(role_ns.get("WAIT", 0)))
+    out["idle_frac"] = frac(float(idle_us.sum() * 1e3))
     out.update({
         "idle_windows": int(len(idle_us)),
         "idle_total_us": float(idle_us.sum()),
@@ -233,32 +308,33 @@ def summarize(trace_df: pd.DataFrame) -> dict:
     first_build, tail = [], []
     for rank, rdf in df.groupby("rank"):
         w0, w1 = win.loc[rank, "w0"], win.loc[rank, "w1"]
-        b = rdf.loc[rdf["role"] == "BUILD", "t0_ns"]
+        b = rdf.loc[rdf["cls"] == "BUILD", "t0_ns"]
         if len(b):
             first_build.append((b.min() - w0) / 1e3)
-        m = rdf.loc[rdf["role"] == "MOVE", "t1_ns"]
+        m = rdf.loc[rdf["cls"] == "MOVE", "t1_ns"]
         if len(m):
             tail.append((w1 - m.max()) / 1e3)
     out["first_build_us"] = float(max(first_build)) if first_build else float("nan")
     out["tail_after_move_us"] = float(max(tail)) if tail else float("nan")
 
-    useful = df[df["role"].isin(USEFUL_ROLES)]  # sorted by (rank, wg, t0)
-    ur, uw, uro = (useful[c].to_numpy() for c in ("rank", "wg", "role"))
-    switches = int(((ur[1:] == ur[:-1]) & (uw[1:] == uw[:-1]) & (uro[1:] != uro[:-1])).sum())
+    useful = df[df["cls"].isin(USEFUL_ROLES)]  # sorted by track (rank, wg[, lane]) and t0
+    tk = useful[_track_cols(useful)].to_numpy()
+    same = (tk[1:] == tk[:-1]).all(axis=1) if len(tk) else np.zeros(0, dtype=bool)
+    cls = useful["cls"].to_numpy()
+    switches = int((same & (cls[1:] != cls[:-1])).sum())
     n_wg = int(wgs_per_rank.sum())
     out["role_switches"] = switches
     out["role_switches_per_wg"] = switches / n_wg if n_wg else float("nan")
 
-    per_wg = useful.groupby(["rank", "wg"])["dur"].sum()
     all_wgs = df[["rank", "wg"]].drop_duplicates().set_index(["rank", "wg"]).index
-    per_wg = per_wg.reindex(all_wgs, fill_value=0).astype(float)
-    denom = np.array([win.loc[r, "len"] for r, _ in per_wg.index], dtype=float)
-    frac = per_wg.to_numpy() / np.where(denom > 0, denom, np.nan)
-    out["wg_busy_frac_min"] = float(np.nanmin(frac))
-    out["wg_busy_frac_mean"] = float(np.nanmean(frac))
-    out["wg_busy_frac_max"] = float(np.nanmax(frac))
+    denom = np.array([win.loc[r, "len"] for r, _ in all_wgs], dtype=float)
+    idle_wg = iw.groupby(["rank", "wg"])["dur_ns"].sum().reindex(all_wgs, fill_value=0).to_numpy(dtype=float)
+    wg_frac = (denom - idle_wg) / np.where(denom > 0, denom, np.nan)
+    out["wg_busy_frac_min"] = float(np.nanmin(wg_frac))
+    out["wg_busy_frac_mean"] = float(np.nanmean(wg_frac))
+    out["wg_busy_frac_max"] = float(np.nanmax(wg_frac))
     for r in USEFUL_ROLES:
-        out[f"wgs_{r.lower()}"] = int(df.loc[df["role"] == r, ["rank", "wg"]].drop_duplicates().shape[0])
+        out[f"wgs_{r.lower()}"] = int(df.loc[df["cls"] == r, ["rank", "wg"]].drop_duplicates().shape[0])
     out.update({
         "trace_ranks": int(len(win)),
         "trace_wgs": n_wg,

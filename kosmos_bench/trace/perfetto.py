@@ -3,7 +3,8 @@
 One process per rank ("rank r"), one thread (track) per WG ("WG w · SM s"), one complete
 ("ph": "X") slice per record, named by its role so every viewer colours roles consistently
 (plus the legacy "cname" colour for chrome://tracing). Slices never overlap on a track:
-records are clipped first (`analysis.clean`). Timestamps are microseconds from the earliest
+records are clipped first (`analysis.clean`). A trace with lanes (the MoE kernels' concurrent
+agents) gets a track per (WG, lane). Timestamps are microseconds from the earliest
 record of the trace, at ns resolution.
 """
 from __future__ import annotations
@@ -33,16 +34,21 @@ def perfetto_events(trace_df: pd.DataFrame, meta: dict | None = None) -> dict:
         return {"traceEvents": events, "displayTimeUnit": "ns", "metadata": dict(meta or {}, clipped=clipped)}
     origin = int(df["t0_ns"].min())
     has_names = "kernel_name" in df.columns
+    lanes = "lane" in df.columns
+    if not lanes:
+        df = df.assign(lane=0)
+    _tid = (lambda wg, lane: int(wg) * 16 + int(lane)) if lanes else (lambda wg, lane: int(wg))  # noqa: E731
     for rank in sorted(df["rank"].unique()):
         pid = int(rank)
         events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"rank {pid}"}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
         rdf = df[df["rank"] == rank]
-        for wg, sm in rdf[["wg", "sm"]].drop_duplicates("wg").itertuples(index=False):
-            label = f"WG {int(wg)}" + (f" · SM {int(sm)}" if int(sm) >= 0 else "")
-            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": int(wg), "args": {"name": label}})
-            events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": int(wg), "args": {"sort_index": int(wg)}})
-    cols = ["rank", "wg", "sm", "role", "item", "t0_ns", "t1_ns"] + (["kernel_name"] if has_names else [])
+        for wg, sm, lane in rdf[["wg", "sm", "lane"]].drop_duplicates(["wg", "lane"]).itertuples(index=False):
+            label = f"WG {int(wg)}" + (f" · lane {int(lane)}" if lanes else "") + (f" · SM {int(sm)}" if int(sm) >= 0 else "")
+            tid = _tid(wg, lane)
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": label}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+    cols = ["rank", "wg", "sm", "role", "item", "t0_ns", "t1_ns", "lane"] + (["kernel_name"] if has_names else [])
     for rec in df[cols].itertuples(index=False):
         t0 = int(rec.t0_ns) - origin
         t1 = int(rec.t1_ns) - origin
@@ -52,7 +58,7 @@ def perfetto_events(trace_df: pd.DataFrame, meta: dict | None = None) -> dict:
             name = str(rec.kernel_name) if rec.role == "KERNEL" else name
             args["kernel_name"] = str(rec.kernel_name)
         events.append({
-            "ph": "X", "name": name, "cat": str(rec.role), "pid": int(rec.rank), "tid": int(rec.wg),
+            "ph": "X", "name": name, "cat": str(rec.role), "pid": int(rec.rank), "tid": _tid(rec.wg, rec.lane),
             # us with ns resolution; exact ns integers are kept in args for tools that want them.
             "ts": t0 / 1e3, "dur": (t1 - t0) / 1e3, "cname": CNAME.get(str(rec.role), "generic_work"),
             "args": args | {"t0_ns": t0, "t1_ns": t1},
