@@ -151,3 +151,22 @@ def test_gantt_moe_lanes_and_roles():
     plt.close(fig)
     tracks = {(e["pid"], e["tid"]) for e in perfetto_events(t)["traceEvents"] if e["ph"] == "X"}
     assert tracks == {(0, 0), (0, 1), (0, 16)}
+
+
+def test_timeline_lists_item_kinds(tmp_path):
+    """A trace with item kinds (the MoE kernels') gets a line per kind under its timeline."""
+    import pandas as pd
+
+    from kosmos_bench.plot import figures as F
+    from kosmos_bench.store import load_traces
+
+    run = synthetic_run(tmp_path / "synth", wgs=4, shapes=SHAPES[:1])
+    df = load_rows(run)
+    key = F.choose_trace_key(df, run, None)
+    tr = load_traces(run, key)
+    tr["kind"] = tr["role"].map({"MOVE": "GATHER", "BUILD": "UP"}).fillna("OTHER")
+    path = next(p for p in (run / "traces").glob(f"{key}*.parquet"))
+    pd.DataFrame(tr).to_parquet(path)
+    fig, lines, *_ = F.fig_timeline(df, run, key)
+    kinds = [l for l in lines if " items, " in l]
+    assert any(l.startswith("UP (BUILD): ") for l in kinds) and any(l.startswith("GATHER (MOVE): ") for l in kinds)

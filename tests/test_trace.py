@@ -353,3 +353,19 @@ def test_moe_decode_trace_lanes():
     assert list(df["t0_ns"]) == [0, 1000, 4000, 500] and list(df["lane"]) == [0, 1, 0, 0]
     s = summarize(df)
     assert s["trace_clipped"] == 0 and s["busy_frac"] == pytest.approx((5000 + 1000) / (2 * 5000))
+
+
+def test_kind_summary_per_item_kind():
+    """Per item kind: items, time per WG (over every WG), time per item, first start / last end."""
+    from kosmos_bench.trace import kind_summary
+
+    df = tl(LANES)
+    df["kind"] = ["ROUTE", "GATHER", "UP", "DOWN", "COMBINE", "FOLD", "UP"]
+    got = kind_summary(df)
+    assert list(got["kind"]) == ["ROUTE", "GATHER", "UP", "DOWN", "COMBINE", "FOLD"]  # by first start
+    up = got[got["kind"] == "UP"].iloc[0]
+    assert up["role"] == "EXPERT" and up["items"] == 2
+    assert up["busy_ms_per_wg"] == pytest.approx((40 + 30) / 2 / 1000)  # 2 WGs
+    assert up["us_per_item"] == pytest.approx(35.0)
+    assert (up["first_ms"], up["last_ms"]) == (pytest.approx(0.010), pytest.approx(0.060))
+    assert kind_summary(tl(HAND)).empty  # no kinds: nothing to summarise

@@ -17,7 +17,7 @@ import pandas as pd  # noqa: E402
 from ..point import MOE_OPS  # noqa: E402
 from ..report import SEQ_IMPL  # noqa: E402
 from ..store import load_traces, trace_files  # noqa: E402
-from ..trace.analysis import idle_windows, summarize  # noqa: E402
+from ..trace.analysis import idle_windows, kind_summary, summarize  # noqa: E402
 
 ROLE_COLORS = {"MOVE": "#1f77b4", "BUILD": "#2ca02c", "REDUCE": "#ff7f0e", "WAIT": "#d62728", "KERNEL": "#9467bd"}
 ROLE_LABELS = {"MOVE": "MOVE (mover: copy a chunk)", "BUILD": "BUILD (builder: GEMM tile)",
@@ -337,6 +337,8 @@ def fig_timeline(df: pd.DataFrame, run_dir: Path, trace_key: str | None = None, 
              f"p90 {s['idle_p90_us']:.1f} us)",
              f"kernel {s['kernel_us']:.1f} us; first BUILD after {s['first_build_us']:.1f} us; "
              f"tail after last MOVE {s['tail_after_move_us']:.1f} us; {s['role_switches']} role switches"]
+    lines += [f"{k.kind} ({k.role}): {k.items} items, {k.busy_ms_per_wg:.3f} ms per WG, {k.us_per_item:.1f} us each, "
+              f"{k.first_ms:.3f}-{k.last_ms:.3f} ms" for k in kind_summary(tr).itertuples()]
     return fig, lines, key, tr, row
 
 

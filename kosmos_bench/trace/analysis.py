@@ -257,6 +257,24 @@ def _pct(x: np.ndarray, q: float) -> float:
     return float(np.percentile(x, q)) if len(x) else float("nan")
 
 
+def kind_summary(trace_df: pd.DataFrame) -> pd.DataFrame:
+    """Per item kind (traces with a ``kind`` column: the MoE kernels), ordered by first start:
+    role, items, busy_ms_per_wg (the kind's record time over every WG of the trace),
+    us_per_item, first_ms / last_ms (its first start and last end, from its rank's first record)."""
+    cols = ["kind", "role", "items", "busy_ms_per_wg", "us_per_item", "first_ms", "last_ms"]
+    if trace_df.empty or "kind" not in trace_df.columns:
+        return pd.DataFrame(columns=cols)
+    w0 = trace_df.groupby("rank")["t0_ns"].transform("min")
+    df = trace_df.assign(dur=trace_df["t1_ns"] - trace_df["t0_ns"], s=trace_df["t0_ns"] - w0, e=trace_df["t1_ns"] - w0)
+    n_wg = df[["rank", "wg"]].drop_duplicates().shape[0]
+    g = df.groupby(["kind", "role"], sort=False).agg(items=("dur", "size"), total=("dur", "sum"), first=("s", "min"),
+                                                     last=("e", "max")).reset_index()
+    g["busy_ms_per_wg"] = g["total"] / n_wg / 1e6
+    g["us_per_item"] = g["total"] / g["items"] / 1e3
+    g["first_ms"], g["last_ms"] = g["first"] / 1e6, g["last"] / 1e6
+    return g.sort_values("first_ms", kind="stable").reset_index(drop=True)[cols]
+
+
 def summarize(trace_df: pd.DataFrame) -> dict:
     """Idle-window and role columns of ONE point's trace, ready to join its result row.
 
