@@ -190,7 +190,8 @@ def decode_launch(raw: bytes, counts: np.ndarray, grid: int, cap: int, *, rank, 
     rec = np.frombuffer(raw, dtype=TRACE_RECORD_DTYPE, count=grid * cap).reshape(grid, cap)
     df, dropped = decode(rec, np.asarray(counts, dtype=np.int64), rank=rank, role_codes=role_codes)
     if kinds is not None:
-        df["kind"] = np.array(kinds, dtype=object)[(df["item"].to_numpy() >> 24) & 0xFF] if len(df) else []
+        names = np.array(list(kinds) + ["?"] * (256 - len(kinds)), dtype=object)  # "?": a kind this table lacks
+        df["kind"] = names[(df["item"].to_numpy() >> 24) & 0xFF] if len(df) else []
         df["item"] &= 0xFFFFFF
         df = df[["rank", "wg", "sm", "role", "item", "kind", "t0_ns", "t1_ns"]]
     if len(df):
