@@ -46,8 +46,8 @@ def referenced(doc: Path) -> list[str]:
 @functools.lru_cache(maxsize=None)
 def names(base: Path) -> frozenset[str]:
     """What a note may name in results/<dir>/: its files (with and without .parquet), and each
-    `source` of a folded Parquet file, with every leading part of it and its last part (a run
-    directory `run27-x/` -> source `streams-process` of run27-x.parquet; `probes/`, `t1-head`)."""
+    `source` of a folded Parquet file, with every run of its parts (a run directory `run27-x/` ->
+    source `run27-x/streams-process` of runs.parquet; `probes/`, `t1-head`, `first/`)."""
     out: set[str] = set()
     for f in base.iterdir() if base.is_dir() else ():
         out |= {f.name, f.stem}
@@ -56,8 +56,9 @@ def names(base: Path) -> frozenset[str]:
         for s in set(pq.read_table(f, columns=["source"]).column("source").to_pylist()):
             parts = str(s).split("/")
             for i in range(1, len(parts) + 1):
-                out |= {"/".join(parts[:i]), f"{f.stem}/" + "/".join(parts[:i])}
-            out.add(parts[-1])
+                out.add(f"{f.stem}/" + "/".join(parts[:i]))
+            # every run of parts: a file folded again keeps the names its rows had (run29-x/first/y: first/)
+            out |= {"/".join(parts[i:j]) for i in range(len(parts)) for j in range(i + 1, len(parts) + 1)}
     return frozenset(out)
 
 
