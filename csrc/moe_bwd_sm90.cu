@@ -26,6 +26,7 @@
 //
 //   SHARED_DH mb,n   math   no wait                         -> sdh_done[mb]
 //   GATHER b         math   no wait: 32 tokens' dO rows, dw, dlogits rows -> arrived[tile], lg_done[blk]
+//                           (host fabric only: without peers the movers gather, below)
 //   PEER_GATHER b    loader no wait (host fabric): 32 peer rows' dO from pinned host memory -> arrived[tile]
 //   PAD e            loader no wait: zero dO rows of e's last tile beyond its rows -> arrived[tile]
 //   SHARED_WG2 r,m,n math   no wait
@@ -39,6 +40,13 @@
 //   SHARED_WG1 r,m,n math   sdh_done of rank r's blocks
 //   WG1 e,m,n        math   dh_done of every tile of e
 //   FOLD b           math   dx_done of its choices' tiles, xr_done, sdx_done (the 256 math threads wait)
+//
+// Without peers (world 1, local: every choice has its row here) the loader warpgroup's warps 2-3
+// are movers with their own claim counters, as the forward's: GATHER items of 32 sorted rows of a
+// tile in queue order (dO rows, dw_tj into dwc -> arrived[tile], dw_done[blk]), then LOGITS items
+// of 32 tokens (their dlogits rows once dw_done has all their choices -> lg_done[blk]), beside the
+// math warps' shared-expert and DH tiles: a DH starts once its own tile's rows are in instead of
+// after the whole token-major gather. Same dO rows, dw and dlogits, bitwise.
 //
 // Host fabric (rank-0 view, ops/moe_host_bwd.py): a choice of a remote expert has its row in the
 // owner's buffers (the forward's ref_slot; -1: the reference routing made no such choice, nothing
@@ -95,6 +103,11 @@ static_assert(cute::is_same_v<BuilderN::PipelineState, BuilderT::PipelineState> 
 using Ring = sm90::ItemRing<4, int>;  // (kind << 24) | index, -1 = no more work
 constexpr int kThreads = BuilderN::kNumThreads;
 constexpr int kLoaderThreads = 128;
+// Without peers (Layout::mg) the loader warpgroup's halves: warps 0-1 run the claim sequence
+// (thread kSched claims, warp 0 issues the math items' TMA loads, both run PAD), warps 2-3 the movers.
+constexpr int kMainThreads = 64;
+constexpr int kMoverThreads = 64;
+constexpr int kBarMover = 10;
 constexpr int kBM = BuilderN::kBM, kBN = BuilderN::kBN, kBK = BuilderN::kBK;
 static_assert(kBM == moe::kMoeBM, "expert tiles are the forward's 128 rows");
 constexpr int kTB = KOSMOS_MOE_TOK_BLOCK;
@@ -120,6 +133,7 @@ struct Shared {
   BuilderN::SharedStorage builder;
   Ring::SharedStorage ring;
   int cmd[2];
+  int mcmd;  // the movers' claim (mover_loop)
   int last;
   int bad;  // PEER_COMBINE: some thread's wait failed (reset by the scheduler with each claim)
   int fold_bad;    // FOLD (math warps): likewise, reset by math thread 0 before the waits
@@ -141,12 +155,19 @@ static_assert(sizeof(Params) <= 32000, "kernel parameters must fit the 32 KB par
 __host__ __device__ __forceinline__ int cdiv(int a, int b) { return (a + b - 1) / b; }
 
 // The claim sequence: per kind, its first claim index and its count; the tile counts.
+// No peers (world 1, local: every choice has its row here): the movers gather (no GATHER items
+// in the claim sequence). Computed where used: not a register held across the items.
+__host__ __device__ __forceinline__ bool movers_gather(const KosmosMoeArgs& f) {
+  return f.E_tiles == f.E && f.peer_rows == 0;
+}
+
 struct Layout {
   int begin[KOSMOS_MOE_BWD_NUM_KINDS + 1];
   int nF, nH, nFs;      // 256-wide n-tiles of F, H, Fs (0 without a shared expert)
   int mH, mF2, mFs2, mE;  // 128-row m-tiles of H, 2F, 2Fs, E8 (the wgrad outputs' rows)
   __host__ __device__ Layout(const KosmosMoeBwdArgs& a) {
     const KosmosMoeArgs& f = a.f;
+    const bool mg = movers_gather(f);
     nF = cdiv(f.F, kBN);
     nH = cdiv(f.H, kBN);
     nFs = cdiv(f.Fs, kBN);
@@ -157,7 +178,7 @@ struct Layout {
     const int nb = f.route_blocks, tb = cdiv(f.T, kTB), tm = f.tiles_max, W = a.W;
     const int pb = cdiv(f.peer_rows, kTB);
     const int sh = f.Fs ? 1 : 0;
-    const int n[KOSMOS_MOE_BWD_NUM_KINDS] = {sh * nb * nFs,      tb,           pb,      f.E_tiles,   sh * W * mH * nFs,
+    const int n[KOSMOS_MOE_BWD_NUM_KINDS] = {sh * nb * nFs,      mg ? 0 : tb,  pb,      f.E_tiles,   sh * W * mH * nFs,
                                              tm * nF,            nb * nH,      W * mE * nH,          tm * nH,
                                              pb,                 sh * nb * nH, f.E_tiles * mH * nF,
                                              sh * W * mFs2 * nH, f.E_tiles * mF2 * nH,               tb};
@@ -187,6 +208,7 @@ struct Ctx {
   __device__ uint32_t* xr_done() const { return lg_done() + a.f.route_blocks; }
   __device__ uint32_t* sdh_done() const { return xr_done() + a.f.route_blocks; }
   __device__ uint32_t* sdx_done() const { return sdh_done() + a.f.route_blocks; }
+  __device__ uint32_t* dw_done() const { return sdx_done() + a.f.route_blocks; }
   // wait until *f >= target (count); the error record names the counter word
   __device__ bool wait(const uint32_t* f, uint32_t target, int kind, int item) const {
     return wait_flag(sc, f, target, kind, item, 0, int(f - a.ctr));
@@ -274,14 +296,69 @@ __device__ int decide(const Ctx& c, const Layout& L) {
 }
 
 // ------------------------------------------------------------------------------ memory items
-// GATHER b (the 256 math threads, as FOLD: 8 warps bring the dO rows in ~3x faster than the
-// loader's 4 did, and no tile waits on the loader meanwhile): tokens 32b.., one warp per token. For each choice j (in order): the row
-// dO[pos] = bf16(w_tj * dy_t) and dw_tj = <dy_t, o_tj> (each lane sums its 16-byte chunks in
-// order, then the warp's butterfly); then the token's dlogits row (E8 bf16, zero where not
-// chosen) from the router's backward (moe_math.weights_for):
+// One choice's dO row and dw (one warp): d = bf16(w * y) chunk by chunk and dw = <y, o> (each
+// lane sums its 16-byte chunks in order, then the warp's butterfly: the same bits whichever
+// item, token-major or tile-major, gathers the row). No row (row false: the host fabric's choice
+// the reference routing did not make, moe_params.h ref_slot): dw 0.
+__device__ __forceinline__ float gather_row(const int4* y, const int4* o, int4* d, float w, int chunks, int lane,
+                                            bool row = true) {
+  float part = 0.f;
+#pragma unroll 4
+  for (int ch = lane; ch < chunks && row; ch += 32) {
+    const int4 yv = __ldg(y + ch);
+    const int4 ov = ld_cg_16(o + ch);
+    const bf16* yh = reinterpret_cast<const bf16*>(&yv);
+    const bf16* oh = reinterpret_cast<const bf16*>(&ov);
+    int4 out;
+    bf16* ob = reinterpret_cast<bf16*>(&out);
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const float yf = __bfloat162float(yh[u]);
+      part = fmaf(yf, __bfloat162float(oh[u]), part);
+      ob[u] = __float2bfloat16_rn(w * yf);
+    }
+    d[ch] = out;
+  }
+  return warp_sum(part);
+}
+
+// Token t's dlogits row (E8 bf16, zero where not chosen; one warp, lane j < k holding choice j's
+// weight, dw and expert) from the router's backward (moe_math.weights_for):
 //   softmax: w = p_j / sum_chosen p   ->  dl_j = w_j (dw_j - sum_i w_i dw_i)
 //   sigmoid: w = scale s_j / S        ->  dl_j = (scale dw_j - sum_i w_i dw_i) / S * s_j (1 - s_j)
 // The top-k selection itself has no gradient; logits of experts not chosen get 0.
+__device__ __forceinline__ void write_dlogits(const KosmosMoeBwdArgs& a, int t, int lane, float my_w, float my_dw,
+                                              int my_e) {
+  const KosmosMoeArgs& f = a.f;
+  const int k = f.topk;
+  const float wdw = warp_sum(lane < k ? my_w * my_dw : 0.f);
+  float dl;
+  if (f.scoring == 0) {
+    dl = my_w * (my_dw - wdw);
+  } else {
+    const float l = lane < k ? __ldg(f.logits + int64_t(t) * f.E + my_e) : 0.f;
+    const float s = 1.f / (1.f + expf(-l));
+    const float S = warp_sum(lane < k ? s : 0.f);
+    dl = (f.scale * my_dw - wdw) / S * s * (1.f - s);
+  }
+  if (lane >= k) dl = 0.f;
+  bf16* row = static_cast<bf16*>(a.dlogits) + int64_t(t) * a.E8;
+  for (int c0 = 0; c0 < a.E8; c0 += 32) {  // uniform trip count: the shuffles see every lane
+    const int col = c0 + lane;
+    float v = 0.f;
+    for (int j = 0; j < k; ++j) {
+      const int ej = __shfl_sync(0xffffffffu, my_e, j);
+      const float dj = __shfl_sync(0xffffffffu, dl, j);
+      if (ej == col) v = dj;
+    }
+    if (col < a.E8) row[col] = __float2bfloat16_rn(v);
+  }
+}
+
+// GATHER b (host fabric; the 256 math threads, as FOLD: 8 warps bring the dO rows in ~3x faster
+// than the loader's 4 did, and no tile waits on the loader meanwhile): tokens 32b.., one warp per
+// token. For each choice j (in order): the row dO[pos] = bf16(w_tj * dy_t) and dw_tj = <dy_t, o_tj>
+// (gather_row); then the token's dlogits row (write_dlogits).
 __device__ void run_gather(const Ctx& c, int b, int tid) {
   constexpr int kN = BuilderN::kNumMathThreads;
   const KosmosMoeBwdArgs& a = c.a;
@@ -293,7 +370,6 @@ __device__ void run_gather(const Ctx& c, int b, int tid) {
   const bf16* dy = static_cast<const bf16*>(a.dy);
   const bf16* os = static_cast<const bf16*>(f.os);
   bf16* dos = static_cast<bf16*>(a.dos);
-  bf16* dlg = static_cast<bf16*>(a.dlogits);
   for (int tl = warp; tl < nt; tl += kN / 32) {
     const int t = t0 + tl;
     const int4* dyr = reinterpret_cast<const int4*>(dy + int64_t(t) * H);
@@ -307,24 +383,7 @@ __device__ void run_gather(const Ctx& c, int b, int tid) {
       const int4* o = reinterpret_cast<const int4*>(
           (here ? os : static_cast<const bf16*>(f.send_out[e / f.E_loc])) + int64_t(pos) * H);
       int4* d = reinterpret_cast<int4*>((here ? dos : static_cast<bf16*>(a.send_gout[e / f.E_loc])) + int64_t(pos) * H);
-      float part = 0.f;
-#pragma unroll 4
-      for (int ch = lane; ch < chunks && pos >= 0; ch += 32) {  // pos < 0: no row (moe_params.h ref_slot), dw 0
-        const int4 yv = __ldg(dyr + ch);
-        const int4 ov = ld_cg_16(o + ch);
-        const bf16* yh = reinterpret_cast<const bf16*>(&yv);
-        const bf16* oh = reinterpret_cast<const bf16*>(&ov);
-        int4 out;
-        bf16* ob = reinterpret_cast<bf16*>(&out);
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-          const float yf = __bfloat162float(yh[u]);
-          part = fmaf(yf, __bfloat162float(oh[u]), part);
-          ob[u] = __float2bfloat16_rn(w * yf);
-        }
-        d[ch] = out;
-      }
-      part = warp_sum(part);
+      const float part = gather_row(dyr, o, d, w, chunks, lane, pos >= 0);
       if (lane == j) {
         my_w = w;
         my_dw = part;
@@ -336,62 +395,81 @@ __device__ void run_gather(const Ctx& c, int b, int tid) {
         if (lane == 0) atomicAdd(c.arrived() + pos / kBM, 1u);
       }
     }
-    // the router's backward for token t (lane j < k holds choice j)
-    const float wdw = warp_sum(lane < k ? my_w * my_dw : 0.f);
-    float dl;
-    if (f.scoring == 0) {
-      dl = my_w * (my_dw - wdw);
-    } else {
-      const float l = lane < k ? __ldg(f.logits + int64_t(t) * f.E + my_e) : 0.f;
-      const float s = 1.f / (1.f + expf(-l));
-      const float S = warp_sum(lane < k ? s : 0.f);
-      dl = (f.scale * my_dw - wdw) / S * s * (1.f - s);
-    }
-    if (lane >= k) dl = 0.f;
-    bf16* row = dlg + int64_t(t) * a.E8;
-    for (int c0 = 0; c0 < a.E8; c0 += 32) {  // uniform trip count: the shuffles see every lane
-      const int col = c0 + lane;
-      float v = 0.f;
-      for (int j = 0; j < k; ++j) {
-        const int ej = __shfl_sync(0xffffffffu, my_e, j);
-        const float dj = __shfl_sync(0xffffffffu, dl, j);
-        if (ej == col) v = dj;
-      }
-      if (col < a.E8) row[col] = __float2bfloat16_rn(v);
-    }
+    write_dlogits(a, t, lane, my_w, my_dw, my_e);
   }
   __threadfence();
   named_bar_sync(kBarMath, kN);  // every token's dlogits row before the count
   if (tid == 0) atomicAdd(c.lg_done() + t0 / kBM, uint32_t(nt));
 }
 
+// The movers' GATHER (no peers; tile g, part): rows 32*part.. of sorted tile g, one warp per row:
+// its choice c = sorted_choice[pos] (the forward's INDEX), the dO row and dw into dwc[c]
+// (gather_row); each row counts in dw_done of its token's block. Returns how many rows.
+__device__ int run_gather_rows(const Ctx& c, int g, int part, int mt) {
+  constexpr int kWarps = kMoverThreads / 32;
+  const KosmosMoeBwdArgs& a = c.a;
+  const KosmosMoeArgs& f = a.f;
+  const int r0 = part * kTB, r1 = min(ldcg(f.tile_rows + g), r0 + kTB);
+  const int warp = mt / 32, lane = mt % 32;
+  for (int r = r0 + warp; r < r1; r += kWarps) {
+    const int64_t pos = int64_t(g) * kBM + r;
+    const int ci = ldcg(f.sorted_choice + pos);
+    const int t = ci / f.topk;
+    const float dw = gather_row(reinterpret_cast<const int4*>(static_cast<const bf16*>(a.dy) + int64_t(t) * f.H),
+                                reinterpret_cast<const int4*>(static_cast<const bf16*>(f.os) + pos * f.H),
+                                reinterpret_cast<int4*>(static_cast<bf16*>(a.dos) + pos * f.H), __ldcg(f.weights + ci),
+                                f.H / 8, lane);
+    if (lane == 0) a.dwc[ci] = dw;
+    __threadfence();
+    __syncwarp();
+    if (lane == 0) atomicAdd(c.dw_done() + t / kBM, 1u);
+  }
+  return max(0, r1 - r0);
+}
+
+// LOGITS b (movers, no peers): tokens 32b.., one warp per token, after every choice of their block
+// has its dw: the dlogits rows from dwc (the values the token-major GATHER keeps in registers).
+__device__ void run_logits(const Ctx& c, int b, int mt) {
+  constexpr int kWarps = kMoverThreads / 32;
+  const KosmosMoeBwdArgs& a = c.a;
+  const KosmosMoeArgs& f = a.f;
+  const int warp = mt / 32, lane = mt % 32, k = f.topk;
+  const int t0 = b * kTB, nt = min(kTB, f.T - t0);
+  for (int tl = warp; tl < nt; tl += kWarps) {
+    const int64_t t = t0 + tl;
+    const bool mine = lane < k;
+    write_dlogits(a, int(t), lane, mine ? __ldcg(f.weights + t * k + lane) : 0.f,
+                  mine ? __ldcg(a.dwc + t * k + lane) : 0.f, mine ? ldcg(f.routes + t * k + lane) : -1);
+  }
+}
+
 // PAD e: the dO rows of e's last tile beyond its rows are zero (the wgrad dW2_e = dO_e^T @ h_e
 // sums whole tiles); they count as arrived, so a tile is complete at 128.
-__device__ void run_pad(const Ctx& c, int e, int tid) {
+__device__ void run_pad(const Ctx& c, int e, int tid, int nl) {
   const KosmosMoeBwdArgs& a = c.a;
   const KosmosMoeArgs& f = a.f;
   const ExpertTiles et = expert_tiles(f, e);
-  if (et.n == 0) return;  // uniform over the 128 threads
+  if (et.n == 0) return;  // uniform over the nl threads
   const int warp = tid / 32, lane = tid % 32;
   const int p0 = et.first * kBM + et.rows, p1 = (et.first + et.n) * kBM;
   const int chunks = f.H / 8;
-  for (int r = p0 + warp; r < p1; r += kLoaderThreads / 32) {
+  for (int r = p0 + warp; r < p1; r += nl / 32) {
     int4* d = reinterpret_cast<int4*>(static_cast<bf16*>(a.dos) + int64_t(r) * f.H);
     for (int ch = lane; ch < chunks; ch += 32) d[ch] = make_int4(0, 0, 0, 0);
   }
   __threadfence();
-  named_bar_sync(kBarLoader, kLoaderThreads);
+  named_bar_sync(kBarLoader, nl);
   if (tid == 0 && p1 > p0) atomicAdd(c.arrived() + et.first + et.n - 1, uint32_t(p1 - p0));
 }
 
 // PEER_GATHER b (host fabric): the upstream gradients of peer rows 32b.. (pinned host memory,
 // as the peers' combine backward made them) to their sorted rows (the forward's placement).
-__device__ void run_peer_gather(const Ctx& c, int b, int tid) {
+__device__ void run_peer_gather(const Ctx& c, int b, int tid, int nl) {
   const KosmosMoeBwdArgs& a = c.a;
   const KosmosMoeArgs& f = a.f;
   const int warp = tid / 32, lane = tid % 32;
   const int r1 = min(f.peer_rows, (b + 1) * kTB);
-  for (int i = b * kTB + warp; i < r1; i += kLoaderThreads / 32) {
+  for (int i = b * kTB + warp; i < r1; i += nl / 32) {
     const moe::PeerRow pr = moe::peer_row(f, i);
     const int4* src = reinterpret_cast<const int4*>(static_cast<const bf16*>(a.recv_gout[pr.p]) + int64_t(pr.ip) * f.H);
     moe::copy_row(reinterpret_cast<int4*>(static_cast<bf16*>(a.dos) + int64_t(pr.dst) * f.H), src, f.H / 8, lane);
@@ -403,25 +481,25 @@ __device__ void run_peer_gather(const Ctx& c, int b, int tid) {
 
 // PEER_COMBINE b (host fabric): the input gradients of peer rows 32b.. back to the peers' recv_dx,
 // each row once its tile's DX items are done (every thread waits for a share of the rows; a
-// failed wait is shared through s.bad so that all 128 threads take the same path).
-__device__ void run_peer_combine(const Ctx& c, const Layout& L, Shared& s, int b, int tid) {
+// failed wait is shared through s.bad so that all nl threads take the same path).
+__device__ void run_peer_combine(const Ctx& c, const Layout& L, Shared& s, int b, int tid, int nl) {
   const KosmosMoeBwdArgs& a = c.a;
   const KosmosMoeArgs& f = a.f;
   const int warp = tid / 32, lane = tid % 32;
   const int r1 = min(f.peer_rows, (b + 1) * kTB);
   bool ok = true;
-  for (int i = b * kTB + tid; i < r1 && ok; i += kLoaderThreads)
+  for (int i = b * kTB + tid; i < r1 && ok; i += nl)
     ok = c.wait(c.dx_done() + moe::peer_row(f, i).dst / kBM, uint32_t(L.nH), KOSMOS_MOE_BWD_PEER_COMBINE, b);
   if (!ok) s.bad = 1;
-  named_bar_sync(kBarLoader, kLoaderThreads);
+  named_bar_sync(kBarLoader, nl);
   const bool bad = s.bad != 0;
-  for (int i = b * kTB + warp; i < r1 && !bad; i += kLoaderThreads / 32) {
+  for (int i = b * kTB + warp; i < r1 && !bad; i += nl / 32) {
     const moe::PeerRow pr = moe::peer_row(f, i);
     const int4* src = reinterpret_cast<const int4*>(static_cast<const bf16*>(a.dxs) + int64_t(pr.dst) * f.H);
     moe::copy_row(reinterpret_cast<int4*>(static_cast<bf16*>(a.recv_dx[pr.p]) + int64_t(pr.ip) * f.H), src, f.H / 8,
                   lane);
   }
-  named_bar_sync(kBarLoader, kLoaderThreads);  // s.bad read by every thread
+  named_bar_sync(kBarLoader, nl);  // s.bad read by every thread
 }
 
 // FOLD b (the 256 math threads: the fold is memory-bound, and their registers keep 8 choices'
@@ -749,6 +827,52 @@ __device__ __forceinline__ bool is_loader_item(int kind) {
   return kind == KOSMOS_MOE_BWD_PEER_GATHER || kind == KOSMOS_MOE_BWD_PAD || kind == KOSMOS_MOE_BWD_PEER_COMBINE;
 }
 
+// The movers (warps 2-3, no peers): GATHER items (32 rows of a sorted tile, in queue order, so
+// the tiles DH claims first fill first) until none is left, then LOGITS items (32 tokens, once
+// their block's choices all have their dw). Mover thread 0 claims and waits (watchdog-bounded);
+// the others follow through s.mcmd, so a failed wait or an abort takes all 64 out together.
+// Nothing here waits on the math warps: a GATHER waits for nothing, a LOGITS only for GATHERs,
+// every one of which was claimed before it.
+__device__ __noinline__ void mover_loop(const Ctx& c, Shared& s, Tracer& tr, int mt) {
+  const KosmosMoeBwdArgs& a = c.a;
+  const KosmosMoeArgs& f = a.f;
+  const bool lead = mt == 0;
+  constexpr int kParts = kBM / kTB;
+  auto share = [&](int v) { return moe::share_lead(s.mcmd, lead, v, kBarMover, kMoverThreads); };
+  // the lead's claim from counter word `ctr` (-1: none left below `n`, or aborted)
+  auto claim = [&](int ctr, int n) {
+    int k = -1;
+    if (lead && !aborted(c.sc)) k = int(atomicAdd(a.ctr + ctr, 1u));
+    return share(k >= 0 && k < n ? k : -1);
+  };
+  const int tiles = ldcg(f.meta);
+  for (int i; (i = claim(KOSMOS_MOE_BWD_CTR_MGATHER, tiles * kParts)) >= 0;) {
+    if (a.debug_skip_gather) continue;  // watchdog test: no dO rows ever arrive
+    const uint64_t t0 = lead ? tr.now() : 0;
+    const int g = ldcg(f.tile_order + i / kParts);
+    const int n = run_gather_rows(c, g, i % kParts, mt);
+    __threadfence();
+    named_bar_sync(kBarMover, kMoverThreads);
+    if (lead) {
+      if (n) atomicAdd(c.arrived() + g, uint32_t(n));
+      tr.add(kRoleGather, (KOSMOS_MOE_BWD_GATHER << 24) | i, t0, tr.now());
+    }
+  }
+  for (int b; (b = claim(KOSMOS_MOE_BWD_CTR_MLOGITS, cdiv(f.T, kTB))) >= 0;) {
+    const int mb = b * kTB / kBM;
+    const uint32_t need = c.block_tokens(mb) * uint32_t(f.topk);
+    if (share(!lead || c.wait(c.dw_done() + mb, need, KOSMOS_MOE_BWD_LOGITS, b) ? 0 : -1) < 0) return;
+    const uint64_t t0 = lead ? tr.now() : 0;
+    run_logits(c, b, mt);
+    __threadfence();
+    named_bar_sync(kBarMover, kMoverThreads);
+    if (lead) {
+      atomicAdd(c.lg_done() + mb, uint32_t(min(kTB, f.T - b * kTB)));
+      tr.add(kRoleRouter, (KOSMOS_MOE_BWD_LOGITS << 24) | b, t0, tr.now());
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------ the kernel
 __global__ void __launch_bounds__(kThreads, 1) moe_bwd_sm90_kernel(const __grid_constant__ Params P) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -787,37 +911,43 @@ __global__ void __launch_bounds__(kThreads, 1) moe_bwd_sm90_kernel(const __grid_
 
   if (role == BuilderN::Role::kLoader) {
     cutlass::arch::warpgroup_reg_dealloc<kLoaderRegs>();
-    int mem_claimed = 0;  // (thread kSched)
-    for (;;) {
-      const int item = moe::next_loader_item(s, mem_claimed, (1u << KOSMOS_MOE_BWD_GATHER) | (1u << KOSMOS_MOE_BWD_FOLD), tid == kSched, kBarLoader,
-                                             kLoaderThreads, c.sc, [&] { return decide(c, L); });
-      if (item < 0) break;
-      const int kind = item >> 24, i = item & 0xffffff;
-      if (!is_loader_item(kind)) {
-        if (warp_idx == 0) {
-          fence_proxy_async_global();  // generic-proxy writes of other CTAs (acquired) -> this warp's TMA reads
-          if (lane == 0) ring.push(item);
-          __syncwarp();
-          produce_item(P, L, bn, bt, kind, i);
+    const bool mg = movers_gather(a.f);
+    const int nl = mg ? kMainThreads : kLoaderThreads;  // the claim sequence's threads
+    if (mg && warp_idx >= kMainThreads / 32) {
+      mover_loop(c, s, tr, tid - kMainThreads);
+    } else {
+      int mem_claimed = 0;  // (thread kSched)
+      for (;;) {
+        const int item = moe::next_loader_item(s, mem_claimed, (1u << KOSMOS_MOE_BWD_GATHER) | (1u << KOSMOS_MOE_BWD_FOLD),
+                                               tid == kSched, kBarLoader, nl, c.sc, [&] { return decide(c, L); });
+        if (item < 0) break;
+        const int kind = item >> 24, i = item & 0xffffff;
+        if (!is_loader_item(kind)) {
+          if (warp_idx == 0) {
+            fence_proxy_async_global();  // generic-proxy writes of other CTAs (acquired) -> this warp's TMA reads
+            if (lane == 0) ring.push(item);
+            __syncwarp();
+            produce_item(P, L, bn, bt, kind, i);
+          }
+          continue;
         }
-        continue;
+        const uint64_t t0 = (tid == kSched) ? tr.now() : 0;
+        uint16_t r = kRoleGather;
+        if (kind == KOSMOS_MOE_BWD_PEER_GATHER) {
+          run_peer_gather(c, i, tid, nl);
+        } else if (kind == KOSMOS_MOE_BWD_PAD) {
+          run_pad(c, i, tid, nl);
+        } else {
+          r = kRoleCombine;
+          run_peer_combine(c, L, s, i, tid, nl);
+        }
+        if (tid == kSched) tr.add(r, item, t0, tr.now());
       }
-      const uint64_t t0 = (tid == kSched) ? tr.now() : 0;
-      uint16_t r = kRoleGather;
-      if (kind == KOSMOS_MOE_BWD_PEER_GATHER) {
-        run_peer_gather(c, i, tid);
-      } else if (kind == KOSMOS_MOE_BWD_PAD) {
-        run_pad(c, i, tid);
-      } else {
-        r = kRoleCombine;
-        run_peer_combine(c, L, s, i, tid);
+      if (warp_idx == 0) {
+        if (lane == 0) ring.push(-1);
+        __syncwarp();
+        bn.produce_tail();
       }
-      if (tid == kSched) tr.add(r, item, t0, tr.now());
-    }
-    if (warp_idx == 0) {
-      if (lane == 0) ring.push(-1);
-      __syncwarp();
-      bn.produce_tail();
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<kMathRegs>();
@@ -880,7 +1010,7 @@ int kosmos_moe_bwd_threads(void) { return kosmos::moe_bwd::kThreads; }
 long kosmos_moe_bwd_args_offset(int i) {
 #define F(name) offsetof(KosmosMoeBwdArgs, name)
   static const long off[] = {F(f), F(dy), F(w1), F(w2), F(wr), F(ws1), F(ws2), F(dos), F(dgus), F(dxs), F(dlogits),
-                             F(dxr), F(dgush), F(dxsh), F(dx), F(dwr), F(dw1), F(dw2), F(dws1), F(dws2),
+                             F(dxr), F(dgush), F(dxsh), F(dx), F(dwr), F(dw1), F(dw2), F(dws1), F(dws2), F(dwc),
                              F(recv_gout), F(recv_dx), F(send_gout), F(send_dx), F(ctr),
                              F(state), F(err), F(trace), F(trace_count), F(timeout_ns), F(W), F(T1), F(E8),
                              F(ctr_words), F(grid), F(trace_cap), F(spin_ns), F(debug_skip_gather),
@@ -933,10 +1063,12 @@ int kosmos_moe_bwd_set(void* h, const KosmosMoeBwdArgs* args) {
     if (!kosmos::moe_bwd::aligned(p)) return fail(KOSMOS_ERR_INVALID, "moe bwd sm90: buffers must be 16-byte aligned");
   if (f.route_blocks != (f.T + 127) / 128 || f.tiles_max < (f.T * f.topk + f.peer_rows + 127) / 128 + f.E_tiles)
     return fail(KOSMOS_ERR_INVALID, "moe bwd sm90: the forward's route_blocks / tiles_max do not match T, topk, E");
-  if (a.ctr_words < KOSMOS_MOE_BWD_CTR_HEAD + 3 * f.tiles_max + 4 * f.route_blocks)
+  if (a.ctr_words < KOSMOS_MOE_BWD_CTR_HEAD + 3 * f.tiles_max + 5 * f.route_blocks)
     return fail(KOSMOS_ERR_INVALID, "moe bwd sm90: ctr_words too small");
   if (a.trace && (!a.trace_count || a.trace_cap < 1)) return fail(KOSMOS_ERR_INVALID, "moe bwd sm90: trace without counts");
   const kosmos::moe_bwd::Layout L(a);
+  if (kosmos::moe_bwd::movers_gather(f) && (!a.dwc || !f.sorted_choice))
+    return fail(KOSMOS_ERR_INVALID, "moe bwd sm90: no peers (the movers gather) but no dwc / forward sorted_choice");
   for (int k = 0; k < KOSMOS_MOE_BWD_NUM_KINDS; ++k)
     if (L.count(k) >= (1 << 24)) return fail(KOSMOS_ERR_INVALID, "moe bwd sm90: item kind %d has too many items", k);
   Params& P = *static_cast<Params*>(h);

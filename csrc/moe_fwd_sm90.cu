@@ -498,13 +498,7 @@ __device__ __noinline__ void mover_loop(const Ctx& c, const Layout& L, Shared& s
   const bool lead = mt == 0;
   const int tb = (a.T + kTB - 1) / kTB;
   constexpr int kParts = kBM / kTB;
-  auto share = [&](int v) {  // lead's value to every mover
-    if (lead) s.mcmd = v;
-    named_bar_sync(kBarMover, kMoverThreads);
-    const int r = s.mcmd;
-    named_bar_sync(kBarMover, kMoverThreads);
-    return r;
-  };
+  auto share = [&](int v) { return moe::share_lead(s.mcmd, lead, v, kBarMover, kMoverThreads); };
   // the lead's claim of the next item from counter `ctr` (-1: none left below `n`, or aborted)
   auto claim_at = [&](uint32_t* ctr, int n) {
     int k = -1;

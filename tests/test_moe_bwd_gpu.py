@@ -147,8 +147,8 @@ def test_kosmos_watchdog_names_the_waiting_item():
     p, op, inputs, state, runner = _kosmos_runner(timeout_s=0.2, debug_skip_gather=True)
     try:
         runner.run()
-        with pytest.raises(WatchdogError, match=r"backward watchdog: (DH|DXR|DWR|DX|WG2|WG1|FOLD) item \d+ "
-                                                r".*(arrived|lg_done|dh_done|dx_done|xr_done)\["):
+        with pytest.raises(WatchdogError, match=r"backward watchdog: (DH|DXR|DWR|DX|WG2|WG1|FOLD|LOGITS) item \d+ "
+                                                r".*(arrived|lg_done|dh_done|dx_done|xr_done|dw_done)\["):
             runner.check()
         runner.set_debug_skip_gather(False)  # the protocol state recovers: the next call is right
         op.poison(runner)

@@ -62,7 +62,8 @@ def test_item_counts_match_the_kernel_layout(T, H, F, Fs, E, k, W, Et, R):
     got = {name: lib.kosmos_moe_bwd_item_count(ctypes.byref(a), i) for i, name in enumerate(moe_bwd_sm90.KINDS)}
     assert got == want
     assert lib.kosmos_moe_bwd_item_count(ctypes.byref(a), len(moe_bwd_sm90.KINDS)) == -1
-    assert (want["SHARED_DH"] > 0) == (Fs > 0) and want["GATHER"] == want["FOLD"] == -(-T // 32)
+    assert (want["SHARED_DH"] > 0) == (Fs > 0) and want["FOLD"] == -(-T // 32)
+    assert want["GATHER"] == (0 if Et == E and R == 0 else want["FOLD"])  # without peers the movers gather
     assert want["PEER_GATHER"] == want["PEER_COMBINE"] == -(-R // 32) and want["PAD"] == Et
 
 
@@ -93,14 +94,16 @@ def test_unsupported_reasons():
 def test_counter_names_for_the_watchdog():
     T, k, E = 1000, 8, 16
     tm, nb = moe_sm90.tiles_max(T, k, E), -(-T // BM)
-    assert moe_bwd_sm90.ctr_words(T, k, E) == moe_bwd_sm90.CTR_HEAD + 3 * tm + 4 * nb
-    assert moe_bwd_sm90.ctr_words(T, k, E, 300) == moe_bwd_sm90.CTR_HEAD + 3 * moe_sm90.tiles_max(T, k, E, 300) + 4 * nb
+    assert moe_bwd_sm90.ctr_words(T, k, E) == moe_bwd_sm90.CTR_HEAD + 3 * tm + 5 * nb
+    assert moe_bwd_sm90.ctr_words(T, k, E, 300) == moe_bwd_sm90.CTR_HEAD + 3 * moe_sm90.tiles_max(T, k, E, 300) + 5 * nb
     name = lambda w: moe_bwd_sm90.counter_name(w, T, k, E)  # noqa: E731
     assert name(0) == "counter claim"
     assert name(moe_bwd_sm90.CTR_HEAD + 5) == "arrived[5]"
     assert name(moe_bwd_sm90.CTR_HEAD + tm) == "dh_done[0]"
     assert name(moe_bwd_sm90.CTR_HEAD + 3 * tm + 1) == "lg_done[1]"
     assert name(moe_bwd_sm90.CTR_HEAD + 3 * tm + 3 * nb + 2) == "shared_dx_done[2]"
+    assert name(moe_bwd_sm90.CTR_HEAD + 3 * tm + 4 * nb + 1) == "dw_done[1]"
+    assert name(1) == "counter mover gather claim" and name(3) == "counter mover logits claim"
 
 
 # ----------------------------------------------------------------------------- numerics
@@ -263,10 +266,10 @@ def test_runner_wires_the_buffers(fake_gpu, monkeypatch, op_name, preset, world,
                 assert runner.grads[name][r].shape == t.shape, (name, r)
         assert f.gus == runner.fwd.gus.data_ptr() and bool(f.gush) == bool(s.shared_F)
         for name in ("dy", "w1", "w2", "wr", "dos", "dgus", "dxs", "dlogits", "dxr", "dx", "dwr", "dw1", "dw2",
-                     "ctr", "state", "err"):
+                     "dwc", "ctr", "state", "err"):
             assert getattr(a, name) == getattr(runner, name).data_ptr(), name
         assert a.W == len(here) and a.T1 == s.T and a.E8 == moe_bwd_sm90.e8(s.E) and f.E == s.E
-        assert a.ctr_words == moe_bwd_sm90.CTR_HEAD + 3 * f.tiles_max + 4 * f.route_blocks
+        assert a.ctr_words == moe_bwd_sm90.CTR_HEAD + 3 * f.tiles_max + 5 * f.route_blocks
         assert runner.wr.shape == (a.E8, s.H) and torch.equal(runner.wr[:s.E], inputs.Wr)
         assert runner.w1.shape == (f.E_tiles, 2 * s.F, s.H) and runner.dw1.shape[0] == f.E_tiles
         if fabric == "host":

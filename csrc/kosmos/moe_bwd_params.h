@@ -17,13 +17,15 @@
 
 #include "moe_params.h"
 
-#define KOSMOS_MOE_BWD_ABI_VERSION 1
+#define KOSMOS_MOE_BWD_ABI_VERSION 2
 
 // Item kinds, in claim order (also the error record's `queue` and the trace record's item high byte).
 enum KosmosMoeBwdKind {
   KOSMOS_MOE_BWD_SHARED_DH = 0,   // shared expert: dh_s = dy @ Ws2 tile (128 tokens x 256 of Fs), SwiGLU backward
   KOSMOS_MOE_BWD_GATHER = 1,      // 32 tokens: dO rows w_tj * dy_t into expert-sorted order (host fabric, a
-                                  //   remote expert's: into its owner's send_gout), dw_tj, dlogits rows
+                                  //   remote expert's: into its owner's send_gout), dw_tj, dlogits rows. Without
+                                  //   peers (world 1, local) the movers' instead: 32 rows of a sorted tile, in
+                                  //   queue order (dO rows, dw_tj into dwc); none in the claim sequence
   KOSMOS_MOE_BWD_PEER_GATHER = 2, // host fabric: 32 peer rows' upstream gradients (pinned host) -> their sorted rows
   KOSMOS_MOE_BWD_PAD = 3,         // expert e: zero dO rows of its last tile beyond its rows
   KOSMOS_MOE_BWD_SHARED_WG2 = 4,  // dWs2 tile of rank r (128 of H x 256 of Fs) = dy_r^T @ hsh_r
@@ -38,14 +40,22 @@ enum KosmosMoeBwdKind {
   KOSMOS_MOE_BWD_WG1 = 13,        // dW1_e tile (128 of 2F x 256 of H) = [dg|du]_e^T @ xs_e
   KOSMOS_MOE_BWD_FOLD = 14,       // 32 tokens: dx_t = sum_j dxs[pos(t, j)] (j order; host fabric, a remote
                                   //   expert's: the owner's send_dx row) + dxr_t + dxsh_t
-  KOSMOS_MOE_BWD_NUM_KINDS = 15,
+  KOSMOS_MOE_BWD_NUM_KINDS = 15,  // the claim sequence's kinds; the movers' own, after them:
+  KOSMOS_MOE_BWD_LOGITS = 15,     // movers (no peers), 32 tokens after their choices' dw: dlogits rows
 };
 
 // Counter words (uint32, zeroed by the last CTA of every call; the host zeroes them after an abort).
-enum KosmosMoeBwdCtr { KOSMOS_MOE_BWD_CTR_CLAIM = 0, KOSMOS_MOE_BWD_CTR_EXIT = 2, KOSMOS_MOE_BWD_CTR_HEAD = 4 };
+enum KosmosMoeBwdCtr {
+  KOSMOS_MOE_BWD_CTR_CLAIM = 0,
+  KOSMOS_MOE_BWD_CTR_MGATHER = 1,  // the movers' GATHER claims (no peers)
+  KOSMOS_MOE_BWD_CTR_EXIT = 2,
+  KOSMOS_MOE_BWD_CTR_MLOGITS = 3,  // the movers' LOGITS claims
+  KOSMOS_MOE_BWD_CTR_HEAD = 4
+};
 // after the head: arrived[tiles_max] (dO rows of sorted tile g, pad rows included: 128 when
 // complete), dh_done[tiles_max], dx_done[tiles_max], lg_done[route_blocks] (tokens of block b
-// with their dlogits row), xr_done[route_blocks], sdh_done[route_blocks], sdx_done[route_blocks]
+// with their dlogits row), xr_done[route_blocks], sdh_done[route_blocks], sdx_done[route_blocks],
+// dw_done[route_blocks] (choices of block b's tokens with their dw in dwc; the movers' GATHER)
 
 typedef struct KosmosMoeBwdArgs {
   KosmosMoeArgs f;       // the forward's arguments (its saved state; see above)
@@ -68,6 +78,7 @@ typedef struct KosmosMoeBwdArgs {
   void* dw2;             // (E_tiles x H x F) output
   void* dws1;            // (W x 2Fs x H) output: each rank's share (Fs > 0)
   void* dws2;            // (W x H x Fs) output
+  float* dwc;            // (T x topk) fp32 dw_tj of every choice (the movers' GATHER, read by LOGITS; no peers)
   // host fabric (rank-0 view, kosmos_bench/ops/moe_host_bwd.py; the forward's peer tables in f):
   // per peer p = 1..W-1, rows in the order of the forward's recv_rows / send_rows
   const void* recv_gout[8];  // [p] (n_p x H) upstream gradients of p's rows on the experts here (host -> device)

@@ -19,6 +19,16 @@ __device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("ba
 
 __device__ __forceinline__ int ldcg(const int32_t* p) { return __ldcg(p); }
 
+// The movers' lead's value v to all n movers through the shared word `slot` (barrier `bar`):
+// every mover returns it (a claim, or -1 after a failed wait: all take the same path).
+__device__ __forceinline__ int share_lead(int& slot, bool lead, int v, int bar, int n) {
+  if (lead) slot = v;
+  named_bar_sync(bar, n);
+  const int r = *reinterpret_cast<volatile int*>(&slot);
+  named_bar_sync(bar, n);
+  return r;
+}
+
 // The loader's next item, claimed by its scheduler thread (decide(): the kernel's claim and
 // wait) and shared with the loader threads through s.cmd[0] (< 0: none left). The math warps'
 // memory-bound items (kinds in mem_kinds, a bit mask: FOLD, the backward's GATHER) have no

@@ -339,7 +339,7 @@ class MoeRunner:
         if self.closed:
             raise RuntimeError("kosmos moe runner used after close()")
         name = lambda flag: K.counter_name(flag, self.T, self.k, self.args.E_tiles, self.args.peer_rows)  # noqa: E731
-        raise_on_watchdog(self, "kosmos moe", K.KINDS, name)
+        raise_on_watchdog(self, "kosmos moe", K.ITEM_KINDS, name)
 
     def set_debug_skip_scan(self, skip: bool) -> None:
         """Test hook: the SCAN item never runs (every item after it waits: the watchdog fires)."""
@@ -404,7 +404,7 @@ def traced_call(r, call, kmod):
         r.args.trace = r.args.trace_count = None
         r._set()
     df, r.info["trace_dropped"] = decode_trace(r.trace_buf, r.trace_count, r.grid, r.trace_cap, r.ranks[0],
-                                               kmod.ROLE_CODES, kmod.KINDS)
+                                               kmod.ROLE_CODES, kmod.ITEM_KINDS)
     return df
 
 

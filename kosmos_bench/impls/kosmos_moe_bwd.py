@@ -95,6 +95,7 @@ class MoeBwdRunner:
         self.dxr = torch.zeros(T, H, dtype=bf, device=dev)
         self.dgush = torch.zeros(T, 2 * Fs, dtype=bf, device=dev) if Fs else None
         self.dxsh = torch.zeros(T, H, dtype=bf, device=dev) if Fs else None
+        self.dwc = torch.zeros(T * k, dtype=torch.float32, device=dev)  # dw of every choice (the movers' GATHER)
         # the gradients (ops/moe_bwd.grad_buffers' shapes, per rank views below)
         self.dx = torch.empty(T, H, dtype=bf, device=dev)
         self.dwr = torch.empty(W, E, H, dtype=bf, device=dev)
@@ -117,7 +118,7 @@ class MoeBwdRunner:
         a.f = fa  # a copy of the forward's arguments: its saved state's pointers and sizes
         ptr = lambda t: t.data_ptr() if t is not None else None  # noqa: E731
         for name in ("dy", "w1", "w2", "wr", "ws1", "ws2", "dos", "dgus", "dxs", "dlogits", "dxr", "dgush", "dxsh",
-                     "dx", "dwr", "dw1", "dw2", "dws1", "dws2", "ctr", "state", "err"):
+                     "dx", "dwr", "dw1", "dw2", "dws1", "dws2", "dwc", "ctr", "state", "err"):
             setattr(a, name, ptr(getattr(self, name)))
         a.timeout_ns = int(self.timeout_s * 1e9)
         a.W, a.T1, a.E8, a.ctr_words = W, T1, E8, self.ctr.numel()
@@ -167,7 +168,7 @@ class MoeBwdRunner:
             raise RuntimeError("kosmos moe backward runner used after close()")
         fa = self.args.f
         name = lambda flag: K.counter_name(flag, fa.T, fa.topk, fa.E_tiles, fa.peer_rows)  # noqa: E731
-        raise_on_watchdog(self, "kosmos moe backward", K.KINDS, name)
+        raise_on_watchdog(self, "kosmos moe backward", K.ITEM_KINDS, name)
 
     def set_debug_skip_gather(self, skip: bool) -> None:
         """Test hook: the GATHER items never run (DH / WG2 wait for rows that never arrive: the watchdog fires)."""

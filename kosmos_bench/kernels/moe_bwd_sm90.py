@@ -21,7 +21,7 @@ from .abi import struct_mismatches
 from . import moe_sm90 as fwd
 
 LIB = libs.MOE_BWD_SM90
-ABI_VERSION = 1
+ABI_VERSION = 2
 BM = fwd.BM
 TOK_BLOCK = fwd.TOK_BLOCK
 
@@ -29,10 +29,13 @@ TOK_BLOCK = fwd.TOK_BLOCK
 # and the high byte of a trace record's item.
 KINDS = ("SHARED_DH", "GATHER", "PEER_GATHER", "PAD", "SHARED_WG2", "DH", "DXR", "DWR", "DX", "PEER_COMBINE",
          "SHARED_DX", "WG2", "SHARED_WG1", "WG1", "FOLD")
+# ... and after them the movers' own kind (no peers: world 1, local): every kind an error record or
+# a trace record can name. Without peers the movers run the GATHERs (none in the claim sequence).
+ITEM_KINDS = KINDS + ("LOGITS",)
 # Counter words (KosmosMoeBwdCtr): head, then arrived / dh_done / dx_done [tiles_max],
-# lg_done / xr_done / sdh_done / sdx_done [route_blocks].
+# lg_done / xr_done / sdh_done / sdx_done / dw_done [route_blocks].
 CTR_HEAD = 4
-HEAD_NAMES = ("claim", "unused", "exit", "unused")
+HEAD_NAMES = ("claim", "mover gather claim", "exit", "mover logits claim")
 # Trace roles of this kernel (the kernel's BwdRole).
 ROLE_CODES = {0: "GATHER", 1: "EXPERT_DGRAD", 2: "EXPERT_WGRAD", 3: "ROUTER", 4: "SHARED", 5: "FOLD", 6: "COMBINE"}
 
@@ -46,7 +49,7 @@ class MoeBwdArgs(C.Structure):
         ("f", fwd.MoeArgs),
         ("dy", P), ("w1", P), ("w2", P), ("wr", P), ("ws1", P), ("ws2", P),
         ("dos", P), ("dgus", P), ("dxs", P), ("dlogits", P), ("dxr", P), ("dgush", P), ("dxsh", P),
-        ("dx", P), ("dwr", P), ("dw1", P), ("dw2", P), ("dws1", P), ("dws2", P),
+        ("dx", P), ("dwr", P), ("dw1", P), ("dw2", P), ("dws1", P), ("dws2", P), ("dwc", P),
         ("recv_gout", P * MAX_PEERS), ("recv_dx", P * MAX_PEERS), ("send_gout", P * MAX_PEERS),
         ("send_dx", P * MAX_PEERS),
         ("ctr", P), ("state", P), ("err", P), ("trace", P), ("trace_count", P),
@@ -56,7 +59,7 @@ class MoeBwdArgs(C.Structure):
     ]
 
 
-assert C.sizeof(MoeBwdArgs) == C.sizeof(fwd.MoeArgs) + (24 + 4 * MAX_PEERS) * 8 + 8 + 8 * 4, C.sizeof(MoeBwdArgs)
+assert C.sizeof(MoeBwdArgs) == C.sizeof(fwd.MoeArgs) + (25 + 4 * MAX_PEERS) * 8 + 8 + 8 * 4, C.sizeof(MoeBwdArgs)
 
 
 def e8(E: int) -> int:
@@ -65,20 +68,22 @@ def e8(E: int) -> int:
 
 
 def ctr_words(T: int, topk: int, E_tiles: int, peer_rows: int = 0) -> int:
-    return CTR_HEAD + 3 * fwd.tiles_max(T, topk, E_tiles, peer_rows) + 4 * -(-T // BM)
+    return CTR_HEAD + 3 * fwd.tiles_max(T, topk, E_tiles, peer_rows) + 5 * -(-T // BM)
 
 
 def item_counts(T: int, H: int, F: int, Fs: int, E: int, topk: int, W: int, E_tiles: int | None = None,
                 peer_rows: int = 0) -> dict[str, int]:
-    """Claims per kind (the kernel's Layout, mirrored: a CPU test compares them); E_tiles: the
-    experts with tiles here (default E; the host view: rank 0's), peer_rows: the view's peer rows."""
+    """Claims per kind of the claim sequence (the kernel's Layout, mirrored: a CPU test compares
+    them); E_tiles: the experts with tiles here (default E; the host view: rank 0's), peer_rows:
+    the view's peer rows. Without peers the movers gather: no GATHER claims."""
     cd = lambda a, b: -(-a // b)  # noqa: E731
     Et = E if E_tiles is None else E_tiles
     nb, tb, tm, pb = cd(T, BM), cd(T, TOK_BLOCK), fwd.tiles_max(T, topk, Et, peer_rows), cd(peer_rows, TOK_BLOCK)
     nF, nH, nFs = cd(F, 256), cd(H, 256), cd(Fs, 256)
     mH, mF2, mFs2, mE = cd(H, BM), cd(2 * F, BM), cd(2 * Fs, BM), cd(e8(E), BM)
     sh = 1 if Fs else 0
-    n = (sh * nb * nFs, tb, pb, Et, sh * W * mH * nFs, tm * nF, nb * nH, W * mE * nH, tm * nH, pb, sh * nb * nH,
+    movers_gather = Et == E and peer_rows == 0
+    n = (sh * nb * nFs, 0 if movers_gather else tb, pb, Et, sh * W * mH * nFs, tm * nF, nb * nH, W * mE * nH, tm * nH, pb, sh * nb * nH,
          Et * mH * nF, sh * W * mFs2 * nH, Et * mF2 * nH, tb)
     return dict(zip(KINDS, n))
 
@@ -89,7 +94,7 @@ def counter_name(word: int, T: int, topk: int, E_tiles: int, peer_rows: int = 0)
         return f"counter {HEAD_NAMES[max(word, 0)]}"
     w, tm, nb = word - CTR_HEAD, fwd.tiles_max(T, topk, E_tiles, peer_rows), -(-T // BM)
     for name, n in (("arrived", tm), ("dh_done", tm), ("dx_done", tm), ("lg_done", nb), ("xr_done", nb),
-                    ("shared_dh_done", nb), ("shared_dx_done", nb)):
+                    ("shared_dh_done", nb), ("shared_dx_done", nb), ("dw_done", nb)):
         if w < n:
             return f"{name}[{w}]"
         w -= n

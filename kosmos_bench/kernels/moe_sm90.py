@@ -27,6 +27,7 @@ BM = 128        # rows per expert tile (segments of the sorted buffer are padded
 # high byte of a trace record's item; INDEX and GATHER are the movers' (outside the sequence).
 KINDS = ("ROUTE", "SCAN", "SHARED_UP", "DISPATCH", "PEER_DISPATCH", "SHARED_DOWN", "UP", "DOWN", "COMBINE", "FOLD",
          "INDEX", "GATHER", "COMBINE_TILE")
+ITEM_KINDS = KINDS  # every kind an error or trace record names (the backward adds its movers' own)
 # Counter words (KosmosMoeCtr): head, then arrived / up_done / down_done [tiles_max],
 # sh_up_done / sh_down_done [route_blocks], combined [E (with tiles)], down_group_done
 # [FOLD_GROUPS], the FOLD claim counter.
