@@ -39,14 +39,16 @@
 //   WG2 e,m,n        math   arrived of every tile of e
 //   SHARED_WG1 r,m,n math   sdh_done of rank r's blocks
 //   WG1 e,m,n        math   dh_done of every tile of e
-//   FOLD b           math   dx_done of its choices' tiles, xr_done, sdx_done (the 256 math threads wait)
+//   FOLD slot        math   a FOLD b from the fold counter (the movers claim from it too): dx_done
+//                           of its choices' tiles, xr_done, sdx_done (the folding threads wait)
 //
 // Without peers (world 1, local: every choice has its row here) the loader warpgroup's warps 2-3
 // are movers with their own claim counters, as the forward's: GATHER items of 32 sorted rows of a
 // tile in queue order (dO rows, dw_tj into dwc -> arrived[tile], dw_done[blk]), then LOGITS items
 // of 32 tokens (their dlogits rows once dw_done has all their choices -> lg_done[blk]), beside the
 // math warps' shared-expert and DH tiles: a DH starts once its own tile's rows are in instead of
-// after the whole token-major gather. Same dO rows, dw and dlogits, bitwise.
+// after the whole token-major gather; then FOLD items beside the weight-gradient tiles, so little
+// of the fold is left after the last tile. Same dO rows, dw, dlogits and dx, bitwise.
 //
 // Host fabric (rank-0 view, ops/moe_host_bwd.py): a choice of a remote expert has its row in the
 // owner's buffers (the forward's ref_slot; -1: the reference routing made no such choice, nothing
@@ -129,6 +131,13 @@ enum BwdRole : uint16_t {
   kRoleCombine = 6,  // host fabric: the peers' rows' input gradients out
 };
 
+// A FOLD's staging (run_fold): the dxs row of each choice of its tokens, and a failed wait (reset
+// by the fold's thread 0 before the waits), one for the math warps' folds and one for the movers'.
+struct FoldSmem {
+  const bf16* src[kTB * KOSMOS_MOE_MAX_TOPK];
+  int bad;
+};
+
 struct Shared {
   BuilderN::SharedStorage builder;
   Ring::SharedStorage ring;
@@ -136,9 +145,8 @@ struct Shared {
   int mcmd;  // the movers' claim (mover_loop)
   int last;
   int bad;  // PEER_COMBINE: some thread's wait failed (reset by the scheduler with each claim)
-  int fold_bad;    // FOLD (math warps): likewise, reset by math thread 0 before the waits
   int mem_done;  // GATHER / FOLD items the math warps finished (moe_common.cuh next_loader_item)
-  const bf16* fold_src[kTB * KOSMOS_MOE_MAX_TOPK];  // dxs row of each choice
+  FoldSmem fold, mfold;  // FOLD by the math warps / by the movers
 };
 constexpr int kSmemBytes = int(sizeof(Shared));
 static_assert(kSmemBytes <= 227 * 1024, "MoE backward kernel shared memory exceeds 227 KB");
@@ -287,7 +295,14 @@ __device__ int decide(const Ctx& c, const Layout& L) {
                                           : c.wait(c.dh_done() + g, uint32_t(L.nF), kind, i);
         break;
       }
-      default:  // SHARED_DH, PEER_GATHER, PAD, SHARED_WG2: inputs only; PEER_COMBINE, FOLD: their threads wait
+      case KOSMOS_MOE_BWD_FOLD: {
+        // a slot: the item itself from the FOLD counter, which the movers claim from too; the
+        // tiles of its choices are waited for by the folding threads (run_fold)
+        const int fb = int(atomicAdd(a.ctr + KOSMOS_MOE_BWD_CTR_FOLD, 1u));
+        if (fb >= L.count(kind)) continue;
+        return (kind << 24) | fb;
+      }
+      default:  // SHARED_DH, PEER_GATHER, PAD, SHARED_WG2: inputs only; PEER_COMBINE: its threads wait
         break;
     }
     if (!ok) return -1;
@@ -502,55 +517,57 @@ __device__ void run_peer_combine(const Ctx& c, const Layout& L, Shared& s, int b
   named_bar_sync(kBarLoader, nl);  // s.bad read by every thread
 }
 
-// FOLD b (the 256 math threads: the fold is memory-bound, and their registers keep 8 choices'
-// loads in flight per thread; one FOLD per CTA at a time): every thread waits for a share of the
-// block's choices' DX tiles (watchdog), thread 0 for the router's and the shared expert's dx
-// tiles; then dx_t = sum_j dxs[pos(t, j)] in j order + dxr_t + dxsh_t, fp32, one bf16 rounding. A
-// failed wait (abort) is shared through s.fold_bad so that all 256 threads take the same path
-// through the barriers.
-__device__ void run_fold(const Ctx& c, const Layout& L, Shared& s, int b, int tid) {
-  constexpr int kN = BuilderN::kNumMathThreads;
+// FOLD b by kN threads (the 256 math threads, whose registers keep 8 choices' loads in flight
+// per thread; or the 64 movers, once they have no GATHER / LOGITS left, while the math warps run
+// the weight-gradient tiles): every thread waits for a share of the block's choices' DX tiles
+// (watchdog), thread 0 for the router's and the shared expert's dx tiles; then dx_t = sum_j
+// dxs[pos(t, j)] in j order + dxr_t + dxsh_t, fp32, one bf16 rounding (bitwise the same whoever
+// folds). A failed wait (abort) is shared through fs.bad so that all kN threads take the same
+// path through the barriers; returns false then.
+template <int kN>
+__device__ bool run_fold(const Ctx& c, const Layout& L, FoldSmem& fs, int b, int tid, int bar) {
   const KosmosMoeBwdArgs& a = c.a;
   const KosmosMoeArgs& f = a.f;
   const int t0 = b * kTB;
   const int nt = min(kTB, f.T - t0);
   const int k = f.topk;
   const bf16* dxs = static_cast<const bf16*>(a.dxs);
-  if (tid == 0) s.fold_bad = 0;
-  named_bar_sync(kBarMath, kN);
+  if (tid == 0) fs.bad = 0;
+  named_bar_sync(bar, kN);
   bool ok = true;
   for (int p = tid; p < nt * k; p += kN) {
     const int t = t0 + p / k, j = p % k;
     int e;
     const int pos = pos_of(f, t, j, &e);
     const bool here = e < f.E_tiles;  // else: the owner's input gradient of this row, static in pinned host memory
-    s.fold_src[p] = pos < 0 ? nullptr
-                            : (here ? dxs : static_cast<const bf16*>(a.send_dx[e / f.E_loc])) + int64_t(pos) * f.H;
+    fs.src[p] = pos < 0 ? nullptr
+                        : (here ? dxs : static_cast<const bf16*>(a.send_dx[e / f.E_loc])) + int64_t(pos) * f.H;
     if (ok && here) ok = c.wait(c.dx_done() + pos / kBM, uint32_t(L.nH), KOSMOS_MOE_BWD_FOLD, b);
   }
   if (tid == 0 && ok) ok = c.wait(c.xr_done() + t0 / kBM, uint32_t(L.nH), KOSMOS_MOE_BWD_FOLD, b);
   if (tid == 0 && ok && f.Fs) ok = c.wait(c.sdx_done() + t0 / kBM, uint32_t(L.nH), KOSMOS_MOE_BWD_FOLD, b);
-  if (!ok) s.fold_bad = 1;
-  named_bar_sync(kBarMath, kN);
-  const bool bad = s.fold_bad != 0;
+  if (!ok) fs.bad = 1;
+  named_bar_sync(bar, kN);
+  const bool bad = fs.bad != 0;
   const int chunks = f.H / 8;
   const bf16* dxr = static_cast<const bf16*>(a.dxr);
   const bf16* dxsh = static_cast<const bf16*>(a.dxsh);
   bf16* dx = static_cast<bf16*>(a.dx);
-  // the router's and the shared expert's rows, then up to 8 choices' loads in flight (32 KB per
-  // CTA) before they are added; adds in j order, then the router's, then the shared expert's
+  // the router's and the shared expert's rows, then up to 8 choices' loads in flight before they
+  // are added; adds in j order, then the router's, then the shared expert's
   for (int w = tid; w < nt * chunks && !bad; w += kN) {
     const int tl = w / chunks, ch = w % chunks;
     const int64_t t = t0 + tl;
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     const int4 vr = ld_cg_16(dxr + t * f.H + ch * 8);
     const int4 vs = f.Fs ? ld_cg_16(dxsh + t * f.H + ch * 8) : make_int4(0, 0, 0, 0);
-    fold_rows<false>(acc, s.fold_src + tl * k, nullptr, k, ch * 8);
+    fold_rows<false>(acc, fs.src + tl * k, nullptr, k, ch * 8);
     add_bf16x8(acc, vr);
     if (f.Fs) add_bf16x8(acc, vs);
     store_bf16x8(dx + t * f.H + ch * 8, acc);
   }
-  named_bar_sync(kBarMath, kN);  // fold_src and s.fold_bad read by every thread
+  named_bar_sync(bar, kN);  // fs.src and fs.bad read by every thread
+  return !bad;
 }
 
 // ------------------------------------------------------------------------------ math items
@@ -738,7 +755,7 @@ __device__ __forceinline__ void math_loop(const Ctx& c, const Layout& L, Shared&
         if (tid == 128) atomicAdd(&s.mem_done, 1);
         break;
       case KOSMOS_MOE_BWD_FOLD:
-        run_fold(c, L, s, i, m);
+        run_fold<BuilderN::kNumMathThreads>(c, L, s.fold, i, m, kBarMath);  // an abort: the claims end
         role = kRoleFold;
         if (tid == 128) atomicAdd(&s.mem_done, 1);
         break;
@@ -829,11 +846,12 @@ __device__ __forceinline__ bool is_loader_item(int kind) {
 
 // The movers (warps 2-3, no peers): GATHER items (32 rows of a sorted tile, in queue order, so
 // the tiles DH claims first fill first) until none is left, then LOGITS items (32 tokens, once
-// their block's choices all have their dw). Mover thread 0 claims and waits (watchdog-bounded);
-// the others follow through s.mcmd, so a failed wait or an abort takes all 64 out together.
-// Nothing here waits on the math warps: a GATHER waits for nothing, a LOGITS only for GATHERs,
-// every one of which was claimed before it.
-__device__ __noinline__ void mover_loop(const Ctx& c, Shared& s, Tracer& tr, int mt) {
+// their block's choices all have their dw), then FOLD items (from the counter the sequence's FOLD
+// slots share). Mover thread 0 claims and waits (watchdog-bounded); the others follow through
+// s.mcmd, so a failed wait or an abort takes all 64 out together. A GATHER waits for nothing, a
+// LOGITS only for GATHERs, every one of which was claimed before it; a FOLD for DX / DXR /
+// SHARED_DX tiles of the math warps, which wait for no mover item still unclaimed then.
+__device__ __noinline__ void mover_loop(const Ctx& c, const Layout& L, Shared& s, Tracer& tr, int mt) {
   const KosmosMoeBwdArgs& a = c.a;
   const KosmosMoeArgs& f = a.f;
   const bool lead = mt == 0;
@@ -870,6 +888,13 @@ __device__ __noinline__ void mover_loop(const Ctx& c, Shared& s, Tracer& tr, int
       atomicAdd(c.lg_done() + mb, uint32_t(min(kTB, f.T - b * kTB)));
       tr.add(kRoleRouter, (KOSMOS_MOE_BWD_LOGITS << 24) | b, t0, tr.now());
     }
+  }
+  // then FOLD items, beside the math warps' weight-gradient tiles (the claim sequence's FOLD
+  // slots take the rest): the fold's tail after the last tile shrinks to what is left
+  for (int b; (b = claim(KOSMOS_MOE_BWD_CTR_FOLD, L.count(KOSMOS_MOE_BWD_FOLD))) >= 0;) {
+    const uint64_t t0 = lead ? tr.now() : 0;
+    if (!run_fold<kMoverThreads>(c, L, s.mfold, b, mt, kBarMover)) return;
+    if (lead) tr.add(kRoleFold, (KOSMOS_MOE_BWD_FOLD << 24) | b, t0, tr.now());
   }
 }
 
@@ -914,7 +939,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_bwd_sm90_kernel(const __grid_
     const bool mg = movers_gather(a.f);
     const int nl = mg ? kMainThreads : kLoaderThreads;  // the claim sequence's threads
     if (mg && warp_idx >= kMainThreads / 32) {
-      mover_loop(c, s, tr, tid - kMainThreads);
+      mover_loop(c, L, s, tr, tid - kMainThreads);
     } else {
       int mem_claimed = 0;  // (thread kSched)
       for (;;) {

@@ -17,7 +17,7 @@
 
 #include "moe_params.h"
 
-#define KOSMOS_MOE_BWD_ABI_VERSION 2
+#define KOSMOS_MOE_BWD_ABI_VERSION 3
 
 // Item kinds, in claim order (also the error record's `queue` and the trace record's item high byte).
 enum KosmosMoeBwdKind {
@@ -50,7 +50,8 @@ enum KosmosMoeBwdCtr {
   KOSMOS_MOE_BWD_CTR_MGATHER = 1,  // the movers' GATHER claims (no peers)
   KOSMOS_MOE_BWD_CTR_EXIT = 2,
   KOSMOS_MOE_BWD_CTR_MLOGITS = 3,  // the movers' LOGITS claims
-  KOSMOS_MOE_BWD_CTR_HEAD = 4
+  KOSMOS_MOE_BWD_CTR_FOLD = 4,     // FOLD items, claimed by the sequence's FOLD slots and the movers
+  KOSMOS_MOE_BWD_CTR_HEAD = 5
 };
 // after the head: arrived[tiles_max] (dO rows of sorted tile g, pad rows included: 128 when
 // complete), dh_done[tiles_max], dx_done[tiles_max], lg_done[route_blocks] (tokens of block b

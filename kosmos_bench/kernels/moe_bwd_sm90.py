@@ -21,7 +21,7 @@ from .abi import struct_mismatches
 from . import moe_sm90 as fwd
 
 LIB = libs.MOE_BWD_SM90
-ABI_VERSION = 2
+ABI_VERSION = 3
 BM = fwd.BM
 TOK_BLOCK = fwd.TOK_BLOCK
 
@@ -34,8 +34,8 @@ KINDS = ("SHARED_DH", "GATHER", "PEER_GATHER", "PAD", "SHARED_WG2", "DH", "DXR",
 ITEM_KINDS = KINDS + ("LOGITS",)
 # Counter words (KosmosMoeBwdCtr): head, then arrived / dh_done / dx_done [tiles_max],
 # lg_done / xr_done / sdh_done / sdx_done / dw_done [route_blocks].
-CTR_HEAD = 4
-HEAD_NAMES = ("claim", "mover gather claim", "exit", "mover logits claim")
+CTR_HEAD = 5
+HEAD_NAMES = ("claim", "mover gather claim", "exit", "mover logits claim", "fold claim")
 # Trace roles of this kernel (the kernel's BwdRole).
 ROLE_CODES = {0: "GATHER", 1: "EXPERT_DGRAD", 2: "EXPERT_WGRAD", 3: "ROUTER", 4: "SHARED", 5: "FOLD", 6: "COMBINE"}
 

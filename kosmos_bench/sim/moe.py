@@ -31,8 +31,8 @@ profile (every row says so in `sim_model`):
   out, the input gradients back); moe-step = forward + backward. kosmos (its backward kernel, one
   launch; world 1, local and host, else skipped with the kernel's reason): every GEMM twice in the
   launch, the transfers overlapped as in its forward, plus the gather (dy read per choice, the
-  expert output rows read, the upstream rows written; beside the GEMMs without peer rows, where
-  the movers gather tile by tile) and the fold of dx at HBM speed.
+  expert output rows read, the upstream rows written) and the fold of dx at HBM speed; without
+  peer rows the movers gather tile by tile beside the dgrad tiles and fold beside the wgrad ones.
 """
 from __future__ import annotations
 
@@ -177,10 +177,13 @@ def simulate(p: Point, prof: dict) -> dict:
         grouped = s.world == 1 or p.fabric == "local"
         fwd_t = launch + router + shared + max(compute, disp + comb) + (fold / FOLD_GROUPS if grouped else fold)
         gather = _mem_us(prof, 3 * 2 * n_rows * H)  # dy per choice, the output rows, the upstream rows written
-        # without peer rows the movers gather tile by tile beside the math warps' tiles (DH starts
-        # on its own tile's rows): the gather overlaps the dgrad; with peers it runs before it
-        bwd_t = launch + 2 * (router + shared) + \
-            (max(2 * compute, gather) if grouped else max(2 * compute, disp + comb) + gather) + fold
+        # without peer rows the movers gather tile by tile beside the math warps' dgrad tiles (DH
+        # starts on its own tile's rows), then fold beside the wgrad tiles (a FOLD needs its DX
+        # tiles); with peers the gather runs before the tiles and the fold after them
+        if grouped:
+            bwd_t = launch + 2 * (router + shared) + max(compute, gather) + max(compute, fold)
+        else:
+            bwd_t = launch + 2 * (router + shared) + max(2 * compute, disp + comb) + gather + fold
         t = (fwd_t if p.op in ("moe", "moe-step") else 0.0) + (bwd_t if p.op in ("moe-bwd", "moe-step") else 0.0)
         return _fields(p, prof, s, ld, t, {"sim_movers": movers})
     fwd = {"router": router, "shared": shared, "disp": disp + comb}
