@@ -63,7 +63,9 @@ def test_item_counts_match_the_kernel_layout(T, H, F, Fs, E, k, W, Et, R):
     assert got == want
     assert lib.kosmos_moe_bwd_item_count(ctypes.byref(a), len(moe_bwd_sm90.KINDS)) == -1
     assert (want["SHARED_DH"] > 0) == (Fs > 0) and want["FOLD"] == -(-T // 32)
-    assert want["GATHER"] == (0 if Et == E and R == 0 else want["FOLD"])  # without peers the movers gather
+    # the kernel's own count, against the rule stated from the parameters (not from the mirror):
+    # without peers the movers gather (no GATHER items); with them one GATHER per 32 tokens
+    assert got["GATHER"] == (0 if (Et, R) == (E, 0) else -(-T // 32))
     assert want["PEER_GATHER"] == want["PEER_COMBINE"] == -(-R // 32) and want["PAD"] == Et
 
 
