@@ -313,26 +313,38 @@ __device__ int decide(const Ctx& c, const Layout& L) {
 // ------------------------------------------------------------------------------ memory items
 // One choice's dO row and dw (one warp): d = bf16(w * y) chunk by chunk and dw = <y, o> (each
 // lane sums its 16-byte chunks in order, then the warp's butterfly: the same bits whichever
-// item, token-major or tile-major, gathers the row). No row (row false: the host fabric's choice
-// the reference routing did not make, moe_params.h ref_slot): dw 0.
+// item, token-major or tile-major, gathers the row). kDepth chunks of y and o in flight per lane
+// before their math and stores (a row is latency-bound): the movers take 8 (one at a time, their
+// gather paced the DH tiles at ~200 GB/s), the math warps' host-fabric GATHER 4 (8 spilled 2.5 KB
+// of the kernel). No row (row false: the host fabric's choice the reference routing did not make,
+// moe_params.h ref_slot): dw 0.
+template <int kDepth = 4>
 __device__ __forceinline__ float gather_row(const int4* y, const int4* o, int4* d, float w, int chunks, int lane,
                                             bool row = true) {
   float part = 0.f;
-#pragma unroll 4
-  for (int ch = lane; ch < chunks && row; ch += 32) {
-    const int4 yv = __ldg(y + ch);
-    const int4 ov = ld_cg_16(o + ch);
-    const bf16* yh = reinterpret_cast<const bf16*>(&yv);
-    const bf16* oh = reinterpret_cast<const bf16*>(&ov);
-    int4 out;
-    bf16* ob = reinterpret_cast<bf16*>(&out);
+  for (int ch0 = lane; ch0 < chunks && row; ch0 += 32 * kDepth) {
+    int4 yv[kDepth], ov[kDepth];
 #pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const float yf = __bfloat162float(yh[u]);
-      part = fmaf(yf, __bfloat162float(oh[u]), part);
-      ob[u] = __float2bfloat16_rn(w * yf);
+    for (int u = 0; u < kDepth; ++u)
+      if (ch0 + u * 32 < chunks) {
+        yv[u] = __ldg(y + ch0 + u * 32);
+        ov[u] = ld_cg_16(o + ch0 + u * 32);
+      }
+#pragma unroll
+    for (int u = 0; u < kDepth; ++u) {
+      if (ch0 + u * 32 >= chunks) continue;
+      const bf16* yh = reinterpret_cast<const bf16*>(&yv[u]);
+      const bf16* oh = reinterpret_cast<const bf16*>(&ov[u]);
+      int4 out;
+      bf16* ob = reinterpret_cast<bf16*>(&out);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const float yf = __bfloat162float(yh[q]);
+        part = fmaf(yf, __bfloat162float(oh[q]), part);
+        ob[q] = __float2bfloat16_rn(w * yf);
+      }
+      d[ch0 + u * 32] = out;
     }
-    d[ch] = out;
   }
   return warp_sum(part);
 }
@@ -419,26 +431,31 @@ __device__ void run_gather(const Ctx& c, int b, int tid) {
 
 // The movers' GATHER (no peers; tile g, part): rows 32*part.. of sorted tile g, one warp per row:
 // its choice c = sorted_choice[pos] (the forward's INDEX), the dO row and dw into dwc[c]
-// (gather_row); each row counts in dw_done of its token's block. Returns how many rows.
+// (gather_row); each row counts in dw_done of its token's block (after the warp's rows). Returns
+// how many rows.
 __device__ int run_gather_rows(const Ctx& c, int g, int part, int mt) {
   constexpr int kWarps = kMoverThreads / 32;
   const KosmosMoeBwdArgs& a = c.a;
   const KosmosMoeArgs& f = a.f;
   const int r0 = part * kTB, r1 = min(ldcg(f.tile_rows + g), r0 + kTB);
   const int warp = mt / 32, lane = mt % 32;
+  static_assert(kTB / kWarps <= 32, "a warp's rows of a GATHER item: one lane each");
+  int my_t = -1;  // lane j: the token of the warp's j-th row
   for (int r = r0 + warp; r < r1; r += kWarps) {
     const int64_t pos = int64_t(g) * kBM + r;
     const int ci = ldcg(f.sorted_choice + pos);
     const int t = ci / f.topk;
-    const float dw = gather_row(reinterpret_cast<const int4*>(static_cast<const bf16*>(a.dy) + int64_t(t) * f.H),
-                                reinterpret_cast<const int4*>(static_cast<const bf16*>(f.os) + pos * f.H),
-                                reinterpret_cast<int4*>(static_cast<bf16*>(a.dos) + pos * f.H), __ldcg(f.weights + ci),
-                                f.H / 8, lane);
+    const float dw = gather_row<8>(reinterpret_cast<const int4*>(static_cast<const bf16*>(a.dy) + int64_t(t) * f.H),
+                                   reinterpret_cast<const int4*>(static_cast<const bf16*>(f.os) + pos * f.H),
+                                   reinterpret_cast<int4*>(static_cast<bf16*>(a.dos) + pos * f.H),
+                                   __ldcg(f.weights + ci), f.H / 8, lane);
     if (lane == 0) a.dwc[ci] = dw;
-    __threadfence();
-    __syncwarp();
-    if (lane == 0) atomicAdd(c.dw_done() + t / kBM, 1u);
+    if (lane == (r - r0) / kWarps) my_t = t;
   }
+  // one fence for the warp's rows (a fence a row held every row's stores in flight behind it)
+  __threadfence();
+  __syncwarp();
+  if (my_t >= 0) atomicAdd(c.dw_done() + my_t / kBM, 1u);
   return max(0, r1 - r0);
 }
 
@@ -576,38 +593,86 @@ __device__ bool run_fold(const Ctx& c, const Layout& L, FoldSmem& fs, int b, int
 // with g, u the saved pre-activations (natural layout: row stride 2Fw, up at +Fw) at `pre`, the
 // result [dg | du] at `dpre` (same layout). Rows >= rows: zero (zero_pad: the expert tile's pad
 // rows, so that the wgrad over whole tiles adds nothing) or untouched (the shared expert's
-// token tail, beyond the buffer). Straight from registers (bf16x2 per value pair).
+// token tail, beyond the buffer). g / u come in and [dg | du] go out through the builder's
+// epilogue staging (each warp its 16 rows, 32 columns of g and of u at a time, 16-byte loads and
+// stores, the next chunk's loads in flight while this one computes): element by element from
+// the accumulator's positions they were 64 dependent round trips to memory a tile.
+constexpr int kEpiRow = 144;  // bytes a staging row: 32 g + 32 u bf16 (128 B) + 16 B against bank conflicts
+constexpr int kChunk = 32;    // columns of g (and of u) a chunk
+static_assert(BuilderN::kEpiBytes >= 8 * 16 * kEpiRow, "the SwiGLU epilogue stages 16 rows a math warp");
+
+// L2 prefetch of the tile's g / u slices (before its MMAs: the epilogue's loads then hit L2)
+__device__ __forceinline__ void swiglu_prefetch(int m, int n, int Fw, int rows, const bf16* pre) {
+  const int r = m / 2, half = m % 2;
+  if (r >= rows || n * kBN >= Fw) return;
+  const char* p = reinterpret_cast<const char*>(pre + int64_t(r) * 2 * Fw + half * Fw + n * kBN);
+#pragma unroll
+  for (int l = 0; l < kBN * 2 / 128; ++l) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + 128 * l));
+}
+
 template <class Accum>
-__device__ __forceinline__ void swiglu_bwd_store(Accum const& acc, int m, int n, int Fw, int rows, const bf16* pre,
-                                                 bf16* dpre, bool zero_pad) {
+__device__ __forceinline__ void swiglu_bwd_store(Accum const& acc, uint8_t* epi, int m, int n, int Fw, int rows,
+                                                 const bf16* pre, bf16* dpre, bool zero_pad) {
   const int64_t ld = 2 * int64_t(Fw);
+  const int lane = m % 32, warp = m / 32;
+  uint8_t* stage = epi + warp * 16 * kEpiRow;
+  const int row0 = 16 * warp;  // acc_row(m, v) - (lane / 4) - 8 * ((v / 2) % 2)
+  const int seg = lane % 8;    // the lane's 16 bytes of a staging row: g 0..3, u 4..7
+  const int64_t seg_col = (seg < 4 ? 0 : Fw) + (seg % 4) * 8;
+  constexpr int kChunks = kBN / kChunk;
+  int4 in[4];
+  auto load = [&](int c) {
+    const int col0 = n * kBN + c * kChunk;
 #pragma unroll
-  for (int v = 0; v < kBN / 2; v += 2) {
-    const int r = acc_row(m, v);
-    const int col = n * kBN + acc_col(m, v);  // even; Fw % 128 == 0, so col + 1 < Fw too
-    if (col >= Fw) continue;
-    __nv_bfloat162* d = reinterpret_cast<__nv_bfloat162*>(dpre + r * ld + col);
-    __nv_bfloat162* du_p = reinterpret_cast<__nv_bfloat162*>(dpre + r * ld + Fw + col);
-    if (r >= rows) {
-      if (zero_pad) {
-        *d = __floats2bfloat162_rn(0.f, 0.f);
-        *du_p = __floats2bfloat162_rn(0.f, 0.f);
+    for (int it = 0; it < 4; ++it) {
+      const int r = row0 + it * 4 + lane / 8;
+      in[it] = (r < rows && col0 < Fw) ? __ldg(reinterpret_cast<const int4*>(pre + r * ld + col0 + seg_col))
+                                       : make_int4(0, 0, 0, 0);
+    }
+  };
+  load(0);
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int col0 = n * kBN + c * kChunk;
+    if (col0 >= Fw) break;  // Fw % 128 == 0: a chunk is all in or all out
+#pragma unroll
+    for (int it = 0; it < 4; ++it)
+      *reinterpret_cast<int4*>(stage + (it * 4 + lane / 8) * kEpiRow + seg * 16) = in[it];
+    __syncwarp();
+    if (c + 1 < kChunks) load(c + 1);
+#pragma unroll
+    for (int b = 0; b < kChunk / 8; ++b) {
+#pragma unroll
+      for (int hrow = 0; hrow < 2; ++hrow) {
+        const int v = (c * (kChunk / 8) + b) * 4 + 2 * hrow;  // values v, v + 1: one row, two columns
+        const int rr = lane / 4 + 8 * hrow;
+        const int off = rr * kEpiRow + (b * 8 + 2 * (lane % 4)) * 2;
+        __nv_bfloat162* gp = reinterpret_cast<__nv_bfloat162*>(stage + off);
+        __nv_bfloat162* up = reinterpret_cast<__nv_bfloat162*>(stage + off + 64);
+        const __nv_bfloat162 g2 = *gp, u2 = *up;
+        float dg[2], du[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float g = __bfloat162float(h ? g2.y : g2.x), u = __bfloat162float(h ? u2.y : u2.x);
+          const float dh = acc(v + h);
+          const float sg = 1.f / (1.f + expf(-g));
+          const bool pad = row0 + rr >= rows;
+          dg[h] = pad ? 0.f : dh * u * sg * (1.f + g * (1.f - sg));
+          du[h] = pad ? 0.f : dh * g * sg;
+        }
+        *gp = __floats2bfloat162_rn(dg[0], dg[1]);
+        *up = __floats2bfloat162_rn(du[0], du[1]);
       }
-      continue;
     }
-    const __nv_bfloat162 g2 = *reinterpret_cast<const __nv_bfloat162*>(pre + r * ld + col);
-    const __nv_bfloat162 u2 = *reinterpret_cast<const __nv_bfloat162*>(pre + r * ld + Fw + col);
-    float dg[2], du[2];
+    __syncwarp();
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float g = __bfloat162float(h ? g2.y : g2.x), u = __bfloat162float(h ? u2.y : u2.x);
-      const float dh = acc(v + h);
-      const float sg = 1.f / (1.f + expf(-g));
-      dg[h] = dh * u * sg * (1.f + g * (1.f - sg));
-      du[h] = dh * g * sg;
+    for (int it = 0; it < 4; ++it) {
+      const int rr = it * 4 + lane / 8, r = row0 + rr;
+      if (r < rows || zero_pad)
+        *reinterpret_cast<int4*>(dpre + r * ld + col0 + seg_col) =
+            *reinterpret_cast<const int4*>(stage + rr * kEpiRow + seg * 16);
     }
-    *d = __floats2bfloat162_rn(dg[0], dg[1]);
-    *du_p = __floats2bfloat162_rn(du[0], du[1]);
+    __syncwarp();
   }
 }
 
@@ -642,10 +707,11 @@ __device__ __forceinline__ void math_loop(const Ctx& c, const Layout& L, Shared&
     switch (kind) {
       case KOSMOS_MOE_BWD_SHARED_DH: {
         const int mb = i / L.nFs, n = i % L.nFs;
+        const int64_t o = int64_t(mb) * kBM * 2 * Fs;
+        swiglu_prefetch(m, n, Fs, T - mb * kBM, static_cast<const bf16*>(f.gush) + o);
         auto acc = BuilderN::make_accum();
         bn.mma_k(acc, H / kBK);
-        const int64_t o = int64_t(mb) * kBM * 2 * Fs;
-        swiglu_bwd_store(acc, m, n, Fs, T - mb * kBM, static_cast<const bf16*>(f.gush) + o,
+        swiglu_bwd_store(acc, bn.epilogue_smem(), m, n, Fs, T - mb * kBM, static_cast<const bf16*>(f.gush) + o,
                          static_cast<bf16*>(a.dgush) + o, false);
         rel = c.sdh_done() + mb;
         role = kRoleShared;
@@ -653,10 +719,12 @@ __device__ __forceinline__ void math_loop(const Ctx& c, const Layout& L, Shared&
       }
       case KOSMOS_MOE_BWD_DH: {
         const int g = ldcg(f.tile_order + i / L.nF), n = i % L.nF;
+        const int64_t o = int64_t(g) * kBM * 2 * F;
+        const int rows = ldcg(f.tile_rows + g);
+        swiglu_prefetch(m, n, F, rows, static_cast<const bf16*>(f.gus) + o);
         auto acc = BuilderN::make_accum();
         bn.mma_k(acc, H / kBK);
-        const int64_t o = int64_t(g) * kBM * 2 * F;
-        swiglu_bwd_store(acc, m, n, F, ldcg(f.tile_rows + g), static_cast<const bf16*>(f.gus) + o,
+        swiglu_bwd_store(acc, bn.epilogue_smem(), m, n, F, rows, static_cast<const bf16*>(f.gus) + o,
                          static_cast<bf16*>(a.dgus) + o, true);
         rel = c.dh_done() + g;
         break;
