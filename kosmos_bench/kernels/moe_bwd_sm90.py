@@ -36,6 +36,7 @@ ITEM_KINDS = KINDS + ("LOGITS",)
 # lg_done / xr_done / sdh_done / sdx_done / dw_done [route_blocks].
 CTR_HEAD = 5
 HEAD_NAMES = ("claim", "mover gather claim", "exit", "mover logits claim", "fold claim")
+assert len(HEAD_NAMES) == CTR_HEAD  # word_name: the head's names, then the arrays
 # Trace roles of this kernel (the kernel's BwdRole).
 ROLE_CODES = {0: "GATHER", 1: "EXPERT_DGRAD", 2: "EXPERT_WGRAD", 3: "ROUTER", 4: "SHARED", 5: "FOLD", 6: "COMBINE"}
 
@@ -90,15 +91,10 @@ def item_counts(T: int, H: int, F: int, Fs: int, E: int, topk: int, W: int, E_ti
 
 def counter_name(word: int, T: int, topk: int, E_tiles: int, peer_rows: int = 0) -> str:
     """What counter word `word` is (for the watchdog's message)."""
-    if word < CTR_HEAD:
-        return f"counter {HEAD_NAMES[max(word, 0)]}"
-    w, tm, nb = word - CTR_HEAD, fwd.tiles_max(T, topk, E_tiles, peer_rows), -(-T // BM)
-    for name, n in (("arrived", tm), ("dh_done", tm), ("dx_done", tm), ("lg_done", nb), ("xr_done", nb),
-                    ("shared_dh_done", nb), ("shared_dx_done", nb), ("dw_done", nb)):
-        if w < n:
-            return f"{name}[{w}]"
-        w -= n
-    return f"counter word {word}"
+    tm, nb = fwd.tiles_max(T, topk, E_tiles, peer_rows), -(-T // BM)
+    return fwd.word_name(word, HEAD_NAMES, (("arrived", tm), ("dh_done", tm), ("dx_done", tm), ("lg_done", nb),
+                                            ("xr_done", nb), ("shared_dh_done", nb), ("shared_dx_done", nb),
+                                            ("dw_done", nb)))
 
 
 def _declare(lib: C.CDLL) -> C.CDLL:

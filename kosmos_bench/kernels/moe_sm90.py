@@ -34,6 +34,7 @@ ITEM_KINDS = KINDS  # every kind an error or trace record names (the backward ad
 CTR_HEAD = 8
 FOLD_GROUPS = 4  # moe_params.h KOSMOS_MOE_FOLD_GROUPS: DOWN's column groups (no peer rows)
 HEAD_NAMES = ("claim", "routed", "exit", "index claim", "indexed", "gather claim", "sent", "combine claim")
+assert len(HEAD_NAMES) == CTR_HEAD  # word_name: the head's names, then the arrays
 # Trace roles of this kernel (the kernel's MoeRole).
 ROLE_CODES = {0: "ROUTER", 1: "DISPATCH", 2: "EXPERT", 3: "COMBINE", 4: "FOLD"}
 
@@ -82,11 +83,19 @@ def counter_name(word: int, T: int, topk: int, E: int, peer_rows: int = 0) -> st
         return "copy-engine flag"
     if word < 0:
         return "scan flag"
-    if word < CTR_HEAD:
-        return f"counter {HEAD_NAMES[word]}"
-    w, tm, nb = word - CTR_HEAD, tiles_max(T, topk, E, peer_rows), -(-T // BM)
-    for name, n in (("arrived", tm), ("up_done", tm), ("down_done", tm), ("shared_up_done", nb),
-                    ("shared_down_done", nb), ("combined", E), ("down_group_done", FOLD_GROUPS), ("fold claim", 1)):
+    tm, nb = tiles_max(T, topk, E, peer_rows), -(-T // BM)
+    return word_name(word, HEAD_NAMES, (("arrived", tm), ("up_done", tm), ("down_done", tm), ("shared_up_done", nb),
+                                        ("shared_down_done", nb), ("combined", E), ("down_group_done", FOLD_GROUPS),
+                                        ("fold claim", 1)))
+
+
+def word_name(word: int, head_names, sections) -> str:
+    """Counter word `word` of a MoE kernel: one of the head's named counters (as many as names),
+    then the arrays of `sections` ((name, length), ...) in their order in the counter buffer."""
+    if word < len(head_names):
+        return f"counter {head_names[max(word, 0)]}"
+    w = word - len(head_names)
+    for name, n in sections:
         if w < n:
             return f"{name}[{w}]"
         w -= n
