@@ -76,15 +76,22 @@ def loads(s: mm.MoeShape, seed: int) -> Loads:
 
 
 def grouped_us(prof: dict, s: mm.MoeShape, rows: list[float], *, builder: bool = False, sms: int | None = None) -> float:
-    """Gate/up then down over experts with `rows` each: per-expert tiles, as one persistent grouped GEMM."""
+    """Gate/up then down over experts with `rows` each: per-expert tiles, as one persistent grouped
+    GEMM, at the profile's measured rate of such GEMMs relative to its dense one (profile `moe`:
+    `kernel_efficiency` for the KOSMOS MoE kernels' expert tiles, builder True;
+    `grouped_mm_efficiency` for torch._grouped_mm; 1 where the profile has none)."""
+    moe = prof.get("moe") or {}
     if builder and prof.get("builder_sm90"):
         b = prof["builder_sm90"]
         prof = {**prof, "tile_m": b["tile_m"], "tile_n": b["tile_n"], "builder_efficiency": b["efficiency"]}
+    if builder and "kernel_efficiency" in moe:
+        prof = {**prof, "builder_efficiency": moe["kernel_efficiency"]}
+    eff = 1.0 if builder else moe.get("grouped_mm_efficiency", 1.0)
     g = sms or prof["num_sms"]
     t = 0.0
     for n_out, depth in ((2 * s.F, s.H), (s.H, s.F)):
         tiles = sum(baselines.tiles(prof, math.ceil(r), n_out, builder) for r in rows if r >= 0.5)
-        t += tiles / g * baselines.tile_us(prof, "bf16", depth, builder)
+        t += tiles / g * baselines.tile_us(prof, "bf16", depth, builder) / eff
     return t
 
 

@@ -16,6 +16,9 @@ A profile describes one GPU and how it reaches its peers (fields documented in e
     hbm_GBps, wg_hbm_GBps          local memory (reductions)
     nccl                           baseline collectives: busbw, p2p rate, latency, SMs taken
     copy_engine_GBps               {h2d, d2h} on the host fabric (the baselines' "collective")
+    moe                            {kernel_efficiency, grouped_mm_efficiency}: the MoE expert
+                                   GEMMs' rate relative to gemm_tflops (the KOSMOS MoE kernels',
+                                   torch._grouped_mm's); 1 where absent
     memory_GB                      device memory per GPU (10^9 bytes); a point whose inputs and
                                    outputs do not fit is refused (sim.check_memory); None: no check
 
