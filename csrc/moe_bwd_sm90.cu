@@ -655,7 +655,7 @@ __device__ __forceinline__ void swiglu_bwd_store(Accum const& acc, uint8_t* epi,
         for (int h = 0; h < 2; ++h) {
           const float g = __bfloat162float(h ? g2.y : g2.x), u = __bfloat162float(h ? u2.y : u2.x);
           const float dh = acc(v + h);
-          const float sg = 1.f / (1.f + expf(-g));
+          const float sg = __frcp_rn(1.f + __expf(-g));  // fast exp: DH tiles 79 -> 75 us (qwen3, H100)
           const bool pad = row0 + rr >= rows;
           dg[h] = pad ? 0.f : dh * u * sg * (1.f + g * (1.f - sg));
           du[h] = pad ? 0.f : dh * g * sg;
