@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from kosmos_bench import schedule as S
 from kosmos_bench import sim
 from kosmos_bench.models import get_model, op_shape
 from kosmos_bench.point import Point
@@ -138,3 +139,35 @@ def test_kosmos_ag_wgrad_band_items_on_the_simulator():
     assert KosmosImpl().unsupported(band.replace(backend="gpu", M=264, N=1088, K=1600)) is None  # the carry kernel
     with pytest.raises(sim.Unsupported, match="wgrad_group=2"):
         sim.simulate_point(p.replace(knobs=(("wgrad_group", 2),) + TILE))
+
+
+def test_the_wgrad_models_charge_their_passes_over_c():
+    """Both overlapped ag-wgrad designs pass over the whole C_r once per K chunk, which the
+    ag-gemm schedules they mirror (disjoint rows of C) never do: nccl-overlap's fp32 accumulator
+    (part -> acc 6 bytes an element, acc += part 10, acc -> C 6; impls/nccl.py) and kosmos band
+    items' fp32 carry at the CTAs' share of HBM (all of a group's tiles carry at once). Without
+    them the simulator put both at ~40% of the H100's times at llama3-405b FC1 (4.9 / 5.5 ms
+    against 12.4 / 11.5, results/device-h100-20261206c)."""
+    from kosmos_bench.sim import baselines, engine, model, profiles
+
+    prof = profiles.load(sim.profiles.default_for("host", 8))
+    M, N, K, W = 16384, 106496, 8192, 8
+    wg = Point("ag-wgrad", "nccl-overlap", M, N, K, W, backend="sim")
+    ag = wg.replace(op="ag-gemm", M=K, K=M)  # what the model ran before: the same chunks and GEMMs
+    acc = (6 + (W - 1) * 10 + 6) * M * (N // W) / (prof["hbm_GBps"] * 1e3) + (W + 1) * prof["launch_overhead_us"]
+    t_wg, t_ag = sim.simulate_point(wg)[0]["t_median_us"], sim.simulate_point(ag)[0]["t_median_us"]
+    # on the main stream after each chunk GEMM: exposed but where it waits for the next chunk anyway
+    assert t_ag + 0.9 * acc < t_wg <= t_ag + acc + 1e-6 and acc > 0.4 * t_ag
+    assert baselines.overlap_us(ag, prof) == pytest.approx(t_ag)
+    band = Point("ag-wgrad", "kosmos", M, N, K, W, backend="sim", policy="self")
+    built = model.build(band, prof)
+    sch = built.scheds[0]
+    bt = sch.builders
+    G = int(prof["num_sms"])
+    i = int(np.flatnonzero(bt.table[:, S.F["rel_flag"]] >= 0)[-1])  # a middle group's item: carry load + store
+    rows, cols = (int(bt.table[i, S.F[f]]) for f in ("rows", "cols"))
+    assert bt.bytes[i] - 2 * (bt.flops[i] / (2.0 * rows * cols)) * (rows + cols) == 8 * rows * cols
+    share = min(float(prof["wg_hbm_GBps"]), prof["hbm_GBps"] / G)
+    assert share < float(prof["wg_hbm_GBps"])  # HBM shared by every CTA is the bound, not one CTA's rate
+    work = built.problem.work_ns[built.problem.kind == engine.BUILD]  # same MMAs: groups of one 1024-row shard
+    assert work.max() - work.min() == pytest.approx((8 - 4) * 128 * 256 / share, rel=1e-6)  # middle - first group

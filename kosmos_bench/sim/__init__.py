@@ -95,6 +95,7 @@ def simulate_point(point: Point, prof: dict | None = None, num_movers: int | Non
 
         return simulate_layer(point, prof or profile_for(point)), None
     wgrad = point if point.op == "ag-wgrad" and point.impl == "kosmos" else None  # its own schedule
+    acc_elems = point.M * (point.N // point.world) if point.op == "ag-wgrad" else 0  # C_r, summed chunk by chunk
     point = as_forward(point)
     prof = prof or profile_for(point)
     if point.op in MOE_OPS:  # their own closed-form model (sim/moe.py)
@@ -129,7 +130,7 @@ def simulate_point(point: Point, prof: dict | None = None, num_movers: int | Non
     if point.impl == "nccl-seq":
         t = baselines.seq_us(point, prof)
     elif point.impl == "nccl-overlap":
-        t = baselines.overlap_us(point, prof)
+        t = baselines.overlap_us(point, prof, acc_elems)
     else:
         built = model.build(kpoint, prof, num_movers=num_movers, full=full)
         res = engine.simulate(built.problem, check=False)

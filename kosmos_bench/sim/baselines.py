@@ -166,8 +166,12 @@ def _chunk_comm_us(p: Point, prof: dict) -> float:
     return prof["nccl"]["latency_us"] + piece / (float(bw) * 1e3)
 
 
-def overlap_us(p: Point, prof: dict) -> float:
-    """`nccl-overlap`: the W-chunk decomposition of impls/nccl.py on two streams."""
+def overlap_us(p: Point, prof: dict, acc_elems: int = 0) -> float:
+    """`nccl-overlap`: the W-chunk decomposition of impls/nccl.py on two streams. ``acc_elems``:
+    ag-wgrad (as ag-gemm, ``as_forward``), whose chunks are partials of the whole C_r, summed
+    into an fp32 accumulator after each chunk GEMM on the main stream (part -> acc: 6 bytes an
+    element, then acc += part: 10), and acc -> C at the end (6): HBM passes over C_r that the
+    ag-gemm chunks (disjoint rows of C) do not make."""
     W = p.world
     if W == 1:
         return gemm_alone_us(p, prof)
@@ -181,11 +185,15 @@ def overlap_us(p: Point, prof: dict) -> float:
         g_shared = cublas_us(prof, p.dtype, m, n, p.K, sms=sms_busy)  # next chunk in flight
         # side stream: transfers back to back (ring forwarding / host copies), chunk s has
         # arrived at s*c; main: GEMM of chunk s once it has arrived and GEMM s-1 is done.
+        def acc_pass(nbytes: int) -> float:
+            return nbytes * acc_elems / (prof["hbm_GBps"] * 1e3) + prof["launch_overhead_us"] if acc_elems else 0.0
+
         main = 0.0
         for s in range(W):
             main = max(main, s * c)
             main += g_shared if s + 1 < W and s * c + c > main else g_full
-        return main
+            main += acc_pass(6 if s == 0 else 10)
+        return main + acc_pass(6)
     # gemm-rs
     n, k = p.N, p.K // W
     g_shared = cublas_us(prof, p.dtype, m, n, k, sms=sms_busy)

@@ -363,9 +363,10 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
                 k = t.flops / (2.0 * rows * cols)
                 # a partial edge tile costs a full tile on the tensor cores
                 work[sl] = 2.0 * BM * BN * k / per_sm_flop_ns + tile_ovh
-                # ag-wgrad band items: the fp32 carry's load + store (bytes past the operands'), unhidden
+                # ag-wgrad band items: the fp32 carry's load + store (bytes past the operands'), unhidden,
+                # at the CTAs' share of HBM (every CTA carries at once: a group's tiles run together)
                 carry = np.where(kinds == S.AGW_BAND, t.bytes - S.ELEM_BYTES * k * (rows + cols), 0.0)
-                work[sl] += carry * elem_scale / wg_hbm
+                work[sl] += carry * elem_scale / min(wg_hbm, float(prof.get("hbm_GBps", np.inf)) / G)
             elif qi == S.Q_REDUCE:
                 work[sl] = t.bytes * elem_scale / wg_hbm + tile_ovh
             else:
