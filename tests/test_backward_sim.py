@@ -159,8 +159,8 @@ def test_the_wgrad_models_charge_their_passes_over_c():
     # on the main stream after each chunk GEMM: exposed but where it waits for the next chunk anyway
     assert t_ag + 0.9 * acc < t_wg <= t_ag + acc + 1e-6 and acc > 0.4 * t_ag
     assert baselines.overlap_us(ag, prof) == pytest.approx(t_ag)
-    band = Point("ag-wgrad", "kosmos", M, N, K, W, backend="sim", policy="self")
-    built = model.build(band, prof)
+    band = Point("ag-wgrad", "kosmos", M, N, K, W, backend="sim", policy="self", knobs=(("wgrad_group", 8),))
+    built = model.build(band, prof)  # groups of 8 bands: one 1024-row shard each
     sch = built.scheds[0]
     bt = sch.builders
     G = int(prof["num_sms"])
