@@ -339,6 +339,8 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     per_sm_flop_ns = tflops * 1e12 / G / 1e9  # FLOP per ns of one SM
     tile_ovh = float(prof.get("tile_overhead_ns", 0.0))
     wg_hbm = float(prof["wg_hbm_GBps"])  # bytes/ns
+    # ag-wgrad band items' fp32 carry: every CTA carries at once (a group's tiles run together)
+    carry_hbm = min(wg_hbm, float(prof.get("hbm_GBps", np.inf)) / G)
     links, cap = _links(p, prof, ranks, symmetric)
     cap *= kb.mover_share(builder)  # an sm90 mover is the loader warpgroup: half a WG's bytes in flight
     rs_ce = ce and p.op == "gemm-rs"
@@ -363,10 +365,9 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
                 k = t.flops / (2.0 * rows * cols)
                 # a partial edge tile costs a full tile on the tensor cores
                 work[sl] = 2.0 * BM * BN * k / per_sm_flop_ns + tile_ovh
-                # ag-wgrad band items: the fp32 carry's load + store (bytes past the operands'), unhidden,
-                # at the CTAs' share of HBM (every CTA carries at once: a group's tiles run together)
+                # ag-wgrad band items: the fp32 carry's load + store (bytes past the operands'), unhidden
                 carry = np.where(kinds == S.AGW_BAND, t.bytes - S.ELEM_BYTES * k * (rows + cols), 0.0)
-                work[sl] += carry * elem_scale / min(wg_hbm, float(prof.get("hbm_GBps", np.inf)) / G)
+                work[sl] += carry * elem_scale / carry_hbm
             elif qi == S.Q_REDUCE:
                 work[sl] = t.bytes * elem_scale / wg_hbm + tile_ovh
             else:
