@@ -51,8 +51,8 @@
 // order is by rank, never by arrival: every call sums K the same way (bitwise repeatable).
 // Band items (kAgwBand, schedule wgrad_items=band): a (band group g, tile) partial over the group's
 // K rows only (BuilderSm90::produce_span: rows [kpart, kpart + Params.wgrad_group_rows) of shard
-// `peer`, own rows in place). The scheduler claims one once its group's band flags and its tile's
-// order flag of group g-1 are there (decide(), as any item with deps: watchdog-bounded waits), so
+// `peer`, own rows in place; kpart = -n: n whole shards from `peer` on, ring order). The scheduler
+// claims one once its group's band flags and its tile's order flag of group g-1 are there (decide(), as any item with deps: watchdog-bounded waits), so
 // the groups of a tile run one after another in the schedule's order; the math warps add the
 // partial to the rank's fp32 carry (RankArgs.carry, carry_step: group 0 stores it, later groups
 // load + add + store, the last adds and stores bf16 C_r) and thread 128 releases order flag g
@@ -221,9 +221,11 @@ struct SliceWait {
 
 // ag-wgrad band items (kAgwBand, schedule wgrad_items=band; group g, tile (mt, nt)): the k-blocks of
 // the item's band group, rows [kpart, kpart + min(group_rows, K/W - kpart)) of its shard (a shard's
-// last group shorter; a partial last k-block reads zeros: TMA, as the tile items' segments).
+// last group shorter; a partial last k-block reads zeros: TMA, as the tile items' segments), or,
+// kpart = -n, every k-block of n whole shards (schedule.wgrad_groups: groups of more than a shard).
 __device__ __forceinline__ int band_kblocks(int group_rows, int k_loc, int kpart) {
-  return (min(group_rows, k_loc - kpart) + AgBuilder::kBK - 1) / AgBuilder::kBK;
+  const int shard_kb = (k_loc + AgBuilder::kBK - 1) / AgBuilder::kBK;
+  return kpart < 0 ? -kpart * shard_kb : (min(group_rows, k_loc - kpart) + AgBuilder::kBK - 1) / AgBuilder::kBK;
 }
 
 // The band items' fp32 carry of one C tile (RankArgs.carry: one kBM x kBN tile per C_r tile), in the
@@ -411,9 +413,11 @@ __global__ void __launch_bounds__(kAgThreads, 1) ag_gemm_sm90_kernel(const __gri
             __syncwarp();
             const int m_blk = it.m0 / AgBuilder::kBM, n_blk = it.n0 / AgBuilder::kBN;
             if constexpr (kAT) {
-              if (band_item) {  // the group's k-blocks of shard `peer`: own rows in place, a peer's gathered
-                builder.produce_span(maps.own, maps.work, m_loc, p.world, it.peer, it.peer == ra.rank,
-                                     kpart / AgBuilder::kBK, item_kb, m_blk, n_blk,
+              if (band_item) {  // the group's k-blocks of shard `peer` (own rows in place, a peer's
+                // gathered), or (kpart = -n) of n whole gathered shards from `peer` on, ring order
+                const int nseg = kpart < 0 ? -kpart : 1;
+                builder.produce_span(maps.own, maps.work, m_loc, p.world, it.peer, nseg, it.peer == ra.rank,
+                                     kpart < 0 ? 0 : kpart / AgBuilder::kBK, item_kb / nseg, m_blk, n_blk,
                                      AheadSignal{&smem.ahead_bar, ahead_at});
               } else {
                 const int nb = p.world > 1 ? it.dep_count / (p.world - 1) : 1;

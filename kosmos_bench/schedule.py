@@ -48,8 +48,10 @@ tokens x features, C_r = At^T @ B_r is ``M x N/W``); rank p's rows are ``[p*k_lo
   start on the own rows and take peers' bands as they arrive. The order is by rank, never by
   arrival: each rank's result is bitwise the same every call.
 * builder ``AGW_BAND`` (``wgrad_items='band'``; group g, tile (mt, nt)): C tile's partial over
-  the K rows of band group g (groups: each shard in the tiles' order, own first, cut into
-  ``wgrad_group`` bands; ``peer`` = the shard's rank, ``kpart`` = the group's first row in it),
+  the K rows of band group g (``wgrad_groups``: each shard in the tiles' order, own first, cut
+  into ``wgrad_group`` bands, ``peer`` = the shard's rank, ``kpart`` = the group's first row in
+  it; a group of more than a shard's bands: whole ring shards, ``peer`` = the first, ``kpart`` =
+  -shards),
   added in fp32 to the rank's carry buffer (``M x N/W`` fp32): group 0 stores the carry, later
   groups load + add + store it, the last stores bf16 C. Deps: the group's band flags (none for
   the own shard) and the order flag of (g-1, mt, nt); it releases order flag (g, mt, nt) of its
@@ -160,7 +162,7 @@ ITEM_FIELDS = ("kind", "peer", "m0", "rows", "n0", "cols", "dep_begin", "dep_cou
 ITEM_STRIDE = len(ITEM_FIELDS)  # int32 words per item row; must match csrc/kosmos/queue.cuh
 # kpart: AGW_BUILD: rows of At per band (the granularity of the tile's waits); AGW_BAND: the
 # group's first row inside its peer's shard (rows: meta["group_rows"], the last group of a
-# shard shorter); else 0.
+# shard shorter), or -n for a group of n whole shards from ``peer`` on (ring order); else 0.
 F = {name: i for i, name in enumerate(ITEM_FIELDS)}
 
 ELEM_BYTES = 2  # bf16
@@ -572,9 +574,22 @@ def _tile_order(q: list[int], key: dict[int, tuple]) -> list[int]:
 def wgrad_group_bands(band_rows: int, bands_per_shard: int, group: int | None = None) -> int:
     """Bands per ag-wgrad band-variant group: ``group`` when given, else the fewest bands with
     at least WGRAD_GROUP_ROWS K rows (a 128 x 256 tile's fp32 carry load + store is 8*128*256
-    bytes against 2*k*(128+256) of operands: 1/8 or less from k = 2048 on), at most a shard."""
-    g = int(group) if group else cdiv(WGRAD_GROUP_ROWS, band_rows)
-    return max(1, min(g, bands_per_shard))
+    bytes against 2*k*(128+256) of operands: 1/8 or less from k = 2048 on), at most a shard.
+    A ``group`` of more than a shard's bands: groups of whole remote shards (``wgrad_groups``)."""
+    return max(1, int(group) if group else min(cdiv(WGRAD_GROUP_ROWS, band_rows), bands_per_shard))
+
+
+def wgrad_groups(r: int, ring: list[int], nb: int, gb: int) -> list[tuple[list[int], int, int]]:
+    """ag-wgrad band groups in the tiles' K order, each (shards, j0, j1): bands [j0, j1) of each
+    shard in ``shards``. gb bands a group: gb <= nb (a shard's bands): every shard, own first then
+    the ring's, cut into groups of gb bands; gb > nb: the own shard alone (ready at entry), then
+    ceil(gb / nb) whole ring shards a group: fewer fp32 carry passes over C_r (at 8192 tokens a
+    shard is 1024 rows, half the rule's 2048: one group a shard, W passes; llama3-405b FC1 on an
+    H100: 11.5 ms against nccl-seq's 8.7), but a group starts only once its last shard is in."""
+    if gb <= nb:
+        return [([p], j0, min(nb, j0 + gb)) for p in [r] + ring for j0 in range(0, nb, gb)]
+    s = cdiv(gb, nb)
+    return [([r], 0, nb)] + [(ring[i:i + s], 0, nb) for i in range(0, len(ring), s)]
 
 
 def validate(op: str, M: int, N: int, K: int, world: int, BM: int = 128, BN: int = 128, chunk: int = 1) -> str | None:
@@ -717,30 +732,32 @@ def build_schedule(op: str, M: int, N: int, K: int, world: int, rank: int, *, BM
             b_order = _order(list(range(len(bt.rows))), b_demand, queue_order, rng)
         else:
             gb = wgrad_group_bands(band_rows, nb, wgrad_group)
-            groups = [(p, j0, min(nb, j0 + gb)) for p in [r] + ring for j0 in range(0, nb, gb)]
+            groups = wgrad_groups(r, ring, nb, gb)
             ng, tn = len(groups), mt_n * nt_n
             lay = FlagLayout(W, entry=0, exit=W, band=2 * W, built=2 * W + W * nb,
                              num_flags=2 * W + W * nb + ng * tn)
             build_id, key = {}, {}
-            for g, (p, j0, j1) in enumerate(groups):
+            for g, (ps, j0, j1) in enumerate(groups):
+                # one shard: its rows [k0, k0 + krows), kpart = k0; whole shards: kpart = -shards
                 k0, krows = j0 * band_rows, min(k_loc, j1 * band_rows) - j0 * band_rows
-                bdeps = [lay.band + p * nb + j for j in range(j0, j1)] if p != r else []
+                kpart, krows = (k0, krows) if len(ps) == 1 else (-len(ps), len(ps) * k_loc)
+                bdeps = [lay.band + p * nb + j for p in ps if p != r for j in range(j0, j1)]
                 for mt, m0, rows, nt, n0, cols in _tiles(M, BM, n_loc, BN):
                     t = mt * nt_n + nt
                     dl = bdeps + ([lay.built + (g - 1) * tn + t] if g else [])
                     carry = rows * cols * ((4 if g else 0) + (2 if g == ng - 1 else 4))
                     build_id[g, mt, nt] = i = bt.add(
-                        AGW_BAND, p, m0, rows, n0, cols, dl, deps, r if g < ng - 1 else -1,
+                        AGW_BAND, ps[0], m0, rows, n0, cols, dl, deps, r if g < ng - 1 else -1,
                         lay.built + g * tn + t if g < ng - 1 else -1, 2.0 * rows * cols * krows,
-                        (rows * krows + krows * cols) * ELEM_BYTES + carry, kpart=k0)
+                        (rows * krows + krows * cols) * ELEM_BYTES + carry, kpart=kpart)
                     key[i] = ((mt, nt), g)
             b_demand = [build_id[g, mt, nt] for g in range(ng) for mt, nt in raster]
             b_order = _tile_order(_order(list(range(len(bt.rows))), b_demand, queue_order, rng), key)
-            meta_extra["group_rows"] = gb * band_rows
+            meta_extra["group_rows"] = min(gb, nb) * band_rows
             meta_extra["num_groups"] = ng
             # the remote groups' bands as (peer, first row // BM), ag-gemm's keys: copy-engine movers
             # copy a group's bands together (ce_plan.build). Tile items have none: one copy per peer.
-            remote_groups = [[(p, j * chunk) for j in range(j0, j1)] for p, j0, j1 in groups if p != r]
+            remote_groups = [[(p, j * chunk) for p in ps for j in range(j0, j1)] for ps, j0, j1 in groups if ps != [r]]
         m_demand = [i for p in ring for j in range(nb) for i in pull_id[p, j]]
         builders = bt.done(b_order)
         movers = mv.done(_order(list(range(len(mv.rows))), m_demand, queue_order, rng))

@@ -205,12 +205,13 @@ def _band(shape, W, fabric, group=0, **kw) -> Point:
 
 @pytest.mark.gpu
 @pytest.mark.hopper
-@pytest.mark.parametrize("group", [0, 1])
+@pytest.mark.parametrize("group", [0, 1, 5])
 @pytest.mark.parametrize("world", [2, 3, 4, 5, 6, 7, 8])
 def test_kosmos_ag_wgrad_band_local(world, group):
     """wgrad_items=band: (band group, tile) partials over their group's K rows into the fp32 carry,
     one group after another per tile (order flags), the last storing bf16 C_r. K/W = 200: group 1
-    (one band) = 128 + 72 rows (a partial k-block), default = the whole shard; M, N/W partial tiles."""
+    (one band) = 128 + 72 rows (a partial k-block), default = the whole shard, 5 bands = groups of
+    3 whole shards of 2 bands; M, N/W partial tiles."""
     r = _check(_band(_shape("ag-wgrad", world), world, "local", group))
     assert r["wrong"] == 0, r
     assert r["same"], f"{CALLS} calls not bitwise equal: {r}"
@@ -232,10 +233,10 @@ def test_kosmos_ag_wgrad_band_policies(policy, order):
 @pytest.mark.hopper
 @pytest.mark.parametrize("mover", ["sm", "ce"])
 @pytest.mark.parametrize("shape,group", [((264, 136 * 8, 200 * 8), 1), ((1024, 256 * 8, 512 * 8), 0),
-                                         ((4096, 1024 * 8, 1024 * 8), 2)])
+                                         ((4096, 1024 * 8, 1024 * 8), 2), ((4096, 1024 * 8, 1024 * 8), 16)])
 def test_kosmos_ag_wgrad_band_host(shape, group, mover):
     """Host W=8, SM movers or copy-engine movers (one copy per band group and peer: the group's band
-    items wait on that copy's release)."""
+    items wait on that copy's release). 16 bands: groups of 2 whole 1024-row shards."""
     r = _check(_band(shape, 8, "host", group, mover=mover))
     assert r["wrong"] == 0, r
     assert r["same"], f"{CALLS} calls not bitwise equal: {r}"

@@ -541,9 +541,15 @@ def _check_band_items(sch, W, r, group):
     band layout; test_band_checks_fail_on_a_broken_schedule breaks it on purpose)."""
     M, N, K = 3000, 777 * W, 1000 * W
     bt, nb, tn = sch.builders, sch.meta["num_bands"], S.cdiv(M, 128) * S.cdiv(N // W, 256)
-    gb = group or S.wgrad_group_bands(128, nb)
+    gb = group or min(S.cdiv(2048, 128), nb)  # the rule: >= 2048 K rows a group, at most a shard
+    # (peer, kpart, shards) of each group: gb <= nb: each shard (own first, then r+1, ...) cut into
+    # groups of gb bands; more: the own shard alone, then ceil(gb / nb) ring shards a group
+    n = S.cdiv(gb, nb)
+    want = ([((r + s) % W, j * 128 * gb, [(r + s) % W]) for s in range(W) for j in range(S.cdiv(nb, gb))] if gb <= nb
+            else [(r, 0, [r])] + [((r + 1 + i) % W, -c if c > 1 else 0, [(r + 1 + i + j) % W for j in range(c)])
+                                  for i in range(0, W - 1, n) for c in [min(n, W - 1 - i)]])
     ng = sch.meta["num_groups"]
-    assert set(bt.col("kind")) == {S.AGW_BAND} and ng == W * S.cdiv(nb, gb) and len(bt) == ng * tn
+    assert set(bt.col("kind")) == {S.AGW_BAND} and ng == len(want) and len(bt) == ng * tn
     assert bt.flops.sum() == 2.0 * M * (N // W) * K
     tiles: dict = {}
     rel = {}
@@ -561,12 +567,17 @@ def _check_band_items(sch, W, r, group):
         for g, i in enumerate(items):  # natural order = group order
             row = bt.table[i]
             p, k0 = int(row[S.F["peer"]]), int(row[S.F["kpart"]])
-            assert p == (r + g // S.cdiv(nb, gb)) % W
+            assert p == want[g][0]
             kseen.append((p, k0))
             d = bt.deps_of(i, sch.deps).tolist()
             bands = [f for f in d if sch.flags.band <= f < sch.flags.built]
-            assert bands == ([] if p == r else
-                             [sch.flags.band + p * nb + k0 // 128 + j for j in range(len(bands))])
+            if k0 >= 0:  # one shard's bands [k0 / 128, + gb)
+                assert bands == ([] if p == r else
+                                 [sch.flags.band + p * nb + k0 // 128 + j for j in range(min(gb, nb - k0 // 128))])
+            else:  # whole shards: every band of each
+                assert bands == [sch.flags.band + q * nb + j for q in want[g][2] for j in range(nb)]
+            krows = min(128 * gb, 1000 - k0) if k0 >= 0 else 1000 * len(want[g][2])
+            assert bt.flops[i] == 2.0 * row[3] * row[5] * krows
             # order flag (g, mt, nt) at built + g*m_tiles*n_tiles + mt*n_tiles + nt (FlagLayout)
             tile_flag = (m0 // 128) * S.cdiv(N // W, 256) + n0 // 256
             # (with both, group g waits for exactly the flag group g-1 of this tile releases)
@@ -574,17 +585,18 @@ def _check_band_items(sch, W, r, group):
             assert order == ([] if g == 0 else [sch.flags.built + (g - 1) * tn + tile_flag]), "order dep"
             release = -1 if g == ng - 1 else sch.flags.built + g * tn + tile_flag
             assert row[S.F["rel_flag"]] == release, "order release"
-        assert kseen == [((r + s) % W, j * 128 * gb) for s in range(W) for j in range(S.cdiv(nb, gb))]
+        assert kseen == [(p, k) for p, k, _ in want]
     assert sch.flags.num_flags == sch.flags.built + ng * tn
     assert np.all(sch.flag_mult[sch.flags.built:] == 1)
 
 
 @pytest.mark.parametrize("W", [1, 2, 3, 8])
-@pytest.mark.parametrize("group", [None, 1, 3])
+@pytest.mark.parametrize("group", [None, 1, 3, 8, 16, 24])
 def test_wgrad_band_items_cover_every_tile_once_per_group(W, group):
     """Every tile once per group; the groups cover each shard's K rows once, own shard first,
-    then r+1, r+2, ...; per tile, group g waits for its bands and (g-1)'s order flag, which
-    only (g-1, tile) releases; the last group releases nothing (it stores C)."""
+    then r+1, r+2, ... (groups of bands, or of whole shards: 16 and 24 bands are 2 and 3 shards
+    of 8 bands); per tile, group g waits for its bands and (g-1)'s order flag, which only
+    (g-1, tile) releases; the last group releases nothing (it stores C)."""
     M, N, K = 3000, 777 * W, 1000 * W
     for r in sorted({0, W - 1}):
         sch = _band_sched(W, r, wgrad_group=group)
@@ -654,4 +666,5 @@ def test_wgrad_band_needs_no_claim_time_wait_and_rejects_bad_items():
     with pytest.raises(ValueError, match="wgrad_items"):
         _band_sched(2, 0, wgrad_items="tiles")
     assert S.wgrad_group_bands(128, 8) == 8 and S.wgrad_group_bands(128, 32) == 16
-    assert S.wgrad_group_bands(256, 32, 3) == 3 and S.wgrad_group_bands(128, 2, 5) == 2
+    assert S.wgrad_group_bands(4096, 8) == 1 and S.wgrad_group_bands(256, 32, 3) == 3
+    assert S.wgrad_group_bands(128, 2, 5) == 5  # more than a shard: whole shards (wgrad_groups)

@@ -106,11 +106,17 @@ def emulate(pl, At, B, seed):
     def run(i):
         kind, peer, m0, rows, n0, cols, _, _, rel_rank, rel_flag, kpart = (int(x) for x in items[i])
         assert kind == S.AGW_BAND
-        krows = min(group_rows, k_loc - kpart)
-        assert krows > 0 and kpart % BK == 0
-        assert landed[peer][kpart:kpart + krows].all(), f"item {i} ran before its rows of rank {peer} landed"
-        k0 = peer * k_loc + kpart
-        part = At[k0:k0 + krows, m0:m0 + rows].float().t() @ B[k0:k0 + krows, n0:n0 + cols].float()
+        # (shard, first row, rows) in the item's K order: a span of one shard, or -kpart whole shards
+        spans = ([(peer, kpart, min(group_rows, k_loc - kpart))] if kpart >= 0 else
+                 [((peer + j) % W, 0, k_loc) for j in range(-kpart)])
+        ks = []
+        for p, k0, krows in spans:
+            assert krows > 0 and k0 % BK == 0 and (kpart >= 0 or p != r)
+            assert landed[p][k0:k0 + krows].all(), f"item {i} ran before its rows of rank {p} landed"
+            ks.append(torch.arange(p * k_loc + k0, p * k_loc + k0 + krows))
+            cover[m0:m0 + rows, n0:n0 + cols, (p * k_loc + k0) // 8:(p * k_loc + k0 + krows + 7) // 8] += 1
+        ks = torch.cat(ks)
+        part = At[ks, m0:m0 + rows].float().t() @ B[ks, n0:n0 + cols].float()
         t = (m0 // s.BM, n0 // s.BN)
         first, last = peer == r and kpart == 0, rel_flag < 0
         if not first:
@@ -122,7 +128,6 @@ def emulate(pl, At, B, seed):
             carry[t] = part
             assert rel_rank == r
             flags[rel_flag] += 1
-        cover[m0:m0 + rows, n0:n0 + cols, k0 // 8:(k0 + krows + 7) // 8] += 1
         done[i] = True
 
     def drain():
@@ -150,10 +155,11 @@ def emulate(pl, At, B, seed):
 @pytest.mark.parametrize("W,fabric,mover,group,chunk", [
     (2, "local", "sm", 0, 1), (3, "local", "sm", 1, 1), (8, "local", "sm", 1, 1),
     (8, "host", "sm", 0, 1), (8, "host", "sm", 1, 1), (8, "host", "ce", 0, 1), (8, "host", "ce", 1, 1),
-    (4, "host", "ce", 1, 2)])
+    (4, "host", "ce", 1, 2), (8, "host", "ce", 4, 1), (8, "local", "sm", 5, 1), (8, "host", "sm", 16, 1)])
 def test_band_items_sum_in_one_order_whatever_the_arrivals(W, fabric, mover, group, chunk):
     """K/W = 200 (a shard's last band 72 rows, a partial k-block), M = 264 and N/W = 136 (partial
-    tiles); groups of one band (wgrad_group 1) or the default (one group per shard here)."""
+    tiles); groups of one band (wgrad_group 1), the default (one group per shard here), or of whole
+    shards: 4 bands (2 shards a group), 5 (3 shards; the last group 1), 16 (all remote shards)."""
     M, N, K = 264, 136 * W, 200 * W
     pl = _plan(W, M, N, K, fabric, mover, group=group, chunk=chunk)
     assert pl.config.mover == mover

@@ -389,14 +389,14 @@ struct BuilderSm90 {
   }
 
   // Loader: one span of a produce_rotated tile (the wgrad band items: a band group's partial):
-  // k-blocks [kb0, kb0 + nkb) of segment l only, A from `own` (batch 0) when own_a, else from
-  // `mp` batch l; B from `mp` batch l. The math side consumes nkb k-blocks (mma_k). hook takes
-  // the span's k-block index (0 .. nkb - 1).
+  // k-blocks [kb0, kb0 + nkb) of nseg segments from l on (rotated), A from `own` (batch 0) for
+  // the first when own_a, else from `mp` batch l..; B from `mp` batch l... The math side consumes
+  // nseg * nkb k-blocks (mma_k). hook takes the span's k-block index (0 .. nseg * nkb - 1).
   template <class KHook = NoHook>
   CUTLASS_DEVICE void produce_span(typename Mainloop::Params const& own, typename Mainloop::Params const& mp,
-                                   int rows_a, int segs, int l, bool own_a, int kb0, int nkb, int m_blk, int n_blk,
-                                   KHook hook = {}) {
-    produce_segments(own, mp, rows_a, segs, l, 1, own_a, kb0, nkb, m_blk, n_blk, AllThere{}, hook);
+                                   int rows_a, int segs, int l, int nseg, bool own_a, int kb0, int nkb, int m_blk,
+                                   int n_blk, KHook hook = {}) {
+    produce_segments(own, mp, rows_a, segs, l, nseg, own_a, kb0, nkb, m_blk, n_blk, AllThere{}, hook);
   }
 
   // produce_rotated / produce_span: nseg segments from `first` on (rotated), k-blocks

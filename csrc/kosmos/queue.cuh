@@ -16,8 +16,8 @@ enum ItemKind { kAgPull = 0, kAgBuild = 1, kRsBuild = 2, kRsPush = 3, kRsProxy =
                 kAgwBand = 7 };  // kAgwBand: schedule wgrad_items=band (the sm90 A-transposed kernel)
 
 // Words 0-9 of a row; word 10 (schedule.ITEM_FIELDS[10], kpart) is 0 except in ag-wgrad builder
-// rows (tile items: rows of At per band; band items: the group's first row in its shard), which
-// the sm90 A-transposed kernel reads from the row itself.
+// rows (tile items: rows of At per band; band items: the group's first row in its shard, or -n
+// for a group of n whole shards), which the sm90 A-transposed kernel reads from the row itself.
 struct Item {
   int kind, peer, m0, rows, n0, cols, dep_begin, dep_count, rel_rank, rel_flag;
 };
