@@ -15,7 +15,8 @@ A profile describes one GPU and how it reaches its peers (fields documented in e
     claim_ns, launch_overhead_us   queue claim (atomic) and kernel launch costs
     hbm_GBps, wg_hbm_GBps          local memory (reductions)
     nccl                           baseline collectives: busbw, p2p rate, latency, SMs taken
-    copy_engine_GBps               {h2d, d2h} on the host fabric (the baselines' "collective")
+    copy_engine_GBps               {h2d, d2h[, duplex]} on the host fabric (the baselines'
+                                   "collective"; duplex: both directions at once, where capped)
     moe                            {kernel_efficiency, grouped_mm_efficiency}: the MoE expert
                                    GEMMs' rate relative to gemm_tflops (the KOSMOS MoE kernels',
                                    torch._grouped_mm's); 1 where absent
