@@ -52,11 +52,11 @@
 // Band items (kAgwBand, schedule wgrad_items=band): a (band group g, tile) partial over the group's
 // K rows only (BuilderSm90::produce_span: rows [kpart, kpart + Params.wgrad_group_rows) of shard
 // `peer`, own rows in place; kpart = -n: n whole shards from `peer` on, ring order). The scheduler
-// claims one once its group's band flags and its tile's order flag of group g-1 are there (decide(), as any item with deps: watchdog-bounded waits), so
-// the groups of a tile run one after another in the schedule's order; the math warps add the
-// partial to the rank's fp32 carry (RankArgs.carry, carry_step: group 0 stores it, later groups
-// load + add + store, the last adds and stores bf16 C_r) and thread 128 releases order flag g
-// (every carry store before it). Bitwise repeatable as the tiles: one fixed summation order.
+// claims one once its group's band flags and its tile's order flag of group g-1 are there
+// (decide(), as any item with deps: watchdog-bounded waits), so the groups of a tile run one
+// after another in the schedule's order; the math warps add the partial to the rank's fp32 carry
+// (RankArgs.carry, carry_step: group 0 stores it, later groups load + add + store, the last adds
+// and stores bf16 C_r) and thread 128 releases order flag g (every carry store before it). Bitwise repeatable as the tiles: one fixed summation order.
 // The GEMM+RS kernel is not instantiated in this library (its entry points fail).
 #include <cuda_runtime.h>
 
