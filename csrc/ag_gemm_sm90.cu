@@ -56,7 +56,8 @@
 // (decide(), as any item with deps: watchdog-bounded waits), so the groups of a tile run one
 // after another in the schedule's order; the math warps add the partial to the rank's fp32 carry
 // (RankArgs.carry, carry_step: group 0 stores it, later groups load + add + store, the last adds
-// and stores bf16 C_r) and thread 128 releases order flag g (every carry store before it). Bitwise repeatable as the tiles: one fixed summation order.
+// and stores bf16 C_r) and thread 128 releases order flag g (every carry store before it).
+// Bitwise repeatable as the tiles: one fixed summation order.
 // The GEMM+RS kernel is not instantiated in this library (its entry points fail).
 #include <cuda_runtime.h>
 

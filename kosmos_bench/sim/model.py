@@ -346,8 +346,10 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     rs_ce = ce and p.op == "gemm-rs"
     if rs_ce:  # two DMA engines, one per PCIe direction: pushes D2H, proxies H2D (and their total, if capped)
         eng = prof["copy_engine_GBps"]
-        rates = [float(eng["h2d"]), float(eng.get("d2h") or eng["h2d"])] + ([float(eng["duplex"])] if eng.get("duplex") else [])
-        both = (2,) if len(rates) == 3 else ()
+        rates = [float(eng["h2d"]), float(eng.get("d2h") or eng["h2d"])]
+        both = ()
+        if eng.get("duplex"):
+            rates, both = rates + [float(eng["duplex"])], (2,)
         links, cap = _LinkMap(rates, lambda r, kind, peer: ((1,) if kind == S.RS_PUSH else (0,)) + both), math.inf
     elif ce:  # one DMA engine: no per-WG drive limit, no many-reader collapse
         links, cap = _LinkMap([float(prof["copy_engine_GBps"]["h2d"])], lambda r, kind, peer: (0,)), math.inf
