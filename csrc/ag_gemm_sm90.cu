@@ -262,7 +262,7 @@ struct NoBandItems {};
 
 // ag-wgrad band items (the A-transposed build): kblocks: the band group's (the loader issued
 // them so), carry: the carry step (carry_step); true only for the last group (it stores C).
-// First group: peer == rank at row 0 of its shard (schedule: the own shard first), last: no release.
+// First group: peer == rank (schedule.wgrad_groups: the own shard first, whole), last: no release.
 struct BandItems {
   const KosmosParams& p;
   const KosmosRankArgs& ra;
@@ -277,7 +277,7 @@ struct BandItems {
     const int64_t t = int64_t(row[2] / AgBuilder::kBM) * n_tiles + row[4] / AgBuilder::kBN;
     const bool last = row[9] < 0;
     carry_step(acc, ra.carry + t * (AgBuilder::kBM * AgBuilder::kBN) + 4 * (int(threadIdx.x) - 128),
-               row[1] == ra.rank && row[10] == 0, last);
+               row[1] == ra.rank, last);
     return last;
   }
 };

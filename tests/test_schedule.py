@@ -542,12 +542,15 @@ def _check_band_items(sch, W, r, group):
     M, N, K = 3000, 777 * W, 1000 * W
     bt, nb, tn = sch.builders, sch.meta["num_bands"], S.cdiv(M, 128) * S.cdiv(N // W, 256)
     gb = group or min(S.cdiv(2048, 128), nb)  # the rule: >= 2048 K rows a group, at most a shard
-    # (peer, kpart, shards) of each group: gb <= nb: each shard (own first, then r+1, ...) cut into
-    # groups of gb bands; more: the own shard alone, then ceil(gb / nb) ring shards a group
+    # (peer, kpart, shards) of each group: the own shard whole (kpart -1), then gb <= nb: each ring
+    # shard (r+1, r+2, ...) cut into groups of gb bands (a shard in one group: whole, -1); more:
+    # ceil(gb / nb) ring shards a group (kpart -shards)
     n = S.cdiv(gb, nb)
-    want = ([((r + s) % W, j * 128 * gb, [(r + s) % W]) for s in range(W) for j in range(S.cdiv(nb, gb))] if gb <= nb
-            else [(r, 0, [r])] + [((r + 1 + i) % W, -c if c > 1 else 0, [(r + 1 + i + j) % W for j in range(c)])
-                                  for i in range(0, W - 1, n) for c in [min(n, W - 1 - i)]])
+    whole = gb >= nb
+    want = [(r, -1, [r])] + (
+        [((r + s) % W, -1 if whole else j * 128 * gb, [(r + s) % W]) for s in range(1, W) for j in range(S.cdiv(nb, gb))]
+        if gb <= nb else [((r + 1 + i) % W, -c, [(r + 1 + i + j) % W for j in range(c)])
+                          for i in range(0, W - 1, n) for c in [min(n, W - 1 - i)]])
     ng = sch.meta["num_groups"]
     assert set(bt.col("kind")) == {S.AGW_BAND} and ng == len(want) and len(bt) == ng * tn
     assert bt.flops.sum() == 2.0 * M * (N // W) * K
@@ -575,7 +578,7 @@ def _check_band_items(sch, W, r, group):
                 assert bands == ([] if p == r else
                                  [sch.flags.band + p * nb + k0 // 128 + j for j in range(min(gb, nb - k0 // 128))])
             else:  # whole shards: every band of each
-                assert bands == [sch.flags.band + q * nb + j for q in want[g][2] for j in range(nb)]
+                assert bands == [sch.flags.band + q * nb + j for q in want[g][2] if q != r for j in range(nb)]
             krows = min(128 * gb, 1000 - k0) if k0 >= 0 else 1000 * len(want[g][2])
             assert bt.flops[i] == 2.0 * row[3] * row[5] * krows
             # order flag (g, mt, nt) at built + g*m_tiles*n_tiles + mt*n_tiles + nt (FlagLayout)

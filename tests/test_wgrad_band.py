@@ -111,14 +111,14 @@ def emulate(pl, At, B, seed):
                  [((peer + j) % W, 0, k_loc) for j in range(-kpart)])
         ks = []
         for p, k0, krows in spans:
-            assert krows > 0 and k0 % BK == 0 and (kpart >= 0 or p != r)
+            assert krows > 0 and k0 % BK == 0 and (kpart >= 0 or p != r or kpart == -1)
             assert landed[p][k0:k0 + krows].all(), f"item {i} ran before its rows of rank {p} landed"
             ks.append(torch.arange(p * k_loc + k0, p * k_loc + k0 + krows))
             cover[m0:m0 + rows, n0:n0 + cols, (p * k_loc + k0) // 8:(p * k_loc + k0 + krows + 7) // 8] += 1
         ks = torch.cat(ks)
         part = At[ks, m0:m0 + rows].float().t() @ B[ks, n0:n0 + cols].float()
         t = (m0 // s.BM, n0 // s.BN)
-        first, last = peer == r and kpart == 0, rel_flag < 0
+        first, last = peer == r, rel_flag < 0  # the own shard: always the first group, whole
         if not first:
             part = part + carry[t]  # the previous group's carry (a KeyError: a group ran out of order)
         if last:
