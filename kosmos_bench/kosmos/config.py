@@ -190,9 +190,10 @@ FIELDS: dict[str, Knob] = {k.name: k for k in (
          "nccl-overlap 1.03x / 0.921 (results/device-h100-20261205)."),
     Knob("wgrad_group", lambda v: _to_int(v, lo=0), "integer >= 0",
          "0: the fewest bands with >= 2048 K rows (carry traffic <= 1/8 of the operands'), at most a shard "
-         "(schedule.wgrad_group_bands)",
-         "wgrad_items band: bands per group; more than a shard's bands: the own shard, then groups of whole "
-         "remote shards (schedule.wgrad_groups; not yet timed on a GPU: sweeps/ablate/wgrad-items.yaml)."),
+         "(schedule.wgrad_group_bands); the own shard is always one group",
+         "wgrad_items band: bands per remote group; more than a shard's bands: groups of whole remote "
+         "shards (schedule.wgrad_groups). H100 host W=8: two shards a group 10.90 vs 11.61 ms at 405b FC1, "
+         "6.03 vs 5.92 at 16384 x 53248, three or four lose everywhere (docs/notes/wgrad-groups.md)."),
     Knob("ahead_blocks", lambda v: _to_int(v, lo=-1), "integer >= -1", "-",
          "sm90: claim the next tile this many k-blocks before the last load (-1: after the loads, "
          "2.6 us per tile lost; at the first load copy-bound FC1 2-3.5% slower). 24: 70b FC1 8k "
