@@ -269,7 +269,9 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
         b = prof.get("builder_sm90")
         if not b:
             raise Unsupported(f"builder sm90: a profile with builder_sm90 figures ({prof['name']} has none)")
-        prof = {**prof, "tile_m": b["tile_m"], "tile_n": b["tile_n"], "builder_efficiency": b["efficiency"]}
+        # ag-wgrad runs the A-transposed build (kosmos_ag_sm90_at), priced at its own rate where measured
+        eff = b.get("wgrad_efficiency", b["efficiency"]) if p.op == "ag-wgrad" else b["efficiency"]
+        prof = {**prof, "tile_m": b["tile_m"], "tile_n": b["tile_n"], "builder_efficiency": eff}
     BM, BN = int(prof["tile_m"]), int(prof["tile_n"])
     chunk = cfg.chunk
     order = cfg.queue_order
@@ -339,8 +341,9 @@ def build(p: Point, prof: dict, num_movers: int | None = None, full: bool | None
     per_sm_flop_ns = tflops * 1e12 / G / 1e9  # FLOP per ns of one SM
     tile_ovh = float(prof.get("tile_overhead_ns", 0.0))
     wg_hbm = float(prof["wg_hbm_GBps"])  # bytes/ns
-    # ag-wgrad band items' fp32 carry: every CTA carries at once (a group's tiles run together)
-    carry_hbm = min(wg_hbm, float(prof.get("hbm_GBps", np.inf)) / G)
+    # ag-wgrad band items' fp32 carry: every CTA carries at once (a group's tiles run together),
+    # at the share of the HBM rate a profile measured for it (carry_hbm_efficiency)
+    carry_hbm = min(wg_hbm, float(prof.get("hbm_GBps", np.inf)) * float(prof.get("carry_hbm_efficiency", 1.0)) / G)
     links, cap = _links(p, prof, ranks, symmetric)
     cap *= kb.mover_share(builder)  # an sm90 mover is the loader warpgroup: half a WG's bytes in flight
     rs_ce = ce and p.op == "gemm-rs"
