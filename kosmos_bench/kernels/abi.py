@@ -118,3 +118,26 @@ def struct_mismatches(struct: type, c_offset) -> list[str]:
     if size != C.sizeof(struct):
         bad.append(f"sizeof: C {size}, Python {C.sizeof(struct)}")
     return bad
+
+
+def declare_runner(lib: C.CDLL, prefix: str, set_args: list, validate_args: int, abi_version: int, what: str) -> C.CDLL:
+    """The entry points every persistent-kernel runner library exports as ``<prefix>_<name>``
+    (the MoE forward's and backward's): version, error, sizes, the args layout, validate,
+    create / destroy / set / launch and max_wgs; `set_args` the argtypes of ``_set``, `validate_args`
+    the int parameters of ``_validate``. Raises BuildError when the library's ABI is not `abi_version`."""
+    from . import libs
+
+    Ip = C.c_int
+    f = lambda name: getattr(lib, f"{prefix}_{name}")  # noqa: E731
+    for name, res in (("abi_version", Ip), ("last_error", C.c_char_p), ("smem_bytes", Ip), ("threads", Ip)):
+        f(name).restype = res
+    f("args_offset").argtypes, f("args_offset").restype = [Ip], C.c_long
+    f("validate").argtypes, f("validate").restype = [Ip] * validate_args, C.c_char_p
+    f("create").restype = P
+    f("destroy").argtypes, f("destroy").restype = [P], None
+    f("set").argtypes, f("set").restype = set_args, Ip
+    f("max_wgs").argtypes, f("max_wgs").restype = [Ip, C.POINTER(Ip)], Ip
+    f("launch").argtypes, f("launch").restype = [P, P], Ip
+    if f("abi_version")() != abi_version:
+        raise libs.BuildError(f"{what} ABI {f('abi_version')()} != {abi_version}")
+    return lib

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ctypes as C
 
 from . import libs
-from .abi import struct_mismatches
+from .abi import declare_runner, struct_mismatches
 from . import moe_sm90 as fwd
 
 LIB = libs.MOE_BWD_SM90
@@ -98,30 +98,11 @@ def counter_name(word: int, T: int, topk: int, E_tiles: int, peer_rows: int = 0)
 
 
 def _declare(lib: C.CDLL) -> C.CDLL:
-    Ip = C.c_int
-    lib.kosmos_moe_bwd_abi_version.restype = Ip
-    lib.kosmos_moe_bwd_fwd_abi_version.restype = Ip
-    lib.kosmos_moe_bwd_last_error.restype = C.c_char_p
-    lib.kosmos_moe_bwd_smem_bytes.restype = Ip
-    lib.kosmos_moe_bwd_threads.restype = Ip
-    lib.kosmos_moe_bwd_args_offset.argtypes = [Ip]
-    lib.kosmos_moe_bwd_args_offset.restype = C.c_long
-    lib.kosmos_moe_bwd_validate.argtypes = [Ip] * 7
-    lib.kosmos_moe_bwd_validate.restype = C.c_char_p
-    lib.kosmos_moe_bwd_item_count.argtypes = [C.POINTER(MoeBwdArgs), Ip]
+    declare_runner(lib, "kosmos_moe_bwd", [P, C.POINTER(MoeBwdArgs)], 7, ABI_VERSION,
+                   "libkosmos_moe_bwd_sm90 (moe_bwd_sm90.py)")
+    lib.kosmos_moe_bwd_fwd_abi_version.restype = C.c_int
+    lib.kosmos_moe_bwd_item_count.argtypes = [C.POINTER(MoeBwdArgs), C.c_int]
     lib.kosmos_moe_bwd_item_count.restype = C.c_long
-    lib.kosmos_moe_bwd_create.restype = P
-    lib.kosmos_moe_bwd_destroy.argtypes = [P]
-    lib.kosmos_moe_bwd_destroy.restype = None
-    lib.kosmos_moe_bwd_set.argtypes = [P, C.POINTER(MoeBwdArgs)]
-    lib.kosmos_moe_bwd_set.restype = Ip
-    lib.kosmos_moe_bwd_max_wgs.argtypes = [Ip, C.POINTER(Ip)]
-    lib.kosmos_moe_bwd_max_wgs.restype = Ip
-    lib.kosmos_moe_bwd_launch.argtypes = [P, P]
-    lib.kosmos_moe_bwd_launch.restype = Ip
-    if lib.kosmos_moe_bwd_abi_version() != ABI_VERSION:
-        raise libs.BuildError(f"libkosmos_moe_bwd_sm90 ABI {lib.kosmos_moe_bwd_abi_version()} != {ABI_VERSION} "
-                              "(moe_bwd_sm90.py)")
     if lib.kosmos_moe_bwd_fwd_abi_version() != fwd.ABI_VERSION:
         raise libs.BuildError(f"libkosmos_moe_bwd_sm90 embeds the forward's ABI {lib.kosmos_moe_bwd_fwd_abi_version()}"
                               f" != {fwd.ABI_VERSION} (moe_sm90.py)")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes as C
 
 from . import libs
-from .abi import struct_mismatches
+from .abi import declare_runner, struct_mismatches
 
 LIB = libs.MOE_SM90
 ABI_VERSION = 7
@@ -103,27 +103,8 @@ def word_name(word: int, head_names, sections) -> str:
 
 
 def _declare(lib: C.CDLL) -> C.CDLL:
-    Ip = C.c_int
-    lib.kosmos_moe_abi_version.restype = Ip
-    lib.kosmos_moe_last_error.restype = C.c_char_p
-    lib.kosmos_moe_smem_bytes.restype = Ip
-    lib.kosmos_moe_threads.restype = Ip
-    lib.kosmos_moe_args_offset.argtypes = [Ip]
-    lib.kosmos_moe_args_offset.restype = C.c_long
-    lib.kosmos_moe_validate.argtypes = [Ip] * 8
-    lib.kosmos_moe_validate.restype = C.c_char_p
-    lib.kosmos_moe_create.restype = P
-    lib.kosmos_moe_destroy.argtypes = [P]
-    lib.kosmos_moe_destroy.restype = None
-    lib.kosmos_moe_set.argtypes = [P, C.POINTER(MoeArgs), P, P, P, P, P]
-    lib.kosmos_moe_set.restype = Ip
-    lib.kosmos_moe_max_wgs.argtypes = [Ip, C.POINTER(Ip)]
-    lib.kosmos_moe_max_wgs.restype = Ip
-    lib.kosmos_moe_launch.argtypes = [P, P]
-    lib.kosmos_moe_launch.restype = Ip
-    if lib.kosmos_moe_abi_version() != ABI_VERSION:
-        raise libs.BuildError(f"libkosmos_moe_sm90 ABI {lib.kosmos_moe_abi_version()} != {ABI_VERSION} (moe_sm90.py)")
-    return lib
+    return declare_runner(lib, "kosmos_moe", [P, C.POINTER(MoeArgs), P, P, P, P, P], 8, ABI_VERSION,
+                          "libkosmos_moe_sm90 (moe_sm90.py)")
 
 
 def load() -> C.CDLL:
