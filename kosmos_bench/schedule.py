@@ -581,14 +581,13 @@ def wgrad_group_bands(band_rows: int, bands_per_shard: int, group: int | None = 
 
 def wgrad_groups(r: int, ring: list[int], nb: int, gb: int) -> list[tuple[list[int], int, int]]:
     """ag-wgrad band groups in the tiles' K order, each (shards, j0, j1): bands [j0, j1) of each
-    shard in ``shards``. gb bands a group: gb <= nb (a shard's bands): every shard, own first then
-    the ring's, cut into groups of gb bands; gb > nb: the own shard alone (ready at entry), then
-    ceil(gb / nb) whole ring shards a group: fewer fp32 carry passes over C_r (at 8192 tokens a
-    shard is 1024 rows, half the rule's 2048: one group a shard, W passes; llama3-405b FC1 on an
-    H100: 11.5 ms against nccl-seq's 8.7), but a group starts only once its last shard is in.
-    The own shard is always one group: it is there at entry, and cutting it only adds fp32 carry
-    passes (world 1, M 16384 x N 53248 x K 8192 on an H100: 32.4 ms in 2048-row groups, 22.5 as
-    one tile pass, cuBLAS 20.2)."""
+    shard in ``shards``. The own shard first, always one group: it is there at entry, and cutting
+    it only adds fp32 carry passes over C_r (world 1, M 16384 x N 53248 x K 8192 on an H100: 32.4
+    ms in 2048-row groups, 22.0 as one, cuBLAS 20.5). Then the ring's shards: gb <= nb (a shard's
+    bands) cut into groups of gb bands; gb > nb: ceil(gb / nb) whole ring shards a group, fewer
+    carry passes (at 8192 tokens a shard is 1024 rows, half the rule's 2048: one group a shard),
+    but a group starts only once its last shard is in (H100 host W=8, two shards a group: 405b
+    FC1 10.9 ms against 11.6, 16384 x 53248 6.03 against 5.92; docs/notes/wgrad-groups.md)."""
     if gb <= nb:
         return [([r], 0, nb)] + [([p], j0, min(nb, j0 + gb)) for p in ring for j0 in range(0, nb, gb)]
     s = cdiv(gb, nb)
