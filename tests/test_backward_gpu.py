@@ -209,9 +209,9 @@ def _band(shape, W, fabric, group=0, **kw) -> Point:
 @pytest.mark.parametrize("world", [2, 3, 4, 5, 6, 7, 8])
 def test_kosmos_ag_wgrad_band_local(world, group):
     """wgrad_items=band: (band group, tile) partials over their group's K rows into the fp32 carry,
-    one group after another per tile (order flags), the last storing bf16 C_r. K/W = 200: group 1
-    (one band) = 128 + 72 rows (a partial k-block), default = the whole shard, 5 bands = groups of
-    3 whole shards of 2 bands; M, N/W partial tiles."""
+    one group after another per tile (order flags), the last storing bf16 C_r. K/W = 200: the own
+    shard one group; group 1 (one band of each remote shard) = 128 + 72 rows (a partial k-block),
+    default = the whole shard, 5 bands = groups of 3 whole shards of 2 bands; M, N/W partial tiles."""
     r = _check(_band(_shape("ag-wgrad", world), world, "local", group))
     assert r["wrong"] == 0, r
     assert r["same"], f"{CALLS} calls not bitwise equal: {r}"
