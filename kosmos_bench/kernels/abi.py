@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import ctypes as C
 
+from . import libs
+
 ABI_VERSION = 9
 MAX_WORLD = 8
 NUM_CTR = 8  # per-rank counters in the state buffer (KOSMOS_NUM_CTR)
@@ -125,8 +127,6 @@ def declare_runner(lib: C.CDLL, prefix: str, set_args: list, validate_args: int,
     (the MoE forward's and backward's): version, error, sizes, the args layout, validate,
     create / destroy / set / launch and max_wgs; `set_args` the argtypes of ``_set``, `validate_args`
     the int parameters of ``_validate``. Raises BuildError when the library's ABI is not `abi_version`."""
-    from . import libs
-
     Ip = C.c_int
     f = lambda name: getattr(lib, f"{prefix}_{name}")  # noqa: E731
     for name, res in (("abi_version", Ip), ("last_error", C.c_char_p), ("smem_bytes", Ip), ("threads", Ip)):

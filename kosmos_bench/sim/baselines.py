@@ -95,12 +95,12 @@ def _copy_us(prof: dict, nbytes: float, direction: str) -> float:
     return lat / 1e3 + nbytes / (_ce(prof, direction) * 1e3)
 
 
-def _duplex_us(prof: dict, nbytes: float) -> float:
-    """The least time the two copy engines need for ``nbytes`` in both PCIe directions together:
-    ``copy_engine_GBps.duplex`` where the host caps the pair below the sum of the directions
-    (an H100 host: D2H 40 GB/s alone, 66 both ways; profile h100-host-pcie), else 0."""
+def _duplex_us(prof: dict, p: Point) -> float:
+    """The least time the two copy engines need for gemm-rs's host collective, (W-1) pieces
+    each way at once: ``copy_engine_GBps.duplex`` where the host caps the pair below the sum of
+    the directions (an H100 host: D2H 40 GB/s alone, 66 both ways; profile h100-host-pcie), else 0."""
     bw = (prof.get("copy_engine_GBps") or {}).get("duplex")
-    return nbytes / (float(bw) * 1e3) if bw else 0.0
+    return 2 * (p.world - 1) * _piece_bytes(p) / (float(bw) * 1e3) if bw else 0.0
 
 
 def _nccl_busbw(prof: dict, p: Point) -> float:
@@ -129,7 +129,7 @@ def comm_alone_us(p: Point, prof: dict) -> float:
         if p.op == "ag-gemm":
             return h2d + prof["launch_overhead_us"]
         d2h = (W - 1) * _copy_us(prof, piece, "d2h")
-        return max(h2d, d2h, _duplex_us(prof, 2 * (W - 1) * piece)) + prof["launch_overhead_us"]
+        return max(h2d, d2h, _duplex_us(prof, p)) + prof["launch_overhead_us"]
     if p.fabric == "local":  # W emulated ranks copy (W-1) pieces each through one GPU's HBM
         return W * (W - 1) * _piece_bytes(p) / (prof["hbm_GBps"] / 2.0 * 1e3) + prof["launch_overhead_us"]
     size = float(p.M * (p.K if p.op == "ag-gemm" else p.N) * _elem(p))
@@ -216,7 +216,7 @@ def overlap_us(p: Point, prof: dict, acc_elems: int = 0) -> float:
             main += g_full
             if s + 1 < W:
                 pushed = max(pushed, main) + d2h
-        return max(main, pushed, pulls, _duplex_us(prof, 2 * (W - 1) * _piece_bytes(p))) + _reduce_us(prof, p)
+        return max(main, pushed, pulls, _duplex_us(prof, p)) + _reduce_us(prof, p)
     # nvlink ring reduce-scatter: GEMM band s, add the accumulator received, pass it on
     add = 3 * m * n * _elem(p) / (prof["hbm_GBps"] * 1e3) + prof["launch_overhead_us"]
     main, sent = g_shared, None
