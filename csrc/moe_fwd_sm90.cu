@@ -7,7 +7,8 @@
 // (dropless), so their ranges are sized for the most tiles any routing can produce
 // (tiles_max = ceil(T*topk/128) + E) and a claim beyond this call's tiles is skipped:
 //
-//   ROUTE b        math  router logits of tokens 128b.. (builder tile x @ Wr^T, fp32 kept),
+//   ROUTE b        math  router logits of tokens 128b.. (builder tile x @ Wr^T, fp32 kept; ping-pong:
+//                        one 128-column pass per 128 experts, both on the item's warpgroup),
 //                        then per row: keys = logits + bias, group-limited top-k (ties: lower
 //                        expert id), combine weights, the row's rank among block b's rows of its
 //                        expert (deterministic: token order), per-block counts. -> ctr ROUTED
@@ -23,7 +24,8 @@
 //   SHARED_DOWN    math  after its m-tile's SHARED_UPs -> sh_down_done[m]
 //   UP q,n         math  (moe_common.cuh raster_tile: 16 queue positions at a time, n-tiles outer)
 //                        after every row of tile g = tile_order[q] arrived: A = sorted rows,
-//                        B = W1t[e] (H x 2F, columns of n-tile n = [128 gate | 128 up], arranged
+//                        B = W1t[e] (H x 2F, columns of n-tile n = [128 gate | 128 up] (ping-pong:
+//                        [64 gate | 64 up] of a 128-column tile), arranged
 //                        once at prepare), h = silu(g) * u (bf16) -> up_done[g]
 //   DOWN q,n       math  after every UP of tile g: h @ W2t[e] -> expert outputs (bf16) -> down_done[g],
 //                        down_group[c]; without peer rows in up to 4 column groups c of H (Layout
@@ -55,8 +57,17 @@
 // Block: the Hopper builder's 384 threads (builder_sm90.cuh). Loader warps 0-1: thread 32
 // schedules (claims, watchdog-bounded waits), warp 0 issues a math item's TMA loads after pushing
 // it into the tile ring, both run the loader items of the sequence; loader warps 2-3 are the
-// movers; the two math warpgroups pop math items (and FOLDs), run the wgmma mainloop and the
-// item's epilogue, and thread 128 releases its counter.
+// movers. Math warpgroups, two builds of this file (KosmosConfig.math_wgs, libs.MOE_SM90 /
+// MOE_SM90_PP; the slower one is deleted once both are timed on a GPU, docs/notes/pingpong-plan.md):
+// * joint (KOSMOS_MOE_PINGPONG 0): the two math warpgroups pop math items (and FOLDs), run one
+//   128 x 256 tile's wgmma mainloop together, then its epilogue, and thread 128 releases its counter;
+// * ping-pong (KOSMOS_MOE_PINGPONG 1, PingpongBuilderSm90): both pop every item of the ring; item j
+//   is warpgroup j % 2's, which runs its 128 x 128 tile alone (the other skips its mainloop stages)
+//   and releases its counter (the warpgroup's thread 0); the two take turns for their MMAs (named
+//   barriers kBarTurn0 + wg: a warpgroup waits for its turn before a tile's first wgmma and hands
+//   it over once the tile's last one is issued), so the epilogue of item j runs under item j + 1's
+//   mainloop. FOLD (no mainloop) runs on both warpgroups together: its owner takes and hands over
+//   the turn at once.
 // Every wait is bounded by the watchdog (sync.cuh): on timeout the error record names the
 // waiting item's kind (queue), its index (item), the counter (flag; -1 = the scan flag) and
 // what was expected / seen; every CTA then stops claiming and the launch completes.
@@ -72,10 +83,22 @@
 #include "kosmos/sync.cuh"
 #include "kosmos/trace.cuh"
 
+// The math warpgroups' schedule of this build (module doc): 0 joint (libs.MOE_SM90), 1 ping-pong
+// (libs.MOE_SM90_PP).
+#ifndef KOSMOS_MOE_PINGPONG
+#define KOSMOS_MOE_PINGPONG 0
+#endif
+
 namespace kosmos {
 namespace moe {
 
+#if KOSMOS_MOE_PINGPONG
+// 128 x 128 tiles a warpgroup, 6 stages of 32 KB (the same ring bytes as the 4 x 48 KB of the
+// joint 128 x 256 tile).
+using Builder = sm90::PingpongBuilderSm90<128, 6>;
+#else
 using Builder = sm90::BuilderSm90<128, 256, 64, 4, true>;
+#endif
 using Ring = sm90::ItemRing<4, int>;  // (kind << 24) | index, -1 = no more work
 constexpr int kThreads = Builder::kNumThreads;
 constexpr int kLoaderThreads = 128;
@@ -89,11 +112,18 @@ constexpr int kBarMover = 10;
 constexpr int kBM = Builder::kBM, kBN = Builder::kBN, kBK = Builder::kBK;
 constexpr int kTB = KOSMOS_MOE_TOK_BLOCK;
 constexpr int kBarLoader = 8;
-constexpr int kBarMath = 9;
+constexpr int kBarMath = 9;  // both math warpgroups (256 threads)
+#if KOSMOS_MOE_PINGPONG
+constexpr int kBarWg0 = 11;    // + wg: one math warpgroup's own barrier (128 threads)
+constexpr int kBarTurn0 = 13;  // + wg: warpgroup wg's MMA turn (the other arrives, wg syncs: 256)
+#endif
 constexpr int kSched = 32;
 constexpr int kLoaderRegs = 104;
 constexpr int kMathRegs = 200;
 static_assert(kLoaderThreads * kLoaderRegs + 256 * kMathRegs <= 384 * 168, "setmaxnreg beyond the CTA's registers");
+#if KOSMOS_MOE_PINGPONG
+static_assert(kBN == 128 && Builder::kAccum == 128, "the epilogues below assume 128 x 128 warpgroup tiles");
+#endif
 // Trace roles of this kernel (kosmos_bench/kernels/moe_sm90.py ROLE_CODES).
 enum MoeRole : uint16_t { kRoleRouter = 0, kRoleDispatch = 1, kRoleExpert = 2, kRoleCombine = 3, kRoleFold = 4 };
 
@@ -122,12 +152,21 @@ struct Shared {
 };
 constexpr int kSmemBytes = int(sizeof(Shared));
 static_assert(kSmemBytes <= 227 * 1024, "MoE kernel shared memory exceeds 227 KB");
+#if KOSMOS_MOE_PINGPONG
+// The router epilogue's scratch (8 row slabs' counts, uint16, and a key row per warp) lives in its
+// warpgroup's half of the epilogue staging (free between its tiles).
+static_assert(Builder::kEpiWgBytes >= 8 * KOSMOS_MOE_MAX_E * 2 + 4 * KOSMOS_MOE_MAX_E * 4,
+              "router scratch fits a warpgroup's epilogue staging");
+#else
 // The router epilogue's per-warp scratch lives in the builder's epilogue staging (free between tiles).
 static_assert(Builder::kEpiBytes >= 8 * KOSMOS_MOE_MAX_E * 4 * 2, "router scratch fits the epilogue staging");
+#endif
 
 struct Params {
   KosmosMoeArgs a;
+#if !KOSMOS_MOE_PINGPONG
   Builder::Params bp;
+#endif
   Builder::Mainloop::Params route, up, down, sh_up, sh_down;
 };
 static_assert(sizeof(Params) <= 32000, "kernel parameters must fit the 32 KB parameter space");
@@ -135,7 +174,7 @@ static_assert(sizeof(Params) <= 32000, "kernel parameters must fit the 32 KB par
 // The claim sequence: per kind, its first claim index and its count.
 struct Layout {
   int begin[KOSMOS_MOE_NUM_KINDS + 1];
-  int nu, nd, nsu, nsd;  // n-tiles: UP (2F/256), DOWN and SHARED_DOWN (H/256), SHARED_UP (2Fs/256)
+  int nu, nd, nsu, nsd;  // n-tiles (kBN): UP (2F/kBN), DOWN and SHARED_DOWN (H/kBN), SHARED_UP (2Fs/kBN)
   int tm;                // tiles_max
   int rb;                // route_blocks (the shared expert's m-blocks)
   int tb;                // token blocks (FOLD items per column group)
@@ -564,7 +603,8 @@ __device__ __noinline__ void mover_loop(const Ctx& c, const Layout& L, Shared& s
 }
 
 // ------------------------------------------------------------------------------ math items
-// Accumulator layout: moe_common.cuh acc_row / acc_col.
+// Accumulator layout: moe_common.cuh acc_row / acc_col, per m64 half of a warpgroup's 128 x 128
+// tile (builder_sm90.cuh PingpongBuilderSm90: value v = 64 h + a, rows 64 h + acc_row(t, a)).
 
 // warp argmax over (value, id): larger value, then lower id
 __device__ __forceinline__ void warp_argmax(float& v, int& id, float& extra) {
@@ -581,6 +621,333 @@ __device__ __forceinline__ void warp_argmax(float& v, int& id, float& extra) {
   }
 }
 
+#if KOSMOS_MOE_PINGPONG
+// Mainloop k-blocks of a math item (the loader's produce_grouped calls for it; the warpgroup that
+// does not own the item skips as many stages). ROUTE: one 128-column pass per 128 experts.
+__device__ __forceinline__ int route_passes(const KosmosMoeArgs& a) { return (a.E + kBN - 1) / kBN; }
+__device__ __forceinline__ int item_kblocks(const KosmosMoeArgs& a, int kind) {
+  switch (kind) {
+    case KOSMOS_MOE_ROUTE:
+      return route_passes(a) * (a.H / kBK);
+    case KOSMOS_MOE_SHARED_UP:
+    case KOSMOS_MOE_UP:
+      return a.H / kBK;
+    case KOSMOS_MOE_SHARED_DOWN:
+      return a.Fs / kBK;
+    case KOSMOS_MOE_DOWN:
+      return a.F / kBK;
+    default:  // FOLD
+      return 0;
+  }
+}
+
+// The math warpgroups' MMA turn (CUTLASS's ping-pong order, on named barriers): item j's owner
+// waits for item j - 1's owner (the other warpgroup) to have issued its last wgmma, and hands the
+// turn on once its own are issued, so the tensor cores run one warpgroup's mainloop while the
+// other's epilogue runs. Every item takes and gives exactly once (FOLD: both at once); after the
+// last item the warpgroup whose turn it is consumes the pending arrival (finish). The wait is
+// intra-CTA: the other warpgroup only needs its tile's stages (TMA, issued by the loader in ring
+// order) to reach its give, never another CTA's counters.
+struct Turn {
+  int wg;
+  __device__ __forceinline__ void take(int j) const {
+    if (j > 0) named_bar_sync(kBarTurn0 + wg, 2 * Builder::kWgThreads);
+  }
+  __device__ __forceinline__ void give() const { named_bar_arrive(kBarTurn0 + (wg ^ 1), 2 * Builder::kWgThreads); }
+  // j: the ring index of the end marker (items 0..j-1 ran)
+  __device__ __forceinline__ void finish(int j) const {
+    if ((j & 1) == wg) take(j);
+  }
+};
+
+// ROUTE logits (the item's warpgroup, thread t): pass p's columns (experts 128p..) of the tile's
+// rows to a.logits (fp32). Thread t holds rows 64h + acc_row(t, a) of both m64 halves h.
+template <class Accum>
+__device__ __forceinline__ void route_logits(const Ctx& c, Accum const& acc, int blk, int p, int t) {
+  const KosmosMoeArgs& a = c.a;
+  const int row0 = blk * kBM;
+#pragma unroll
+  for (int v = 0; v < Builder::kAccum; ++v) {
+    const int h = v / Builder::kAtomVals, av = v % Builder::kAtomVals;
+    const int r = row0 + 64 * h + acc_row(t, av), col = p * kBN + acc_col(t, av);
+    if (col < a.E && r < a.T) a.logits[int64_t(r) * a.E + col] = acc(v);
+  }
+}
+
+// ROUTE epilogue (the item's warpgroup, 128 threads, after every pass's logits): per row top-k,
+// weights, ranks; then the block's per-expert counts. The tile's rows are 8 slabs of 16 (token
+// order); warp w (of the warpgroup) holds slabs w and w + 4 whole (every column of their rows:
+// its own logit stores), and takes their rows in order. Ranks: the row's count among its slab's
+// earlier rows, then (after the barrier) + the counts of the slabs before: token order, as before.
+__device__ void route_topk(const Ctx& c, Builder& builder, int blk, int wg, int t, int bar) {
+  const KosmosMoeArgs& a = c.a;
+  const int warp = t / 32, lane = t % 32;
+  const int E = a.E, k = a.topk;
+  const int row0 = blk * kBM;
+  uint16_t* cnt = reinterpret_cast<uint16_t*>(builder.epilogue_smem(wg));  // [8 slabs][E]
+  float* kbuf = reinterpret_cast<float*>(cnt + 8 * KOSMOS_MOE_MAX_E) + warp * KOSMOS_MOE_MAX_E;  // [E] per warp
+  for (int e = lane; e < E; e += 32) {
+    cnt[warp * KOSMOS_MOE_MAX_E + e] = 0;
+    cnt[(warp + 4) * KOSMOS_MOE_MAX_E + e] = 0;
+  }
+  __syncwarp();  // also orders the warp's logit stores before its loads below (its slabs' whole rows)
+  const int gs = E / a.n_group;
+  constexpr int kMaxPer = KOSMOS_MOE_MAX_E / 32;
+  for (int ii = 0; ii < 32; ++ii) {
+    const int slab = warp + 4 * (ii / 16);
+    const int t_ = row0 + 16 * slab + ii % 16;
+    if (t_ >= a.T) break;  // slab w + 4's rows come after slab w's
+    float key[kMaxPer], lg[kMaxPer];
+#pragma unroll
+    for (int q = 0; q < kMaxPer; ++q) {
+      const int e = lane + 32 * q;
+      lg[q] = e < E ? __ldcg(a.logits + int64_t(t_) * E + e) : 0.f;
+      key[q] = e < E ? lg[q] + a.bias[e] : -INFINITY;
+    }
+    if (a.n_group > 1) {
+#pragma unroll
+      for (int q = 0; q < kMaxPer; ++q)
+        if (lane + 32 * q < E) kbuf[lane + 32 * q] = key[q];
+      __syncwarp();
+      float gscore = -INFINITY;
+      if (lane < a.n_group) {
+        float m1 = -INFINITY, m2 = -INFINITY;
+        for (int u = 0; u < gs; ++u) {
+          const float x = kbuf[lane * gs + u];
+          if (x > m1) {
+            m2 = m1;
+            m1 = x;
+          } else if (x > m2) {
+            m2 = x;
+          }
+        }
+        gscore = gs >= 2 ? m1 + m2 : m1;
+      }
+      __syncwarp();
+      bool keep = false;
+      for (int s = 0; s < a.topk_group; ++s) {
+        float v = gscore;
+        int id = lane < a.n_group ? lane : 1 << 20;
+        float dummy = 0.f;
+        warp_argmax(v, id, dummy);
+        if (lane == id) {
+          keep = true;
+          gscore = -INFINITY;
+        }
+      }
+      // experts of groups not kept: -inf (the lane holding group g's flag is lane g)
+#pragma unroll
+      for (int q = 0; q < kMaxPer; ++q) {
+        const int e = lane + 32 * q;
+        const bool kept = __shfl_sync(0xffffffffu, keep, min(e / max(gs, 1), 31));
+        if (e < E && !kept) key[q] = -INFINITY;
+      }
+    }
+    int my_e = -1;
+    float my_l = 0.f;
+    for (int j = 0; j < k; ++j) {
+      float v = -INFINITY;
+      int id = 1 << 20;  // lanes without a valid expert lose every tie
+      float l = 0.f;
+#pragma unroll
+      for (int q = 0; q < kMaxPer; ++q) {
+        const int e = lane + 32 * q;
+        if (e < E && (key[q] > v || id == (1 << 20))) {  // ascending e: ties keep the lower id
+          v = key[q];
+          id = e;
+          l = lg[q];
+        }
+      }
+      warp_argmax(v, id, l);
+#pragma unroll
+      for (int q = 0; q < kMaxPer; ++q)
+        if (lane + 32 * q == id) key[q] = -INFINITY;
+      if (lane == j) {
+        my_e = id;
+        my_l = l;
+      }
+    }
+    // combine weights over the k choices (lanes 0..k-1)
+    float wv;
+    if (a.scoring == 0) {
+      float mx = lane < k ? my_l : -INFINITY;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      wv = lane < k ? expf(my_l - mx) : 0.f;
+    } else {
+      wv = lane < k ? 1.f / (1.f + expf(-my_l)) : 0.f;
+    }
+    float sum = wv;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane < k) {
+      const float w = a.scoring == 0 ? wv / sum : wv / sum * a.scale;
+      a.routes[int64_t(t_) * k + lane] = my_e;
+      a.weights[int64_t(t_) * k + lane] = w;
+      const int r = cnt[slab * KOSMOS_MOE_MAX_E + my_e];
+      cnt[slab * KOSMOS_MOE_MAX_E + my_e] = uint16_t(r + 1);
+      a.rank[int64_t(t_) * k + lane] = r;
+    }
+    __syncwarp();
+  }
+  named_bar_sync(bar, Builder::kWgThreads);  // every slab's counts
+  // ranks: + the rows of the slabs before (earlier tokens of the block)
+  for (int ii = 0; ii < 32; ++ii) {
+    const int slab = warp + 4 * (ii / 16);
+    const int t_ = row0 + 16 * slab + ii % 16;
+    if (t_ >= a.T) break;
+    if (lane < k) {
+      const int e = a.routes[int64_t(t_) * k + lane];
+      int off = 0;
+      for (int s2 = 0; s2 < slab; ++s2) off += cnt[s2 * KOSMOS_MOE_MAX_E + e];
+      a.rank[int64_t(t_) * k + lane] += off;
+    }
+  }
+  for (int e = t; e < E; e += Builder::kWgThreads) {
+    int tot = 0;
+    for (int s2 = 0; s2 < 8; ++s2) tot += cnt[s2 * KOSMOS_MOE_MAX_E + e];
+    a.blk_cnt[int64_t(blk) * E + e] = tot;
+  }
+}
+
+// UP / SHARED_UP tiles: the 128 columns of n-tile n are [64 gate | 64 up] of h columns 64n..64n+63
+// (W1t arranged so at prepare): in each m64 half, value a < 32 is gate and a + 32 the up of the
+// same (row, h column); the 64-column chunk 0 of the tile is gate, chunk 1 up.
+
+// The gate/up pre-activations of such a tile (h columns c0..c0+63) saved for the backward
+// (moe_params.h gus / gush) in natural column order: gate to pre + c0, up to pre + F + c0 (row
+// stride 2F): the tile's two chunks as they are.
+template <class Accum>
+__device__ __forceinline__ void store_preact(Builder& builder, Accum const& acc, bf16* pre, int F, int c0, int rows) {
+  builder.store_chunk(acc, 0, pre + c0, 2 * F, rows, 64);
+  builder.store_chunk(acc, 1, pre + F + c0, 2 * F, rows, 64);
+}
+
+// SwiGLU over such a tile: the gate values (chunk 0) become h.
+template <class Accum>
+__device__ __forceinline__ void swiglu(Accum& acc) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int v = h * Builder::kAtomVals; v < h * Builder::kAtomVals + Builder::kAtomVals / 2; ++v) {
+      const float g = acc(v), u = acc(v + Builder::kAtomVals / 2);
+      acc(v) = g / (1.f + __expf(-g)) * u;
+    }
+  }
+}
+
+// The math warpgroups (module doc): every item of the ring in order; item j is warpgroup j % 2's.
+__device__ void math_loop(const Ctx& c, const Layout& L, const Params& P, Shared& s, Builder& builder, Ring& ring,
+                          Tracer& tr) {
+  const KosmosMoeArgs& a = c.a;
+  const int m = int(threadIdx.x) - 128;  // math thread 0..255
+  const int wg = m / Builder::kWgThreads, t = m % Builder::kWgThreads;
+  const int bar = kBarWg0 + wg;
+  const Turn turn{wg};
+  const auto give = [&] { turn.give(); };
+  int j = 0;  // ring index of the item
+  for (;; ++j) {
+    const int item = ring.pop();
+    if (item < 0) break;
+    const int kind = item >> 24, i = item & 0xffffff;
+    const bool mine = (j & 1) == wg;
+    if (kind == KOSMOS_MOE_FOLD) {
+      // both warpgroups fold (the 256 threads' loads in flight); the owner passes the turn at once
+      if (mine) {
+        turn.take(j);
+        turn.give();
+      }
+      const uint64_t t0 = (m == 0) ? tr.now() : 0;
+      run_fold<Builder::kNumMathThreads>(c, L, s.fold, i, m, kBarMath);
+      if (m == 0) {
+        atomicAdd(&s.mem_done, 1);
+        tr.add(kRoleFold, item, t0, tr.now());
+      }
+      continue;
+    }
+    if (!mine) {  // the other warpgroup's tile: skip its stages
+      builder.skip_k(item_kblocks(a, kind));
+      continue;
+    }
+    const uint64_t t0 = (t == 0) ? tr.now() : 0;
+    auto acc = Builder::make_accum();
+    uint32_t *rel = nullptr, *rel2 = nullptr;
+    uint16_t role = kRoleExpert;
+    turn.take(j);
+    switch (kind) {
+      case KOSMOS_MOE_ROUTE: {
+        // the turn is held across the passes (ROUTE items are few: one per 128 tokens)
+        const int np = route_passes(a);
+        for (int p = 0; p < np; ++p) {
+          builder.mma_k(acc, a.H / kBK, [&] {
+            if (p == np - 1) turn.give();
+          });
+          route_logits(c, acc, i, p, t);
+        }
+        route_topk(c, builder, i, wg, t, bar);
+        rel = a.ctr + KOSMOS_MOE_CTR_ROUTED;
+        role = kRoleRouter;
+        break;
+      }
+      case KOSMOS_MOE_SHARED_UP: {
+        int mb, n;
+        L.sh_up_tile(i, &mb, &n);
+        builder.mma_k(acc, a.H / kBK, give);
+        if (a.gush)
+          store_preact(builder, acc, static_cast<bf16*>(a.gush) + int64_t(mb) * kBM * 2 * a.Fs, a.Fs, n * (kBN / 2),
+                       a.T - mb * kBM);
+        swiglu(acc);
+        builder.store_tile<1>(acc, static_cast<bf16*>(a.hsh) + int64_t(mb) * kBM * a.Fs + n * (kBN / 2), a.Fs,
+                              a.T - mb * kBM, kBN / 2);
+        rel = c.sh_up_done + mb;
+        break;
+      }
+      case KOSMOS_MOE_SHARED_DOWN: {
+        const int mb = i / L.nsd, n = i % L.nsd;
+        builder.mma_k(acc, a.Fs / kBK, give);
+        builder.store_tile(acc, static_cast<bf16*>(a.ysh) + int64_t(mb) * kBM * a.H + n * kBN, a.H, a.T - mb * kBM,
+                           a.H - n * kBN);
+        rel = c.sh_down_done + mb;
+        break;
+      }
+      case KOSMOS_MOE_UP: {
+        int q, n;
+        L.up_tile(i, &q, &n);
+        const int g = __ldcg(a.tile_order + q);
+        builder.mma_k(acc, a.H / kBK, give);
+        if (a.gus) store_preact(builder, acc, static_cast<bf16*>(a.gus) + int64_t(g) * kBM * 2 * a.F, a.F, n * (kBN / 2), kBM);
+        swiglu(acc);
+        builder.store_tile<1>(acc, static_cast<bf16*>(a.hs) + int64_t(g) * kBM * a.F + n * (kBN / 2), a.F, kBM,
+                              kBN / 2);
+        rel = c.up_done + g;
+        break;
+      }
+      case KOSMOS_MOE_DOWN: {
+        int q, n, cg;
+        L.down_tile(i, &q, &n, &cg);
+        const int g = __ldcg(a.tile_order + q);
+        builder.mma_k(acc, a.F / kBK, give);
+        builder.store_tile(acc, static_cast<bf16*>(a.os) + int64_t(g) * kBM * a.H + n * kBN, a.H, kBM, a.H - n * kBN);
+        rel = c.down_done + g;
+        rel2 = c.down_group + cg;
+        break;
+      }
+      default:  // not a math kind: nothing to compute, the turn goes on
+        turn.give();
+        break;
+    }
+    __threadfence();
+    named_bar_sync(bar, Builder::kWgThreads);  // every store of the item before its release
+    if (t == 0) {
+      if (rel) atomicAdd(rel, 1u);
+      if (rel2) atomicAdd(rel2, 1u);
+      tr.add(role, item, t0, tr.now());
+    }
+  }
+  turn.finish(j);
+}
+
+#else  // joint: both math warpgroups on one 128 x 256 tile
 // ROUTE epilogue (256 math threads): logits (fp32) of the tile's rows to a.logits, then per
 // warp (16 rows each, in row order) top-k, weights, ranks; then the block's per-expert counts.
 template <class Accum>
@@ -830,6 +1197,8 @@ __device__ void math_loop(const Ctx& c, const Layout& L, const Params& P, Shared
   }
 }
 
+#endif  // KOSMOS_MOE_PINGPONG
+
 // ------------------------------------------------------------------------------ the kernel
 __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_constant__ Params P) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -851,7 +1220,11 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
   const auto role = Builder::role_of(tid);
   Ring ring(s.ring, warp_idx == 0, role == Builder::Role::kMath, Builder::kNumMathThreads);
   if (tid == 0) s.mem_done = 0;
+#if KOSMOS_MOE_PINGPONG
+  Builder builder(s.builder, P.route, role);
+#else
   Builder builder(s.builder, P.bp, role);
+#endif
   if (tid == 0) {
     Builder::Mainloop::prefetch_tma_descriptors(P.route);
     Builder::Mainloop::prefetch_tma_descriptors(P.up);
@@ -883,7 +1256,12 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
               if (lane == 0) ring.push(item);
               __syncwarp();
               if (kind == KOSMOS_MOE_ROUTE) {
+#if KOSMOS_MOE_PINGPONG  // one pass per 128 experts (route_passes), one item
+                for (int p = 0; p < route_passes(a); ++p)
+                  builder.produce_grouped(P.route, a.T, 1, 0, i, 256, a.H, a.H / kBK, 1, 0, p);
+#else
                 builder.produce_grouped(P.route, a.T, 1, 0, i, 256, a.H, a.H / kBK, 1, 0, 0);
+#endif
               } else if (kind == KOSMOS_MOE_SHARED_UP) {
                 int mb, n;
                 L.sh_up_tile(i, &mb, &n);
@@ -1019,7 +1397,8 @@ void kosmos_moe_destroy(void* h) { delete static_cast<Params*>(h); }
 
 // The arguments and the weights as the kernel reads them (arranged once at prepare):
 //   wr_t  (H x 256)      router weight transposed, zero columns beyond E
-//   w1_t  (E x H x 2F)   per expert W1^T, the columns of each 256-wide n-tile = [128 gate | 128 up]
+//   w1_t  (E x H x 2F)   per expert W1^T, the columns of each kBN-wide n-tile = [kBN/2 gate | kBN/2 up]
+//                        (joint 256, ping-pong 128: kosmos_moe.py arrange_w1)
 //   w2_t  (E x F x H)    per expert W2^T
 //   ws1_t (H x 2Fs), ws2_t (Fs x H): the shared expert likewise (NULL when Fs = 0)
 int kosmos_moe_set(void* h, const KosmosMoeArgs* args, const void* wr_t, const void* w1_t, const void* w2_t,
@@ -1049,7 +1428,9 @@ int kosmos_moe_set(void* h, const KosmosMoeArgs* args, const void* wr_t, const v
   Params& P = *static_cast<Params*>(h);
   P.a = a;
   const int rows_s = a.tiles_max * 128;
+#if !KOSMOS_MOE_PINGPONG
   P.bp = Builder::make_params(a.x, wr_t, a.y, a.T, 256, a.H);
+#endif
   P.route = Builder::make_grouped_params(a.x, a.T, 1, int64_t(a.T) * a.H, wr_t, 256, a.H, 1);
   P.up = Builder::make_grouped_params(a.xs, rows_s, 1, int64_t(rows_s) * a.H, w1_t, 2 * a.F, a.H, a.E_tiles);
   P.down = Builder::make_grouped_params(a.hs, rows_s, 1, int64_t(rows_s) * a.F, w2_t, a.H, a.F, a.E_tiles);

@@ -46,7 +46,7 @@ def _lib(**kw):
 
 def test_the_libraries():
     assert [lib.name for lib in libs.LIBRARIES] == ["kosmos", "kosmos_ag_sm90", "sm90_gemm", "kosmos_moe_sm90", "kosmos_ag_sm90_bt",
-                                                    "kosmos_ag_sm90_at", "kosmos_moe_bwd_sm90"]
+                                                    "kosmos_ag_sm90_at", "kosmos_moe_bwd_sm90", "kosmos_moe_pp_sm90"]
     # one source, three layouts: the flags say which (and so the hashes differ)
     assert ag_sm90.library(a_transposed=True) is libs.AG_SM90_AT and ag_sm90.library(True) is libs.AG_SM90_BT
     assert "-DKOSMOS_SM90_A_TRANSPOSED=1" in libs.AG_SM90_AT.flags and libs.AG_SM90_AT.sources == libs.AG_SM90.sources
@@ -55,6 +55,12 @@ def test_the_libraries():
         ag_sm90.library(True, True)
     assert kernels.LIB is libs.KOSMOS and ag_sm90.LIB is libs.AG_SM90 and sm90_gemm.LIB is libs.SM90_GEMM
     assert moe_sm90.LIB is libs.MOE_SM90 and moe_bwd_sm90.LIB is libs.MOE_BWD_SM90
+    # the MoE forward: one source, two math-warpgroup schedules (KosmosConfig.math_wgs)
+    assert moe_sm90.LIBS == {"joint": libs.MOE_SM90, "pingpong": libs.MOE_SM90_PP}
+    assert libs.MOE_SM90_PP.sources == libs.MOE_SM90.sources and "-DKOSMOS_MOE_PINGPONG=1" in libs.MOE_SM90_PP.flags
+    assert libs.MOE_SM90_PP.source_hash() != libs.MOE_SM90.source_hash()
+    with pytest.raises(ValueError, match="math_wgs"):
+        moe_sm90.load("cooperative")
     for lib in libs.LIBRARIES:
         for p in libs.hashed_files(lib):
             assert p.exists(), p
@@ -116,10 +122,10 @@ def test_check_all_names_what_it_compiled(monkeypatch):
     res = kernels.build(check_only=True, arch="sm_90a")
     assert seen == [("kosmos", "sm_90a"), ("kosmos_ag_sm90", "sm_90a"), ("sm90_gemm", "sm_90a"),
                     ("kosmos_moe_sm90", "sm_90a"), ("kosmos_ag_sm90_bt", "sm_90a"), ("kosmos_ag_sm90_at", "sm_90a"),
-                    ("kosmos_moe_bwd_sm90", "sm_90a")]
+                    ("kosmos_moe_bwd_sm90", "sm_90a"), ("kosmos_moe_pp_sm90", "sm_90a")]
     assert str(res) == ("kosmos kernels compile-checked for sm_90a (ag_gemm.cu, gemm_rs.cu, runtime.cu, ag_gemm_sm90.cu, "
                         "gemm_sm90.cu, moe_fwd_sm90.cu, ag_gemm_sm90.cu, ag_gemm_sm90.cu, "
-                        "moe_bwd_sm90.cu)")
+                        "moe_bwd_sm90.cu, moe_fwd_sm90.cu)")
     seen.clear()
     assert str(kernels.build(check_only=True, arch="sm_80")).endswith("(ag_gemm.cu, gemm_rs.cu, runtime.cu)")
     assert seen == [("kosmos", "sm_80")]

@@ -17,9 +17,9 @@ pytestmark = pytest.mark.gpu
 CALLS = 20
 
 
-def _point(op, impl, preset, T, world, fabric, routing):
+def _point(op, impl, preset, T, world, fabric, routing, knobs=()):
     return Point(op, impl, world=world, fabric=fabric, backend="gpu", moe=preset, routing=routing,
-                 warmup=1, reps=3, **preset_point_dims(preset, T))
+                 warmup=1, reps=3, knobs=knobs, **preset_point_dims(preset, T))
 
 
 def _bitwise(p):
@@ -45,8 +45,8 @@ def _bitwise(p):
         runner.close()
 
 
-def _run(op, impl, preset, T, world, fabric, routing="uniform"):
-    p = _point(op, impl, preset, T, world, fabric, routing)
+def _run(op, impl, preset, T, world, fabric, routing="uniform", knobs=()):
+    p = _point(op, impl, preset, T, world, fabric, routing, knobs)
     row, _ = harness.run_point(p, rank=0, procs=1)
     assert row["status"] == "ok" and row["wrong"] == 0 and row["deterministic"], \
         (op, impl, preset, T, world, fabric, routing, row.get("error"), row.get("max_rel_err"))
@@ -101,8 +101,11 @@ def test_kosmos_world1_presets(preset, routing):
 
 
 @pytest.mark.hopper
-def test_kosmos_step():
-    _run("moe-step", "kosmos", "deepseek-v3", 2048, 1, "nvlink", "zipf:1.2")
+@pytest.mark.parametrize("math", ["joint", "pingpong"])
+def test_kosmos_step(math):
+    """Forward kernel (either build, KosmosConfig.math_wgs) then backward: the backward reads the
+    forward's saved routing and gate/up pre-activations."""
+    _run("moe-step", "kosmos", "deepseek-v3", 2048, 1, "nvlink", "zipf:1.2", knobs=f"math_wgs={math}")
 
 
 @pytest.mark.hopper

@@ -10,6 +10,8 @@ import torch
 from kosmos_bench.impls import kosmos_moe
 from kosmos_bench.kernels import libs, moe_sm90
 from kosmos_bench.ops import moe_math as mm
+from kosmos_bench.ops.moe import preset_point_dims
+from kosmos_bench.point import Point
 
 
 def test_args_layout_matches_the_c_struct():
@@ -43,17 +45,37 @@ def test_unsupported_mirrors_the_kernel_limits():
     assert "128" in kosmos_moe.unsupported(mm.MoeShape(T=64, H=512, F=192, E=8, topk=2), "world1")
 
 
-def test_w1_arrangement_pairs_gate_and_up_columns():
-    """Columns c < 128 of every 256-wide n-tile are gate rows of h column n*128 + c, columns
-    128 + c the up rows of the same h column: what the fused SwiGLU epilogue assumes."""
+@pytest.mark.parametrize("math,tile", [("joint", 256), ("pingpong", 128)])
+def test_w1_arrangement_pairs_gate_and_up_columns(math, tile):
+    """Columns c < tile/2 of every n-tile (the build's kBN: 256 joint, 128 ping-pong) are gate rows
+    of h column n*tile/2 + c, columns tile/2 + c the up rows of the same h column: what the fused
+    SwiGLU epilogue assumes."""
+    assert moe_sm90.W1_TILE[math] == tile
     E, F, H = 2, 384, 8
+    half = tile // 2
     W1 = torch.arange(E * 2 * F * H, dtype=torch.float32).reshape(E, 2 * F, H)
-    t = kosmos_moe.arrange_w1(W1)
+    t = kosmos_moe.arrange_w1(W1, math)
     assert t.shape == (E, H, 2 * F)
-    for n in range(F // 128):
-        for c in (0, 5, 127):
-            assert torch.equal(t[:, :, n * 256 + c], W1[:, n * 128 + c, :])
-            assert torch.equal(t[:, :, n * 256 + 128 + c], W1[:, F + n * 128 + c, :])
+    for n in range(F // half):
+        for c in (0, 5, half - 1):
+            assert torch.equal(t[:, :, n * tile + c], W1[:, n * half + c, :])
+            assert torch.equal(t[:, :, n * tile + half + c], W1[:, F + n * half + c, :])
+    assert torch.equal(t.transpose(-1, -2).sort(dim=1).values, W1.sort(dim=1).values)  # a permutation of the rows
+    assert torch.equal(kosmos_moe.arrange_w1(W1), kosmos_moe.arrange_w1(W1, "joint"))
+
+
+def test_runner_settings_come_from_the_points_configuration():
+    """A point's --set / sweep keys reach the MoE runners (prepare_moe / prepare_moe_bwd get no
+    config from the harness); a caller's explicit keyword wins."""
+    p = Point("moe", "kosmos", world=1, backend="gpu", moe="qwen3-235b-a22b", routing="uniform", policy="self",
+              queue_order="fifo", knobs="math_wgs=pingpong;spin_ns=0", **preset_point_dims("qwen3-235b-a22b", 512))
+    s = kosmos_moe.runner_settings(None, {}, p)
+    assert (s["math"], s["queue_order"], s["spin_ns"], s["mover"]) == ("pingpong", "fifo", 0, None)
+    assert kosmos_moe.runner_settings(None, {"math": "joint", "mover": "sm"}, p)["math"] == "joint"
+    d = kosmos_moe.runner_settings(None, {}, None)
+    assert (d["math"], d["queue_order"], d["spin_ns"]) == ("joint", "demand", 32)
+    assert p.variant == "kosmos[self,fifo,math_wgs=pingpong,spin_ns=0]"
+    assert p.key() != p.replace(knobs="spin_ns=0").key()  # the schedule is part of the point's key
 
 
 def test_counter_names_for_the_watchdog():

@@ -233,7 +233,7 @@ class _FakeLib:
 def fake_gpu(monkeypatch):
     from kosmos_bench.impls import kosmos_moe
 
-    monkeypatch.setattr(kosmos_moe.K, "load", lambda: _FakeLib())
+    monkeypatch.setattr(kosmos_moe.K, "load", lambda math="joint": _FakeLib())
     monkeypatch.setattr(moe_bwd_sm90, "load", lambda: _FakeLib())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: type("S", (), {"cuda_stream": 0})())

@@ -3,7 +3,8 @@
 Every case: outputs poisoned (NaN) and routes poisoned (-1) before the call; the kernel's own
 routing must match the fp32 reference routing (tie-tolerant: routing_mismatches == 0), the
 output must be within the bf16 tolerance of moe_math.reference run with the kernel's routing,
-and repeated calls must be bitwise identical.
+and repeated calls must be bitwise identical. Every test runs for both builds of the kernel
+(``math``: the joint and the ping-pong math warpgroups, KosmosConfig.math_wgs).
 """
 from __future__ import annotations
 
@@ -17,6 +18,15 @@ from kosmos_bench.ops.base import check_output
 pytestmark = [pytest.mark.gpu, pytest.mark.hopper]
 
 SEED = 5
+MATH = {"value": "joint"}  # the build the current test runs (the autouse fixture below)
+
+
+@pytest.fixture(autouse=True, params=["joint", "pingpong"])
+def math(request):
+    """Every test of this module, once per build of the forward kernel (kernels/moe_sm90.py LIBS)."""
+    MATH["value"] = request.param
+    yield request.param
+    MATH["value"] = "joint"
 
 
 def small(name: str, T: int, world: int = 1, routing: str = "uniform") -> mm.MoeShape:
@@ -42,7 +52,10 @@ def make(shape, fabric: str = "local", **kw):
         from kosmos_bench.ops.moe_host import make_view
 
         inputs.host["view"] = make_view(shape, inputs.x[0], inputs.Wr, inputs.bias, "cuda", SEED)
-    return prepare_moe(None, ctx_for(shape, fabric), inputs, **kw), inputs
+    kw.setdefault("math", MATH["value"])
+    runner = prepare_moe(None, ctx_for(shape, fabric), inputs, **kw)
+    assert runner.math == kw["math"]
+    return runner, inputs
 
 
 def check_call(shape, runner, inputs) -> dict:

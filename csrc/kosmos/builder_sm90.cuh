@@ -627,5 +627,230 @@ struct BuilderSm90 {
   PipelineState read_state_;
 };
 
+// ---------------------------------------------------------------------------------------------
+// PingpongBuilderSm90: the ping-pong form (CUTLASS's KernelTmaWarpSpecializedPingpong schedule,
+// inside a persistent item loop). Its own type, so BuilderSm90's instantiations (the GEMM, AG and
+// GEMM+RS kernels, the MoE backward) are untouched.
+//
+//   * each math warpgroup (128 threads) computes whole kBM x kBN tiles alone (kBM = 128: two
+//     m64n(kBN)k16 wgmmas per k16 step: kAccum = kBM * kBN / 128 fp32 accumulators a thread, 128 at kBN 128);
+//   * one mainloop ring serves both: the loader issues every tile's k-blocks in ring order; the
+//     warpgroup that owns a tile waits for its stages and releases them (the pipeline's consumer
+//     count is ONE warpgroup), the other warpgroup skips them (skip_k: advances its read state
+//     by the tile's k-blocks without touching the barriers). Both must therefore see every tile
+//     in the same order (the caller's item ring: both warpgroups pop every item) and agree on
+//     each tile's k-block count;
+//   * the caller orders the two warpgroups' MMAs (mma_k's after_issue: hand the turn to the
+//     other warpgroup once this tile's last wgmma is issued), so one warpgroup's epilogue runs
+//     under the other's mainloop;
+//   * epilogue staging: per math warp 16 rows x 144 B as BuilderSm90 (8 warps, 18,432 B); a
+//     warpgroup's 4 warps use their own 4 slots, so the two warpgroups' epilogues never share
+//     shared memory (epilogue_smem(wg): the warpgroup's half, 9,216 B).
+// Accumulator of a warpgroup's tile (thread t = 0..127 of the warpgroup, value v = 64*h + a,
+// h = the m64 half, a = 0..kBN/2-1; PTX ISA wgmma m64nNk16 layout):
+//   row = 64*h + 16*(t/32) + (t%32)/4 + 8*((a/2)%2),   col = 8*(a/4) + 2*(t%4) + a%2.
+// Requirements as BuilderSm90 (produce_grouped's), A and B row-major.
+template <int kBN_ = 128, int kNumStages_ = 6>
+struct PingpongBuilderSm90 {
+  static constexpr int kBM = 128;
+  static constexpr int kBN = kBN_;
+  static constexpr int kBK = 64;
+  static constexpr int kNumStages = kNumStages_;
+  static constexpr int kNumThreads = 384;      // 1 loader + 2 math warpgroups
+  static constexpr int kNumMathThreads = 256;  // both math warpgroups (they pop every item)
+  static constexpr int kWgThreads = 128;       // one math warpgroup: a tile's consumer
+  static constexpr int kAccum = kBM * kBN / kWgThreads;  // fp32 accumulators a thread
+  static constexpr int kAtomVals = kAccum / 2;           // values of one m64 half
+
+  using dtype_t = cutlass::bfloat16_t;
+  using TileShape = cute::Shape<cute::Int<kBM>, cute::Int<kBN>, cute::Int<kBK>>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, dtype_t, cutlass::layout::RowMajor, 8, dtype_t,
+      cutlass::layout::RowMajor, 8, float, TileShape, ClusterShape, cutlass::gemm::collective::StageCount<kNumStages>,
+      cutlass::gemm::KernelTmaWarpSpecializedPingpong>::CollectiveOp;
+  using StrideA = typename Mainloop::StrideA;
+  using StrideB = typename Mainloop::StrideB;
+  using TiledMma = typename Mainloop::TiledMma;
+  using MainloopPipeline = typename Mainloop::MainloopPipeline;
+  using PipelineState = typename Mainloop::PipelineState;
+  static_assert(cute::size(TiledMma{}) == kWgThreads, "ping-pong: one math warpgroup per tile");
+
+  static constexpr int kEpiRowBytes = 144;
+  static constexpr int kEpiWarpBytes = 16 * kEpiRowBytes;
+  static constexpr int kEpiWgBytes = 4 * kEpiWarpBytes;
+  static constexpr int kEpiBytes = 2 * kEpiWgBytes;
+
+  struct SharedStorage {
+    typename Mainloop::TensorStorage tensors;
+    alignas(16) typename MainloopPipeline::SharedStorage pipeline;
+    alignas(16) uint8_t epilogue[kEpiBytes];
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+
+  enum class Role { kLoader, kMath, kNone };
+  CUTLASS_DEVICE static Role role_of(int thread_idx) {
+    return thread_idx < 128 ? Role::kLoader : (thread_idx < kNumThreads ? Role::kMath : Role::kNone);
+  }
+
+  // Host: mainloop params for produce_grouped (as BuilderSm90::make_grouped_params): A viewed as
+  // (rows_a, K, batches_a), batch stride a_batch_stride elements; B as (N, K, batches_b), batch l
+  // the K x N row-major matrix at B + l * K * N.
+  static typename Mainloop::Params make_grouped_params(const void* A, int rows_a, int batches_a,
+                                                       int64_t a_batch_stride, const void* B, int N, int K,
+                                                       int batches_b) {
+    StrideA dA = cute::make_stride(int64_t(K), cute::Int<1>{}, a_batch_stride);
+    StrideB dB = cute::make_stride(cute::Int<1>{}, int64_t(N), int64_t(K) * N);
+    typename Mainloop::Arguments args{static_cast<const dtype_t*>(A), dA, static_cast<const dtype_t*>(B), dB};
+    auto pa = Mainloop::to_underlying_arguments(cute::make_shape(rows_a, N, K, batches_a), args, nullptr);
+    auto pb = Mainloop::to_underlying_arguments(cute::make_shape(rows_a, N, K, batches_b), args, nullptr);
+    pa.tma_load_b = pb.tma_load_b;
+    return pa;
+  }
+
+  // Construct in ALL threads of the CTA (warp 0 initialises the barriers), then __syncthreads().
+  // mp: any of the kernel's mainloop params (the wgmma reads shared memory only).
+  CUTLASS_DEVICE PingpongBuilderSm90(SharedStorage& smem, typename Mainloop::Params const& mp, Role role)
+      : smem_(smem), mp_(mp), pipeline_(smem.pipeline, pipeline_params(role), ClusterShape{}),
+        write_state_(cutlass::make_producer_start_state<MainloopPipeline>()), read_state_() {}
+
+  CUTLASS_DEVICE static void prefetch(typename Mainloop::Params const& mp) { Mainloop::prefetch_tma_descriptors(mp); }
+
+  // Loader (one whole warp of warpgroup 0): the k-blocks of tile rows m_blk*kBM.. of batch l_a of
+  // A (rows_a x K) and columns n_blk*kBN.. of batch l_b of B (K x N); num_k_blk k-blocks.
+  CUTLASS_DEVICE void produce_grouped(typename Mainloop::Params const& mp, int rows_a, int batches_a, int l_a,
+                                      int m_blk, int N, int K, int num_k_blk, int batches_b, int l_b, int n_blk) {
+    using namespace cute;
+    if (cute::elect_one_sync()) {
+      Tensor sA = make_tensor(make_smem_ptr(smem_.tensors.smem_A.data()), typename Mainloop::SmemLayoutA{});
+      Tensor sB = make_tensor(make_smem_ptr(smem_.tensors.smem_B.data()), typename Mainloop::SmemLayoutB{});
+      Tensor mA = mp.tma_load_a.get_tma_tensor(make_shape(rows_a, K, batches_a));  // (m, k, l)
+      Tensor mB = mp.tma_load_b.get_tma_tensor(make_shape(N, K, batches_b));       // (n, k, l)
+      Tensor gA_mkl = local_tile(mA, TileShape{}, make_coord(_, _, _), Step<_1, Underscore, _1>{});
+      Tensor gB_nkl = local_tile(mB, TileShape{}, make_coord(_, _, _), Step<Underscore, _1, _1>{});
+      Tensor gA = gA_mkl(_, _, m_blk, _, l_a);  // (BLK_M, BLK_K, k)
+      Tensor gB = gB_nkl(_, _, n_blk, _, l_b);  // (BLK_N, BLK_K, k)
+      auto block_tma_a = mp.tma_load_a.get_slice(0);
+      auto block_tma_b = mp.tma_load_b.get_slice(0);
+      Tensor tAgA = block_tma_a.partition_S(gA);
+      Tensor tAsA = block_tma_a.partition_D(sA);
+      Tensor tBgB = block_tma_b.partition_S(gB);
+      Tensor tBsB = block_tma_b.partition_D(sB);
+      PipelineState st = write_state_;
+      CUTLASS_PRAGMA_NO_UNROLL
+      for (int k = 0; k < num_k_blk; ++k) {
+        pipeline_.producer_acquire(st);
+        auto* bar = pipeline_.producer_get_barrier(st);
+        int const stage = st.index();
+        copy(mp.tma_load_a.with(*bar, uint16_t(0)), tAgA(_, _, _, k), tAsA(_, _, _, stage));
+        copy(mp.tma_load_b.with(*bar, uint16_t(0)), tBgB(_, _, _, k), tBsB(_, _, _, stage));
+        ++st;
+      }
+    }
+    __syncwarp();
+    write_state_.advance(num_k_blk);
+  }
+
+  // Loader: before the CTA exits, wait until the math warpgroups released every stage.
+  CUTLASS_DEVICE void produce_tail() {
+    Mainloop mainloop;
+    mainloop.load_tail(pipeline_, write_state_);
+  }
+
+  // Math: a fresh accumulator fragment of one warpgroup tile (kAccum fp32 a thread).
+  CUTLASS_DEVICE static auto make_accum() {
+    TiledMma tiled_mma;
+    return cute::partition_fragment_C(tiled_mma, cute::take<0, 2>(TileShape{}));
+  }
+  // The fragment is (atom values, m64 halves, 1), compact: value v = a + kAtomVals * h (the
+  // epilogues' indexing, class comment).
+  using AccumLayout = typename decltype(cute::partition_fragment_C(TiledMma{}, cute::take<0, 2>(TileShape{})))::layout_type;
+  static_assert(decltype(cute::size<0>(AccumLayout{}))::value == kAtomVals &&
+                    decltype(cute::size<1>(AccumLayout{}))::value == 2 &&
+                    decltype(cute::size<2>(AccumLayout{}))::value == 1 &&
+                    decltype(cute::stride<1>(AccumLayout{}))::value == kAtomVals,
+                "ping-pong accumulator: two m64 halves, one after the other");
+
+  // Math, the 128 threads of the warpgroup that owns the tile: its num_k_blk k-blocks into
+  // accum; after_issue() runs once every wgmma is issued (the last still in flight: hand the
+  // turn to the other warpgroup there), then the wgmmas complete and the stages are released.
+  template <class Accum, class AfterIssue>
+  CUTLASS_DEVICE void mma_k(Accum& accum, int num_k_blk, AfterIssue after_issue) {
+    static_assert(decltype(cute::size(accum))::value == kAccum, "one warpgroup tile");
+    Mainloop mainloop;
+    mainloop.mma(pipeline_, read_state_, accum, num_k_blk, int(threadIdx.x) % kWgThreads, smem_.tensors, mp_);
+    after_issue();
+    mainloop.mma_tail(pipeline_, read_state_, num_k_blk);
+    read_state_.advance(num_k_blk);
+  }
+
+  // Math, the other warpgroup: the tile's k-blocks are not its own (no wait, no release).
+  CUTLASS_DEVICE void skip_k(int num_k_blk) { read_state_.advance(num_k_blk); }
+
+  // The staged epilogue's shared memory of warpgroup wg (kEpiWgBytes): free for its own use
+  // between its tiles.
+  CUTLASS_DEVICE uint8_t* epilogue_smem(int wg) { return smem_.epilogue + wg * kEpiWgBytes; }
+
+  // Math, the tile's warpgroup (t = its thread 0..127, warp = the CTA's math warp 0..7): the
+  // 64-column chunk j of the tile (values a in [32j, 32j + 32) of both m64 halves) to C (the
+  // chunk's column 0, row stride ldc elements, 16-byte aligned, ldc % 8 == 0), rows < M and
+  // columns < N only (N % 8 == 0). Per m64 half, each warp writes its 16 x 64 fragment (bf16x2)
+  // into its staging slot, then stores whole 128-byte row segments (coalesced).
+  template <class Accum>
+  CUTLASS_DEVICE void store_chunk(Accum const& accum, int j, __nv_bfloat16* C, int64_t ldc, int M, int N) {
+    static_assert(decltype(cute::size(accum))::value == kAccum, "one warpgroup tile");
+    int const math_idx = int(threadIdx.x) - 128;
+    int const lane = math_idx % 32;
+    int const warp = math_idx / 32;  // its staging slot; rows 16*(warp%4).. of each m64 half
+    uint8_t* stage = smem_.epilogue + warp * kEpiWarpBytes;
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int b = 0; b < 8; ++b) {
+        int const v0 = h * kAtomVals + (j * 8 + b) * 4;
+        int const off = (lane / 4) * kEpiRowBytes + (b * 8 + 2 * (lane % 4)) * 2;
+        *reinterpret_cast<__nv_bfloat162*>(stage + off) = __floats2bfloat162_rn(accum(v0), accum(v0 + 1));
+        *reinterpret_cast<__nv_bfloat162*>(stage + off + 8 * kEpiRowBytes) =
+            __floats2bfloat162_rn(accum(v0 + 2), accum(v0 + 3));
+      }
+      __syncwarp();
+      int const col = (lane % 8) * 8;
+      CUTLASS_PRAGMA_UNROLL
+      for (int it = 0; it < 4; ++it) {
+        int const r = it * 4 + lane / 8;
+        uint4 const val = *reinterpret_cast<uint4 const*>(stage + r * kEpiRowBytes + (lane % 8) * 16);
+        int const row = h * 64 + (warp % 4) * 16 + r;
+        if (row < M && col < N) *reinterpret_cast<uint4*>(C + int64_t(row) * ldc + col) = val;
+      }
+      __syncwarp();
+    }
+  }
+
+  // The first kChunks 64-column chunks of the tile to C (its column 0), rows < M, columns < N.
+  template <int kChunks = kBN / 64, class Accum>
+  CUTLASS_DEVICE void store_tile(Accum const& accum, __nv_bfloat16* C, int64_t ldc, int M, int N) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kChunks; ++j) store_chunk(accum, j, C + j * 64, ldc, M, N - j * 64);
+  }
+
+ private:
+  static CUTLASS_DEVICE typename MainloopPipeline::Params pipeline_params(Role role) {
+    typename MainloopPipeline::Params pp;
+    pp.role = role == Role::kLoader ? MainloopPipeline::ThreadCategory::Producer
+            : role == Role::kMath   ? MainloopPipeline::ThreadCategory::Consumer
+                                    : MainloopPipeline::ThreadCategory::NonParticipant;
+    pp.is_leader = (threadIdx.x % 128) == 0;
+    pp.num_consumers = kWgThreads;  // a stage is released by the one warpgroup that computes on it
+    pp.transaction_bytes = Mainloop::TmaTransactionBytes;
+    return pp;
+  }
+
+  SharedStorage& smem_;
+  typename Mainloop::Params const& mp_;
+  MainloopPipeline pipeline_;
+  PipelineState write_state_;
+  PipelineState read_state_;
+};
+
 }  // namespace sm90
 }  // namespace kosmos

@@ -16,6 +16,9 @@ namespace moe {
 constexpr int kMoeBM = 128;  // rows per expert tile (segments of the sorted buffers are padded to it)
 
 __device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+// Arrive at barrier `id` (of n threads) without waiting: the forward's ping-pong MMA turn (the
+// arriving warpgroup hands it on, the other's bar.sync completes the count).
+__device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 
 __device__ __forceinline__ int ldcg(const int32_t* p) { return __ldcg(p); }
 
@@ -148,6 +151,8 @@ __device__ __forceinline__ void store_bf16x8(bf16* dst, const float (&acc)[8]) {
 // Accumulator layout (builder_sm90.cuh store_staged_to): math thread m (0..255), value v:
 //   row = 16*(m/32) + (m%32)/4 + 8*((v/2)%2),   col = 8*(v/4) + 2*(m%4) + v%2.
 // Value v + 64 is the same row, column + 128 (the SwiGLU epilogues pair gate and up by it).
+// The same formulas give one m64 half of a ping-pong warpgroup tile (PingpongBuilderSm90: its
+// thread t = 0..127 as m, value a = 0..kBN/2-1 of the half as v).
 __device__ __forceinline__ int acc_row(int m, int v) { return 16 * (m / 32) + (m % 32) / 4 + 8 * ((v / 2) % 2); }
 __device__ __forceinline__ int acc_col(int m, int v) { return 8 * (v / 4) + 2 * (m % 4) + v % 2; }
 

@@ -21,8 +21,9 @@ Fabrics:
 
 Weights are arranged once here, as the kernel reads them (the Hopper builder's B operand is
 K x N, N contiguous; the layer's weights are N x K): the router weight transposed and padded to
-the 256-wide router tile, W1_e^T with the columns of every 256-wide n-tile = [128 gate | 128 up]
-(so each math thread holds matching gate/up accumulators and SwiGLU is fused in the epilogue),
+the 256-wide router tile, W1_e^T with the columns of every n-tile = [128 gate | 128 up] (256 wide;
+ping-pong build, ``math_wgs pingpong``: [64 gate | 64 up], kernels/moe_sm90.py W1_TILE) (so each
+math thread holds matching gate/up accumulators and SwiGLU is fused in the epilogue),
 W2_e^T; the shared expert likewise. A one-time copy per point (prepare), never per call.
 """
 from __future__ import annotations
@@ -61,25 +62,26 @@ def unsupported(shape, fabric: str, mover: str = "sm") -> str | None:
     return None
 
 
-def _w1_columns(F: int, device):
-    """Row order of W1 (2F x H) so that every 256 rows are [128 gate | 128 up] of the same h columns."""
+def _w1_columns(F: int, device, tile: int = 256):
+    """Row order of W1 (2F x H) so that every `tile` rows are [tile/2 gate | tile/2 up] of the same h columns."""
     import torch
 
-    n = torch.arange(F // 128, device=device)[:, None] * 128 + torch.arange(128, device=device)[None, :]
+    half = tile // 2
+    n = torch.arange(F // half, device=device)[:, None] * half + torch.arange(half, device=device)[None, :]
     return torch.cat([n, n + F], dim=1).reshape(-1)
 
 
-def arrange_w1(W1):
-    """(E x 2F x H) -> (E x H x 2F) in the kernel's column order (see module doc)."""
+def arrange_w1(W1, math: str = "joint"):
+    """(E x 2F x H) -> (E x H x 2F) in the column order of the `math` build's kernel (module doc)."""
     F = W1.shape[-2] // 2
-    return W1.index_select(-2, _w1_columns(F, W1.device)).transpose(-1, -2).contiguous()
+    return W1.index_select(-2, _w1_columns(F, W1.device, K.W1_TILE[math])).transpose(-1, -2).contiguous()
 
 
 class MoeRunner:
     def __init__(self, shape, ctx, inputs, *, ranks: list[int], fabric: str = "local", timeout_s: float | None = None,
                  grid: int | None = None, spin_ns: int = 32, trace_cap: int = DEFAULT_TRACE_CAP,
                  debug_skip_scan: bool = False, save_preact: bool = False, queue_order: str = "demand",
-                 mover: str = "sm"):
+                 mover: str = "sm", math: str = "joint"):
         import torch
 
         host = fabric == "host" and shape.world > 1
@@ -89,7 +91,8 @@ class MoeRunner:
         self.mover = mover
         self.shape, self.ranks, self.closed = shape, list(ranks), False
         self.dev = ctx.device
-        self.lib = K.load()
+        self.math = math
+        self.lib = K.load(math)
         dev = self.dev
         W = len(ranks)
         T1 = shape.T
@@ -112,11 +115,11 @@ class MoeRunner:
         self.bias = inputs.bias.float().contiguous()
         W1 = torch.cat([inputs.W1[r] for r in ranks]) if W > 1 else inputs.W1[ranks[0]]
         W2 = torch.cat([inputs.W2[r] for r in ranks]) if W > 1 else inputs.W2[ranks[0]]
-        self.w1_t = arrange_w1(W1)
+        self.w1_t = arrange_w1(W1, math)
         self.w2_t = W2.transpose(-1, -2).contiguous()
         if Fs:
             ws1, ws2 = inputs.shared
-            self.ws1_t = arrange_w1(ws1[None])[0].contiguous()
+            self.ws1_t = arrange_w1(ws1[None], math)[0].contiguous()
             self.ws2_t = ws2.t().contiguous()
         else:
             self.ws1_t = self.ws2_t = None
@@ -463,9 +466,9 @@ def prepare_moe(point, ctx, inputs, *, config=None, timeout_s: float | None = No
     if shape.world > 1 and fabric not in ("local", "host"):
         raise ValueError(unsupported(shape, fabric) or f"kosmos moe: fabric {fabric}")
     ranks = list(range(shape.world)) if shape.world > 1 and fabric == "local" else [ctx.rank]
-    mover = moe_mover(kw.pop("mover", None) or getattr(config, "mover", None), fabric, shape.world)
-    return MoeRunner(shape, ctx, inputs, ranks=ranks, fabric=fabric, timeout_s=timeout_s, mover=mover,
-                     **runner_settings(config, kw))
+    settings = runner_settings(config, kw, point)
+    mover = moe_mover(settings.pop("mover", None), fabric, shape.world)
+    return MoeRunner(shape, ctx, inputs, ranks=ranks, fabric=fabric, timeout_s=timeout_s, mover=mover, **settings)
 
 
 def moe_mover(mover: str | None, fabric: str, world: int) -> str:
@@ -476,12 +479,19 @@ def moe_mover(mover: str | None, fabric: str, world: int) -> str:
     return mover_choice(mover, "moe", fabric, "sm90", "self", world)
 
 
-def runner_settings(config, kw: dict) -> dict:
-    """The MoE runners' keyword arguments: kw (a caller's explicit ones win) with spin_ns and
-    queue_order taken from the point's KosmosConfig when kw has none."""
+def runner_settings(config, kw: dict, point=None) -> dict:
+    """The MoE runners' keyword arguments: kw (a caller's explicit ones win) with spin_ns,
+    queue_order, mover and the forward's math schedule (math_wgs) from `config`, else from the
+    point's KosmosConfig (its --set / sweep keys), else the defaults."""
+    from ..kosmos.config import DEFAULTS, KosmosConfig  # noqa: PLC0415
+
+    if config is None:
+        config = KosmosConfig.from_point(point) if point is not None else DEFAULTS
     out = dict(kw)
-    out.setdefault("spin_ns", getattr(config, "spin_ns", 32) if config is not None else 32)
-    out["queue_order"] = out.get("queue_order") or getattr(config, "queue_order", None) or "demand"
+    out.setdefault("spin_ns", config.spin_ns)
+    out.setdefault("math", config.math_wgs)
+    out["queue_order"] = out.get("queue_order") or config.queue_order or "demand"
+    out["mover"] = out.get("mover") or config.mover
     return out
 
 

@@ -52,7 +52,8 @@ def unsupported_bwd(shape, fabric: str) -> str | None:
 class MoeBwdRunner:
     def __init__(self, shape, ctx, inputs, *, ranks: list[int], step: bool, fabric: str = "local",
                  timeout_s: float | None = None, grid: int | None = None, spin_ns: int = 32,
-                 trace_cap: int = DEFAULT_TRACE_CAP, debug_skip_gather: bool = False, queue_order: str = "demand"):
+                 trace_cap: int = DEFAULT_TRACE_CAP, debug_skip_gather: bool = False, queue_order: str = "demand",
+                 math: str = "joint"):
         import torch
 
         host = fabric == "host" and shape.world > 1
@@ -70,7 +71,7 @@ class MoeBwdRunner:
         self.timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
         self.fwd = MoeRunner(shape, ctx, inputs, ranks=ranks, fabric="host" if host else "local",
                              timeout_s=self.timeout_s, grid=grid, spin_ns=spin_ns, trace_cap=trace_cap, save_preact=True,
-                             queue_order=queue_order)
+                             queue_order=queue_order, math=math)
         self.lib = K.load()
         dev, fa = self.dev, self.fwd.args
         W, T1 = len(ranks), shape.T
@@ -217,8 +218,9 @@ def prepare_moe_bwd(point, ctx, inputs, *, config=None, timeout_s: float | None 
         raise ValueError(unsupported_bwd(shape, fabric))
     ranks = list(range(shape.world)) if shape.world > 1 and fabric == "local" else [ctx.rank]
     step = getattr(point, "op", "moe-bwd") == "moe-step"
-    return MoeBwdRunner(shape, ctx, inputs, ranks=ranks, step=step, fabric=fabric, timeout_s=timeout_s,
-                        **runner_settings(config, kw))
+    settings = runner_settings(config, kw, point)
+    settings.pop("mover", None)  # the backward's movers follow the fabric (unsupported_moe_bwd)
+    return MoeBwdRunner(shape, ctx, inputs, ranks=ranks, step=step, fabric=fabric, timeout_s=timeout_s, **settings)
 
 
 def unsupported_moe_bwd(point) -> str | None:

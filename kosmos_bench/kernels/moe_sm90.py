@@ -3,7 +3,11 @@
 One cooperative persistent launch per forward (router, top-k, scan, dispatch, expert GEMMs with
 SwiGLU fused, fold, shared expert); the runner is :mod:`kosmos_bench.impls.kosmos_moe`. Its own
 shared library (``libkosmos_moe_sm90-<hash>-sm_90a.so``, CUTLASS headers), built, cached and loaded
-by :mod:`kosmos_bench.kernels.libs` (``libs.MOE_SM90``); builds on any machine with nvcc.
+by :mod:`kosmos_bench.kernels.libs` (``libs.MOE_SM90``); builds on any machine with nvcc. Two builds
+of the same source, one per math-warpgroup schedule (``KosmosConfig.math_wgs``, :data:`LIBS`):
+joint (two warpgroups on one 128 x 256 tile) and ping-pong (``libs.MOE_SM90_PP``: a warpgroup a
+128 x 128 tile, one's epilogue under the other's MMAs); their UP n-tiles pair gate and up columns
+within :data:`W1_TILE` columns.
 
 C ABI: ``kosmos_moe_{abi_version,last_error,smem_bytes,threads,args_offset,validate,create,destroy,
 set,max_wgs,launch}``; the argument struct is ``KosmosMoeArgs`` of ``csrc/kosmos/moe_params.h``
@@ -17,6 +21,9 @@ from . import libs
 from .abi import declare_runner, struct_mismatches
 
 LIB = libs.MOE_SM90
+MATH = ("joint", "pingpong")  # KosmosConfig.math_wgs
+LIBS = {"joint": libs.MOE_SM90, "pingpong": libs.MOE_SM90_PP}
+W1_TILE = {"joint": 256, "pingpong": 128}  # the kernel's kBN: UP n-tile = [W1_TILE/2 gate | W1_TILE/2 up]
 ABI_VERSION = 7
 MAX_E = 256
 MAX_TOPK = 16
@@ -107,9 +114,12 @@ def _declare(lib: C.CDLL) -> C.CDLL:
                           "libkosmos_moe_sm90 (moe_sm90.py)")
 
 
-def load() -> C.CDLL:
-    """The loaded library (built on first use when no cached build matches the sources)."""
-    return LIB.load(declare=_declare)
+def load(math: str = "joint") -> C.CDLL:
+    """The loaded library of schedule `math` (:data:`MATH`; built on first use when no cached build
+    matches the sources)."""
+    if math not in LIBS:
+        raise ValueError(f"math_wgs {math!r}: expected one of {', '.join(MATH)}")
+    return LIBS[math].load(declare=_declare)
 
 
 def last_error(lib: C.CDLL) -> str:

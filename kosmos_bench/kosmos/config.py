@@ -194,6 +194,12 @@ FIELDS: dict[str, Knob] = {k.name: k for k in (
          "wgrad_items band: bands per remote group; more than a shard's bands: groups of whole remote "
          "shards (schedule.wgrad_groups). H100 host W=8: two shards a group 10.90 vs 11.61 ms at 405b FC1, "
          "6.03 vs 5.92 at 16384 x 53248, three or four lose everywhere (docs/notes/wgrad-groups.md)."),
+    Knob("math_wgs", _choice("joint", "pingpong"), "joint | pingpong", "-",
+         "MoE forward kernel (ops moe, moe-bwd's saved forward, moe-step): the two math warpgroups on one "
+         "128 x 256 tile, each tile's epilogue with the tensor cores idle (joint), or a warpgroup a 128 x 128 "
+         "tile taking turns for the MMAs, one's epilogue under the other's mainloop (pingpong; "
+         "libs.MOE_SM90_PP, docs/notes/pingpong-plan.md). Pingpong is built and CPU-checked, not yet run "
+         "on a GPU: the default stays joint until both are timed."),
     Knob("ahead_blocks", lambda v: _to_int(v, lo=-1), "integer >= -1", "-",
          "sm90: claim the next tile this many k-blocks before the last load (-1: after the loads, "
          "2.6 us per tile lost; at the first load copy-bound FC1 2-3.5% slower). 24: 70b FC1 8k "
@@ -226,6 +232,7 @@ class KosmosConfig:
     local_group: int = 0
     wgrad_items: str = "band"
     wgrad_group: int = 0
+    math_wgs: str = "joint"
     ahead_blocks: int = 24
     spin_ns: int = 32
     gemm_kernel: str = "fused"
