@@ -62,10 +62,24 @@
 // expert's rows, a rank's tokens, in sorted = token order), dw by a fixed lane split and
 // butterfly, dx by j order: weight gradients and dx are bitwise identical across calls.
 //
+// Math warpgroups, two builds of this file (KosmosConfig.math_wgs; libs.MOE_BWD_SM90 / MOE_BWD_SM90_PP;
+// the slower is deleted once both are timed): joint (KOSMOS_MOE_PINGPONG 0), the two on one
+// 128 x 256 tile together; ping-pong (1), as the forward (builder_sm90.cuh PingpongBuilderSm90; the plan and
+// its reason: docs/notes/pingpong-plan.md). Both pop every item of the ring; item j is warpgroup
+// j % 2's, which runs its 128 x 128 tile alone (the other skips its mainloop stages) and releases
+// its counter; the two take turns for their MMAs (named barriers kBarTurn0 + wg: a warpgroup
+// waits for its turn before a tile's first wgmma and hands it over once the tile's last one is
+// issued), so the epilogue of item j (DH's SwiGLU backward above all: ~30 of a cooperative DH
+// tile's 79 us, qwen3, H100) runs under item j + 1's mainloop. GATHER and FOLD (no mainloop)
+// run on both warpgroups together (256 threads, kBarMath, as before): the owner takes and hands
+// over the turn at once. Every tile is 128 x 128 (kBN), so the n-tile counts (Layout nF / nH /
+// nFs) are twice the joint form's; every layout the Python side passes is unchanged (the
+// DH epilogue reads g / u in their natural columns, so no [gate | up] pairing is needed).
+//
 // Two builder types (A row-major: the dgrad GEMMs; A column-major: the wgrad GEMMs, tokens as
 // K) share ONE SharedStorage and mainloop ring: the loader hands its write state, the math
-// warps their read state, to the builder of the next tile's type (builder_sm90.cuh
-// write_state / read_state). Block layout, ring, watchdog, trace and exit protocol as the
+// warps (ping-pong: each math warpgroup) their read state, to the builder of the next tile's type
+// (builder_sm90.cuh write_state / read_state). Block layout, ring, watchdog, trace and exit protocol as the
 // forward kernel (see its header comment).
 #include <cuda_runtime.h>
 
@@ -78,6 +92,12 @@
 #include "kosmos/moe_common.cuh"
 #include "kosmos/sync.cuh"
 #include "kosmos/trace.cuh"
+
+// The math warpgroups' schedule of this build (module doc): 0 joint (libs.MOE_BWD_SM90), 1 ping-pong
+// (libs.MOE_BWD_SM90_PP).
+#ifndef KOSMOS_MOE_PINGPONG
+#define KOSMOS_MOE_PINGPONG 0
+#endif
 
 namespace kosmos {
 namespace moe_bwd {
@@ -92,9 +112,16 @@ using moe::pos_of;
 using moe::store_bf16x8;
 using moe::warp_sum;
 
+#if KOSMOS_MOE_PINGPONG
+// 128 x 128 tiles a math warpgroup, 6 stages of 32 KB (the ring bytes of the joint form's
+// 4 x 48 KB: the shared memory is unchanged)
+using BuilderN = sm90::PingpongBuilderSm90<128, 6>;  // A row-major: dgrad GEMMs
+using BuilderT = sm90::PingpongBuilderSm90<128, 6, cutlass::layout::ColumnMajor>;  // A column-major: wgrad GEMMs
+#else
 using BuilderN = sm90::BuilderSm90<128, 256, 64, 4, true>;  // A row-major: dgrad GEMMs
 using BuilderT = sm90::BuilderSm90<128, 256, 64, 4, true, 1, cutlass::layout::RowMajor,
                                    cutlass::layout::ColumnMajor>;  // A column-major: wgrad GEMMs
+#endif
 static_assert(sizeof(BuilderN::SharedStorage) == sizeof(BuilderT::SharedStorage) &&
                   alignof(BuilderN::SharedStorage) == alignof(BuilderT::SharedStorage) &&
                   sizeof(BuilderN::Mainloop::TensorStorage) == sizeof(BuilderT::Mainloop::TensorStorage),
@@ -115,11 +142,19 @@ static_assert(kBM == moe::kMoeBM, "expert tiles are the forward's 128 rows");
 constexpr int kTB = KOSMOS_MOE_TOK_BLOCK;
 static_assert(kBM % kTB == 0, "a token block of GATHER / FOLD lies in one 128-token block");
 constexpr int kBarLoader = 8;
-constexpr int kBarMath = 9;
+constexpr int kBarMath = 9;  // both math warpgroups (256 threads)
+#if KOSMOS_MOE_PINGPONG
+constexpr int kBarWg0 = 11;    // + wg: one math warpgroup's own barrier (128 threads)
+constexpr int kBarTurn0 = 13;  // + wg: warpgroup wg's MMA turn (the other arrives, wg syncs: 256)
+#endif
 constexpr int kSched = 32;
 constexpr int kLoaderRegs = 104;
 constexpr int kMathRegs = 200;
 static_assert(128 * kLoaderRegs + 256 * kMathRegs <= 384 * 168, "setmaxnreg beyond the CTA's registers");
+#if KOSMOS_MOE_PINGPONG
+static_assert(kBN == 128 && BuilderN::kAccum == 128 && BuilderT::kAccum == 128,
+              "the epilogues below assume 128 x 128 warpgroup tiles");
+#endif
 // Trace roles of this kernel (kosmos_bench/kernels/moe_bwd_sm90.py ROLE_CODES).
 enum BwdRole : uint16_t {
   kRoleGather = 0,   // combine backward: dO rows, dw, dlogits rows (and PAD)
@@ -153,8 +188,10 @@ static_assert(kSmemBytes <= 227 * 1024, "MoE backward kernel shared memory excee
 
 struct Params {
   KosmosMoeBwdArgs a;
+#if !KOSMOS_MOE_PINGPONG
   BuilderN::Params bpn;
   BuilderT::Params bpt;
+#endif
   BuilderN::Mainloop::Params dh, dx, dxr, sdh, sdx;    // A row-major
   BuilderT::Mainloop::Params wg2, wg1, dwr, swg2, swg1;  // A column-major
 };
@@ -171,7 +208,7 @@ __host__ __device__ __forceinline__ bool movers_gather(const KosmosMoeArgs& f) {
 
 struct Layout {
   int begin[KOSMOS_MOE_BWD_NUM_KINDS + 1];
-  int nF, nH, nFs;      // 256-wide n-tiles of F, H, Fs (0 without a shared expert)
+  int nF, nH, nFs;      // kBN-wide n-tiles of F, H, Fs (0 without a shared expert)
   int mH, mF2, mFs2, mE;  // 128-row m-tiles of H, 2F, 2Fs, E8 (the wgrad outputs' rows)
   __host__ __device__ Layout(const KosmosMoeBwdArgs& a) {
     const KosmosMoeArgs& f = a.f;
@@ -588,6 +625,447 @@ __device__ bool run_fold(const Ctx& c, const Layout& L, FoldSmem& fs, int b, int
 }
 
 // ------------------------------------------------------------------------------ math items
+#if KOSMOS_MOE_PINGPONG
+// Accumulator layout: moe_common.cuh acc_row / acc_col, per m64 half of a warpgroup's 128 x 128
+// tile (builder_sm90.cuh PingpongBuilderSm90: value v = 64 h + a, rows 64 h + acc_row(t, a)).
+//
+// The SwiGLU backward epilogue of a dh tile (rows 0..127 of the tile, h columns n*128..):
+//   a = silu(g) u:  dg = dh u sig(g) (1 + g (1 - sig(g))),  du = dh silu(g)
+// with g, u the saved pre-activations (natural layout: row stride 2Fw, up at +Fw) at `pre`, the
+// result [dg | du] at `dpre` (same layout). Rows >= rows: zero (zero_pad: the expert tile's pad
+// rows, so that the wgrad over whole tiles adds nothing) or untouched (the shared expert's
+// token tail, beyond the buffer). g / u come in and [dg | du] go out through the builder's
+// epilogue staging (each warp its 16 rows of each m64 half, 32 columns of g and of u at a time,
+// 16-byte loads and stores, the next chunk's loads in flight while this one computes): element
+// by element from the accumulator's positions they were 64 dependent round trips to memory a
+// tile. The tile's dh columns are natural h columns and g / u are read from memory, so the
+// ping-pong's 128-wide tiles need no [gate | up] column pairing (unlike the forward's UP).
+constexpr int kEpiRow = 144;  // bytes a staging row: 32 g + 32 u bf16 (128 B) + 16 B against bank conflicts
+constexpr int kChunk = 32;    // columns of g (and of u) a chunk
+static_assert(BuilderN::kEpiWgBytes >= 4 * 16 * kEpiRow, "the SwiGLU epilogue stages 16 rows a warp of the warpgroup");
+
+// L2 prefetch of the tile's g / u slices (thread t of the item's warpgroup: row t, g and u; before
+// the turn and the MMAs: the epilogue's loads then hit L2)
+__device__ __forceinline__ void swiglu_prefetch(int t, int n, int Fw, int rows, const bf16* pre) {
+  if (t >= rows || n * kBN >= Fw) return;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const char* p = reinterpret_cast<const char*>(pre + int64_t(t) * 2 * Fw + half * Fw + n * kBN);
+#pragma unroll
+    for (int l = 0; l < kBN * 2 / 128; ++l) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + 128 * l));
+  }
+}
+
+// The item's warpgroup (thread t; epi: its half of the staging, builder epilogue_smem(wg)).
+// Fw % 128 == 0 (validate): every chunk of the tile lies inside the Fw columns.
+template <class Accum>
+__device__ __forceinline__ void swiglu_bwd_store(Accum const& acc, uint8_t* epi, int t, int n, int Fw, int rows,
+                                                 const bf16* pre, bf16* dpre, bool zero_pad) {
+  const int64_t ld = 2 * int64_t(Fw);
+  const int lane = t % 32, warp = t / 32;
+  uint8_t* stage = epi + warp * 16 * kEpiRow;
+  const int seg = lane % 8;  // the lane's 16 bytes of a staging row: g 0..3, u 4..7
+  const int64_t seg_col = (seg < 4 ? 0 : Fw) + (seg % 4) * 8;
+  constexpr int kPerHalf = kBN / kChunk;  // chunks of an m64 half's 16 rows (this warp's)
+  constexpr int kChunks = 2 * kPerHalf;   // chunk q: half q / kPerHalf, columns 32 (q % kPerHalf)..
+  int4 in[4];
+  auto load = [&](int q) {
+    const int row0 = 64 * (q / kPerHalf) + 16 * warp;  // acc_row(t, a) + 64 h - (lane / 4) - 8 ((a / 2) % 2)
+    const int col0 = n * kBN + (q % kPerHalf) * kChunk;
+#pragma unroll
+    for (int it = 0; it < 4; ++it) {
+      const int r = row0 + it * 4 + lane / 8;
+      in[it] = r < rows ? __ldg(reinterpret_cast<const int4*>(pre + r * ld + col0 + seg_col)) : make_int4(0, 0, 0, 0);
+    }
+  };
+  load(0);
+#pragma unroll
+  for (int q = 0; q < kChunks; ++q) {
+    const int h = q / kPerHalf, c = q % kPerHalf;
+    const int row0 = 64 * h + 16 * warp;
+    const int col0 = n * kBN + c * kChunk;
+#pragma unroll
+    for (int it = 0; it < 4; ++it)
+      *reinterpret_cast<int4*>(stage + (it * 4 + lane / 8) * kEpiRow + seg * 16) = in[it];
+    __syncwarp();
+    if (q + 1 < kChunks) load(q + 1);
+#pragma unroll
+    for (int b = 0; b < kChunk / 8; ++b) {
+#pragma unroll
+      for (int hrow = 0; hrow < 2; ++hrow) {
+        // values v, v + 1: one row, two columns (half h, atom value (c * 4 + b) * 4 + 2 hrow)
+        const int v = h * BuilderN::kAtomVals + (c * (kChunk / 8) + b) * 4 + 2 * hrow;
+        const int rr = lane / 4 + 8 * hrow;
+        const int off = rr * kEpiRow + (b * 8 + 2 * (lane % 4)) * 2;
+        __nv_bfloat162* gp = reinterpret_cast<__nv_bfloat162*>(stage + off);
+        __nv_bfloat162* up = reinterpret_cast<__nv_bfloat162*>(stage + off + 64);
+        const __nv_bfloat162 g2 = *gp, u2 = *up;
+        float dg[2], du[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float g = __bfloat162float(e ? g2.y : g2.x), u = __bfloat162float(e ? u2.y : u2.x);
+          const float dh = acc(v + e);
+          const float sg = __frcp_rn(1.f + __expf(-g));  // fast exp: DH tiles 79 -> 75 us (qwen3, H100)
+          const bool pad = row0 + rr >= rows;
+          dg[e] = pad ? 0.f : dh * u * sg * (1.f + g * (1.f - sg));
+          du[e] = pad ? 0.f : dh * g * sg;
+        }
+        *gp = __floats2bfloat162_rn(dg[0], dg[1]);
+        *up = __floats2bfloat162_rn(du[0], du[1]);
+      }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int it = 0; it < 4; ++it) {
+      const int rr = it * 4 + lane / 8, r = row0 + rr;
+      if (r < rows || zero_pad)
+        *reinterpret_cast<int4*>(dpre + r * ld + col0 + seg_col) =
+            *reinterpret_cast<const int4*>(stage + rr * kEpiRow + seg * 16);
+    }
+    __syncwarp();
+  }
+}
+
+template <class Accum>
+__device__ __forceinline__ void zero_acc(Accum& acc) {
+#pragma unroll
+  for (int v = 0; v < BuilderN::kAccum; ++v) acc(v) = 0.f;
+}
+
+// Mainloop k-blocks of math item (kind, i): what produce_item loads for it, what its warpgroup
+// computes on and the other warpgroup skips (both must agree, item by item). GATHER, FOLD: none.
+__device__ __forceinline__ int item_kblocks(const KosmosMoeBwdArgs& a, const Layout& L, int kind, int i) {
+  const KosmosMoeArgs& f = a.f;
+  switch (kind) {
+    case KOSMOS_MOE_BWD_SHARED_DH:
+    case KOSMOS_MOE_BWD_DH:
+      return f.H / kBK;
+    case KOSMOS_MOE_BWD_DXR:
+      return cdiv(a.E8, kBK);
+    case KOSMOS_MOE_BWD_DX:
+      return 2 * f.F / kBK;
+    case KOSMOS_MOE_BWD_SHARED_DX:
+      return 2 * f.Fs / kBK;
+    case KOSMOS_MOE_BWD_SHARED_WG2:
+    case KOSMOS_MOE_BWD_DWR:
+    case KOSMOS_MOE_BWD_SHARED_WG1:
+      return cdiv(a.T1, kBK);
+    case KOSMOS_MOE_BWD_WG2:  // the expert's tiles, tokens as K (none: no rows, nothing loaded)
+      return 2 * expert_tiles(f, i / (L.mH * L.nF)).n;
+    case KOSMOS_MOE_BWD_WG1:
+      return 2 * expert_tiles(f, i / (L.mF2 * L.nH)).n;
+    default:
+      return 0;
+  }
+}
+
+// The wgrad tiles (tokens as K): A column-major, BuilderT; every other tile BuilderN.
+__device__ __forceinline__ bool a_col_major(int kind) {
+  return kind == KOSMOS_MOE_BWD_SHARED_WG2 || kind == KOSMOS_MOE_BWD_DWR || kind == KOSMOS_MOE_BWD_SHARED_WG1 ||
+         kind == KOSMOS_MOE_BWD_WG2 || kind == KOSMOS_MOE_BWD_WG1;
+}
+
+// The math warpgroups' MMA turn (CUTLASS's ping-pong order, on named barriers; as the forward's):
+// item j's owner waits for item j - 1's owner (the other warpgroup) to have issued its last
+// wgmma, and hands the turn on once its own are issued, so the tensor cores run one warpgroup's
+// mainloop while the other's epilogue runs. Every item takes and gives exactly once (GATHER /
+// FOLD / a tile without k-blocks: both at once); after the last item the warpgroup whose turn
+// it is consumes the pending arrival (finish). The wait is intra-CTA: the other warpgroup only
+// needs its tile's stages (TMA, issued by the loader in ring order) to reach its give, never
+// another CTA's counters (the scheduler waited for those before pushing the item).
+struct Turn {
+  int wg;
+  __device__ __forceinline__ void take(int j) const {
+    if (j > 0) named_bar_sync(kBarTurn0 + wg, 2 * BuilderN::kWgThreads);
+  }
+  __device__ __forceinline__ void give() const { moe::named_bar_arrive(kBarTurn0 + (wg ^ 1), 2 * BuilderN::kWgThreads); }
+  // j: the ring index of the end marker (items 0..j-1 ran)
+  __device__ __forceinline__ void finish(int j) const {
+    if ((j & 1) == wg) take(j);
+  }
+};
+
+// The math warpgroups (module doc): every item of the ring in order; item j is warpgroup j % 2's.
+__device__ __forceinline__ void math_loop(const Ctx& c, const Layout& L, Shared& s, BuilderN& bn, BuilderT& bt, Ring& ring,
+                                          Tracer& tr) {
+  const KosmosMoeBwdArgs& a = c.a;
+  const KosmosMoeArgs& f = a.f;
+  const int m = int(threadIdx.x) - 128;  // math thread 0..255
+  const int wg = m / BuilderN::kWgThreads, t = m % BuilderN::kWgThreads;
+  const Turn turn{wg};
+  const int T = f.T, H = f.H, F = f.F, Fs = f.Fs;
+  int j = 0;  // ring index of the item
+  for (;; ++j) {
+    const int item = ring.pop();
+    if (item < 0) break;
+    const int kind = item >> 24, i = item & 0xffffff;
+    const bool mine = (j & 1) == wg;
+    if (kind == KOSMOS_MOE_BWD_GATHER || kind == KOSMOS_MOE_BWD_FOLD) {
+      // both warpgroups (their 256 threads' loads in flight, kBarMath); the owner passes the turn
+      // at once. Each warpgroup finished its earlier items before the joint barrier, so the
+      // FOLD's waits see the CTA's earlier tiles released, as in the cooperative form.
+      if (mine) {
+        turn.take(j);
+        turn.give();
+      }
+      const uint64_t t0 = (m == 0) ? tr.now() : 0;
+      if (kind == KOSMOS_MOE_BWD_GATHER) {
+        run_gather(c, i, m);  // ends with kBarMath: every thread's stores before lg_done
+      } else {
+        run_fold<BuilderN::kNumMathThreads>(c, L, s.fold, i, m, kBarMath);  // an abort: the claims end
+      }
+      if (m == 0) {  // after the routine's last kBarMath: all 256 threads are done with it
+        atomicAdd(&s.mem_done, 1);
+        tr.add(kind == KOSMOS_MOE_BWD_GATHER ? kRoleGather : kRoleFold, item, t0, tr.now());
+      }
+      continue;
+    }
+    const int nk = item_kblocks(a, L, kind, i);
+    if (!mine) {  // the other warpgroup's tile: skip its stages (the read state held between tiles is bn's)
+      bn.skip_k(nk);
+      continue;
+    }
+    const uint64_t t0 = (t == 0) ? tr.now() : 0;
+    // DH / SHARED_DH: the L2 prefetch of the epilogue's g / u before the turn and the MMAs
+    if (kind == KOSMOS_MOE_BWD_DH) {
+      const int g = ldcg(f.tile_order + i / L.nF);
+      swiglu_prefetch(t, i % L.nF, F, ldcg(f.tile_rows + g), static_cast<const bf16*>(f.gus) + int64_t(g) * kBM * 2 * F);
+    } else if (kind == KOSMOS_MOE_BWD_SHARED_DH) {
+      const int mb = i / L.nFs;
+      swiglu_prefetch(t, i % L.nFs, Fs, T - mb * kBM, static_cast<const bf16*>(f.gush) + int64_t(mb) * kBM * 2 * Fs);
+    }
+    // the tile's MMAs, one call site per A layout (not one per kind: less code, fewer registers
+    // live across the cases): take the turn, hand it on once the last wgmma is issued
+    auto acc = BuilderN::make_accum();
+    static_assert(cute::is_same_v<decltype(acc), decltype(BuilderT::make_accum())>, "one accumulator type");
+    turn.take(j);
+    if (nk == 0) {  // an expert without rows (WG1 / WG2): nothing was loaded (the loader skipped the tile too)
+      turn.give();
+      zero_acc(acc);
+    } else if (a_col_major(kind)) {
+      bt.read_state() = bn.read_state();
+      bt.mma_k(acc, nk, [&] { turn.give(); });
+      bn.read_state() = bt.read_state();
+    } else {
+      bn.mma_k(acc, nk, [&] { turn.give(); });
+    }
+    uint32_t* rel = nullptr;
+    uint16_t role = kRoleDgrad;
+    switch (kind) {
+      case KOSMOS_MOE_BWD_SHARED_DH: {
+        const int mb = i / L.nFs, n = i % L.nFs;
+        const int64_t o = int64_t(mb) * kBM * 2 * Fs;
+        swiglu_bwd_store(acc, bn.epilogue_smem(wg), t, n, Fs, T - mb * kBM, static_cast<const bf16*>(f.gush) + o,
+                         static_cast<bf16*>(a.dgush) + o, false);
+        rel = c.sdh_done() + mb;
+        role = kRoleShared;
+        break;
+      }
+      case KOSMOS_MOE_BWD_DH: {
+        const int g = ldcg(f.tile_order + i / L.nF), n = i % L.nF;
+        const int64_t o = int64_t(g) * kBM * 2 * F;
+        swiglu_bwd_store(acc, bn.epilogue_smem(wg), t, n, F, ldcg(f.tile_rows + g), static_cast<const bf16*>(f.gus) + o,
+                         static_cast<bf16*>(a.dgus) + o, true);
+        rel = c.dh_done() + g;
+        break;
+      }
+      case KOSMOS_MOE_BWD_DXR: {
+        const int mb = i / L.nH, n = i % L.nH;
+        bn.store_tile(acc, static_cast<bf16*>(a.dxr) + int64_t(mb) * kBM * H + n * kBN, H, T - mb * kBM, H - n * kBN);
+        rel = c.xr_done() + mb;
+        role = kRoleRouter;
+        break;
+      }
+      case KOSMOS_MOE_BWD_DX: {
+        int q, n;
+        moe::raster_tile(i, L.nH, f.tiles_max, &q, &n);
+        const int g = ldcg(f.tile_order + q);
+        bn.store_tile(acc, static_cast<bf16*>(a.dxs) + int64_t(g) * kBM * H + n * kBN, H, kBM, H - n * kBN);
+        rel = c.dx_done() + g;
+        break;
+      }
+      case KOSMOS_MOE_BWD_SHARED_DX: {
+        const int mb = i / L.nH, n = i % L.nH;
+        bn.store_tile(acc, static_cast<bf16*>(a.dxsh) + int64_t(mb) * kBM * H + n * kBN, H, T - mb * kBM,
+                      H - n * kBN);
+        rel = c.sdx_done() + mb;
+        role = kRoleShared;
+        break;
+      }
+      case KOSMOS_MOE_BWD_SHARED_WG2: {  // dWs2_r (H x Fs) tile
+        const int r = i / (L.mH * L.nFs), mh = (i / L.nFs) % L.mH, n = i % L.nFs;
+        bn.store_tile(acc, static_cast<bf16*>(a.dws2) + int64_t(r) * H * Fs + int64_t(mh) * kBM * Fs + n * kBN, Fs,
+                      H - mh * kBM, Fs - n * kBN);
+        role = kRoleShared;
+        break;
+      }
+      case KOSMOS_MOE_BWD_DWR: {  // dWr_r (E x H) tile
+        const int r = i / (L.mE * L.nH), me = (i / L.nH) % L.mE, n = i % L.nH;
+        bn.store_tile(acc, static_cast<bf16*>(a.dwr) + int64_t(r) * f.E * H + int64_t(me) * kBM * H + n * kBN, H,
+                      f.E - me * kBM, H - n * kBN);
+        role = kRoleRouter;
+        break;
+      }
+      case KOSMOS_MOE_BWD_SHARED_WG1: {  // dWs1_r (2Fs x H) tile
+        const int r = i / (L.mFs2 * L.nH), mf = (i / L.nH) % L.mFs2, n = i % L.nH;
+        bn.store_tile(acc, static_cast<bf16*>(a.dws1) + int64_t(r) * 2 * Fs * H + int64_t(mf) * kBM * H + n * kBN, H,
+                      2 * Fs - mf * kBM, H - n * kBN);
+        role = kRoleShared;
+        break;
+      }
+      case KOSMOS_MOE_BWD_WG2: {  // dW2_e (H x F) tile
+        const int e = i / (L.mH * L.nF), mh = (i / L.nF) % L.mH, n = i % L.nF;
+        bn.store_tile(acc, static_cast<bf16*>(a.dw2) + int64_t(e) * H * F + int64_t(mh) * kBM * F + n * kBN, F,
+                      H - mh * kBM, F - n * kBN);
+        role = kRoleWgrad;
+        break;
+      }
+      case KOSMOS_MOE_BWD_WG1: {  // dW1_e (2F x H) tile
+        const int e = i / (L.mF2 * L.nH), mf = (i / L.nH) % L.mF2, n = i % L.nH;
+        bn.store_tile(acc, static_cast<bf16*>(a.dw1) + int64_t(e) * 2 * F * H + int64_t(mf) * kBM * H + n * kBN, H,
+                      2 * F - mf * kBM, H - n * kBN);
+        role = kRoleWgrad;
+        break;
+      }
+      default:  // not a math kind (never pushed): no k-blocks, the turn went on above
+        break;
+    }
+    __threadfence();
+    named_bar_sync(kBarWg0 + wg, BuilderN::kWgThreads);  // every store of the item before its release
+    if (t == 0) {
+      if (rel) atomicAdd(rel, 1u);
+      tr.add(role, item, t0, tr.now());
+    }
+  }
+  turn.finish(j);
+}
+
+// Loader warp 0: the TMA loads of math item (kind, i), in the ring order (the math side's
+// mma / skip sequence mirrors it; item_kblocks k-blocks each).
+__device__ void produce_item(const Params& P, const Layout& L, BuilderN& bn, BuilderT& bt, int kind, int i) {
+  const KosmosMoeBwdArgs& a = P.a;
+  const KosmosMoeArgs& f = a.f;
+  const int T = f.T, H = f.H, F = f.F, Fs = f.Fs, W = a.W, T1 = a.T1;
+  const int rows_s = f.tiles_max * kBM;
+  const int nk = item_kblocks(a, L, kind, i);
+  // a column-major-A tile: bt takes the ring's write state and gives it back
+  auto produce_t = [&](typename BuilderT::Mainloop::Params const& mp, int rows_a, int batches_a, int l_a, int m_blk,
+                       int N, int K, int batches_b, int l_b, int n_blk, int k0) {
+    bt.write_state() = bn.write_state();
+    bt.produce_grouped(mp, rows_a, batches_a, l_a, m_blk, N, K, nk, batches_b, l_b, n_blk, k0);
+    bn.write_state() = bt.write_state();
+  };
+  switch (kind) {
+    case KOSMOS_MOE_BWD_SHARED_DH:
+      bn.produce_grouped(P.sdh, T, 1, 0, i / L.nFs, Fs, H, nk, 1, 0, i % L.nFs);
+      break;
+    case KOSMOS_MOE_BWD_DH: {
+      const int g = ldcg(f.tile_order + i / L.nF);
+      bn.produce_grouped(P.dh, rows_s, 1, 0, g, F, H, nk, f.E_tiles, ldcg(f.tile_expert + g), i % L.nF);
+      break;
+    }
+    case KOSMOS_MOE_BWD_DXR:
+      bn.produce_grouped(P.dxr, T, 1, 0, i / L.nH, H, a.E8, nk, 1, 0, i % L.nH);
+      break;
+    case KOSMOS_MOE_BWD_DX: {
+      int q, n;
+      moe::raster_tile(i, L.nH, f.tiles_max, &q, &n);
+      const int g = ldcg(f.tile_order + q);
+      bn.produce_grouped(P.dx, rows_s, 1, 0, g, H, 2 * F, nk, f.E_tiles, ldcg(f.tile_expert + g), n);
+      break;
+    }
+    case KOSMOS_MOE_BWD_SHARED_DX:
+      bn.produce_grouped(P.sdx, T, 1, 0, i / L.nH, H, 2 * Fs, nk, 1, 0, i % L.nH);
+      break;
+    case KOSMOS_MOE_BWD_SHARED_WG2: {
+      const int r = i / (L.mH * L.nFs), mh = (i / L.nFs) % L.mH, n = i % L.nFs;
+      produce_t(P.swg2, H, W, r, mh, Fs, T1, W, r, n, 0);
+      break;
+    }
+    case KOSMOS_MOE_BWD_DWR: {
+      const int r = i / (L.mE * L.nH), me = (i / L.nH) % L.mE, n = i % L.nH;
+      produce_t(P.dwr, a.E8, W, r, me, H, T1, W, r, n, 0);
+      break;
+    }
+    case KOSMOS_MOE_BWD_SHARED_WG1: {
+      const int r = i / (L.mFs2 * L.nH), mf = (i / L.nH) % L.mFs2, n = i % L.nH;
+      produce_t(P.swg1, 2 * Fs, W, r, mf, H, T1, W, r, n, 0);
+      break;
+    }
+    case KOSMOS_MOE_BWD_WG2: {
+      const int e = i / (L.mH * L.nF), mh = (i / L.nF) % L.mH, n = i % L.nF;
+      if (nk) produce_t(P.wg2, H, 1, 0, mh, F, rows_s, 1, 0, n, expert_tiles(f, e).first * (kBM / kBK));
+      break;
+    }
+    case KOSMOS_MOE_BWD_WG1: {
+      const int e = i / (L.mF2 * L.nH), mf = (i / L.nH) % L.mF2, n = i % L.nH;
+      if (nk) produce_t(P.wg1, 2 * F, 1, 0, mf, H, rows_s, 1, 0, n, expert_tiles(f, e).first * (kBM / kBK));
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+__device__ __forceinline__ bool is_loader_item(int kind) {
+  return kind == KOSMOS_MOE_BWD_PEER_GATHER || kind == KOSMOS_MOE_BWD_PAD || kind == KOSMOS_MOE_BWD_PEER_COMBINE;
+}
+
+// The movers (warps 2-3, no peers): GATHER items (32 rows of a sorted tile, in queue order, so
+// the tiles DH claims first fill first) until none is left, then LOGITS items (32 tokens, once
+// their block's choices all have their dw), then FOLD items (from the counter the sequence's FOLD
+// slots share). Mover thread 0 claims and waits (watchdog-bounded); the others follow through
+// s.mcmd, so a failed wait or an abort takes all 64 out together. A GATHER waits for nothing, a
+// LOGITS only for GATHERs, every one of which was claimed before it; a FOLD for DX / DXR /
+// SHARED_DX tiles of the math warps, which wait for no mover item still unclaimed then.
+__device__ __noinline__ void mover_loop(const Ctx& c, const Layout& L, Shared& s, Tracer& tr, int mt) {
+  const KosmosMoeBwdArgs& a = c.a;
+  const KosmosMoeArgs& f = a.f;
+  const bool lead = mt == 0;
+  constexpr int kParts = kBM / kTB;
+  auto share = [&](int v) { return moe::share_lead(s.mcmd, lead, v, kBarMover, kMoverThreads); };
+  // the lead's claim from counter word `ctr` (-1: none left below `n`, or aborted)
+  auto claim = [&](int ctr, int n) {
+    int k = -1;
+    if (lead && !aborted(c.sc)) k = int(atomicAdd(a.ctr + ctr, 1u));
+    return share(k >= 0 && k < n ? k : -1);
+  };
+  const int tiles = ldcg(f.meta);
+  for (int i; (i = claim(KOSMOS_MOE_BWD_CTR_MGATHER, tiles * kParts)) >= 0;) {
+    if (a.debug_skip_gather) continue;  // watchdog test: no dO rows ever arrive
+    const uint64_t t0 = lead ? tr.now() : 0;
+    const int g = ldcg(f.tile_order + i / kParts);
+    const int n = run_gather_rows(c, g, i % kParts, mt);
+    __threadfence();
+    named_bar_sync(kBarMover, kMoverThreads);
+    if (lead) {
+      if (n) atomicAdd(c.arrived() + g, uint32_t(n));
+      tr.add(kRoleGather, (KOSMOS_MOE_BWD_GATHER << 24) | i, t0, tr.now());
+    }
+  }
+  for (int b; (b = claim(KOSMOS_MOE_BWD_CTR_MLOGITS, cdiv(f.T, kTB))) >= 0;) {
+    const int mb = b * kTB / kBM;
+    const uint32_t need = c.block_tokens(mb) * uint32_t(f.topk);
+    if (share(!lead || c.wait(c.dw_done() + mb, need, KOSMOS_MOE_BWD_LOGITS, b) ? 0 : -1) < 0) return;
+    const uint64_t t0 = lead ? tr.now() : 0;
+    run_logits(c, b, mt);
+    __threadfence();
+    named_bar_sync(kBarMover, kMoverThreads);
+    if (lead) {
+      atomicAdd(c.lg_done() + mb, uint32_t(min(kTB, f.T - b * kTB)));
+      tr.add(kRoleRouter, (KOSMOS_MOE_BWD_LOGITS << 24) | b, t0, tr.now());
+    }
+  }
+  // then FOLD items, beside the math warps' weight-gradient tiles (the claim sequence's FOLD
+  // slots take the rest): the fold's tail after the last tile shrinks to what is left
+  for (int b; (b = claim(KOSMOS_MOE_BWD_CTR_FOLD, L.count(KOSMOS_MOE_BWD_FOLD))) >= 0;) {
+    const uint64_t t0 = lead ? tr.now() : 0;
+    if (!run_fold<kMoverThreads>(c, L, s.mfold, b, mt, kBarMover)) return;
+    if (lead) tr.add(kRoleFold, (KOSMOS_MOE_BWD_FOLD << 24) | b, t0, tr.now());
+  }
+}
+
+#else  // joint: both math warpgroups on one 128 x 256 tile
 // The SwiGLU backward epilogue of a dh tile (rows 0..127 of the tile, h columns n*256..):
 //   a = silu(g) u:  dg = dh u sig(g) (1 + g (1 - sig(g))),  du = dh silu(g)
 // with g, u the saved pre-activations (natural layout: row stride 2Fw, up at +Fw) at `pre`, the
@@ -966,6 +1444,8 @@ __device__ __noinline__ void mover_loop(const Ctx& c, const Layout& L, Shared& s
   }
 }
 
+#endif  // KOSMOS_MOE_PINGPONG
+
 // ------------------------------------------------------------------------------ the kernel
 __global__ void __launch_bounds__(kThreads, 1) moe_bwd_sm90_kernel(const __grid_constant__ Params P) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -989,8 +1469,13 @@ __global__ void __launch_bounds__(kThreads, 1) moe_bwd_sm90_kernel(const __grid_
   if (tid == 0) s.mem_done = 0;
   // both builder types over the one SharedStorage (the second initialises the same barriers
   // again, before any use: harmless)
+#if KOSMOS_MOE_PINGPONG
+  BuilderN bn(s.builder, P.dh, role);
+  BuilderT bt(reinterpret_cast<BuilderT::SharedStorage&>(s.builder), P.wg2,
+#else
   BuilderN bn(s.builder, P.bpn, role);
   BuilderT bt(reinterpret_cast<BuilderT::SharedStorage&>(s.builder), P.bpt,
+#endif
               role == BuilderN::Role::kLoader ? BuilderT::Role::kLoader
                                               : (role == BuilderN::Role::kMath ? BuilderT::Role::kMath
                                                                                : BuilderT::Role::kNone));
@@ -1169,12 +1654,16 @@ int kosmos_moe_bwd_set(void* h, const KosmosMoeBwdArgs* args) {
   const int T = f.T, H = f.H, F = f.F, Fs = f.Fs, W = a.W, T1 = a.T1, E = f.E_tiles;
   const int rows_s = f.tiles_max * 128;
   // A row-major (M x K): the dgrad GEMMs; B (K x N, N contiguous): the layer's weights as they are
+#if !KOSMOS_MOE_PINGPONG
   P.bpn = BuilderN::make_params(a.dos, a.w2, a.dgus, rows_s, F, H);
+#endif
   P.dh = BuilderN::make_grouped_params(a.dos, rows_s, 1, int64_t(rows_s) * H, a.w2, F, H, E);
   P.dx = BuilderN::make_grouped_params(a.dgus, rows_s, 1, int64_t(rows_s) * 2 * F, a.w1, H, 2 * F, E);
   P.dxr = BuilderN::make_grouped_params(a.dlogits, T, 1, int64_t(T) * a.E8, a.wr, H, a.E8, 1);
   // A column-major (the token rows as K, K x M storage): the wgrad GEMMs, a rank's tokens per batch
+#if !KOSMOS_MOE_PINGPONG
   P.bpt = BuilderT::make_params(a.dos, f.hs, a.dw2, H, F, rows_s);
+#endif
   P.wg2 = BuilderT::make_grouped_params(a.dos, H, 1, int64_t(rows_s) * H, f.hs, F, rows_s, 1);
   P.wg1 = BuilderT::make_grouped_params(a.dgus, 2 * F, 1, int64_t(rows_s) * 2 * F, f.xs, H, rows_s, 1);
   P.dwr = BuilderT::make_grouped_params(a.dlogits, a.E8, W, int64_t(T1) * a.E8, f.x, H, T1, W);

@@ -46,7 +46,8 @@ def _lib(**kw):
 
 def test_the_libraries():
     assert [lib.name for lib in libs.LIBRARIES] == ["kosmos", "kosmos_ag_sm90", "sm90_gemm", "kosmos_moe_sm90", "kosmos_ag_sm90_bt",
-                                                    "kosmos_ag_sm90_at", "kosmos_moe_bwd_sm90", "kosmos_moe_pp_sm90"]
+                                                    "kosmos_ag_sm90_at", "kosmos_moe_bwd_sm90", "kosmos_moe_pp_sm90",
+                                                    "kosmos_moe_bwd_pp_sm90"]
     # one source, three layouts: the flags say which (and so the hashes differ)
     assert ag_sm90.library(a_transposed=True) is libs.AG_SM90_AT and ag_sm90.library(True) is libs.AG_SM90_BT
     assert "-DKOSMOS_SM90_A_TRANSPOSED=1" in libs.AG_SM90_AT.flags and libs.AG_SM90_AT.sources == libs.AG_SM90.sources
@@ -61,6 +62,10 @@ def test_the_libraries():
     assert libs.MOE_SM90_PP.source_hash() != libs.MOE_SM90.source_hash()
     with pytest.raises(ValueError, match="math_wgs"):
         moe_sm90.load("cooperative")
+    assert moe_bwd_sm90.LIBS == {"joint": libs.MOE_BWD_SM90, "pingpong": libs.MOE_BWD_SM90_PP}
+    assert "-DKOSMOS_MOE_PINGPONG=1" in libs.MOE_BWD_SM90_PP.flags and libs.MOE_BWD_SM90_PP.sources == libs.MOE_BWD_SM90.sources
+    with pytest.raises(ValueError, match="math_wgs"):
+        moe_bwd_sm90.load("cooperative")
     for lib in libs.LIBRARIES:
         for p in libs.hashed_files(lib):
             assert p.exists(), p
@@ -122,10 +127,11 @@ def test_check_all_names_what_it_compiled(monkeypatch):
     res = kernels.build(check_only=True, arch="sm_90a")
     assert seen == [("kosmos", "sm_90a"), ("kosmos_ag_sm90", "sm_90a"), ("sm90_gemm", "sm_90a"),
                     ("kosmos_moe_sm90", "sm_90a"), ("kosmos_ag_sm90_bt", "sm_90a"), ("kosmos_ag_sm90_at", "sm_90a"),
-                    ("kosmos_moe_bwd_sm90", "sm_90a"), ("kosmos_moe_pp_sm90", "sm_90a")]
+                    ("kosmos_moe_bwd_sm90", "sm_90a"), ("kosmos_moe_pp_sm90", "sm_90a"),
+                    ("kosmos_moe_bwd_pp_sm90", "sm_90a")]
     assert str(res) == ("kosmos kernels compile-checked for sm_90a (ag_gemm.cu, gemm_rs.cu, runtime.cu, ag_gemm_sm90.cu, "
                         "gemm_sm90.cu, moe_fwd_sm90.cu, ag_gemm_sm90.cu, ag_gemm_sm90.cu, "
-                        "moe_bwd_sm90.cu, moe_fwd_sm90.cu)")
+                        "moe_bwd_sm90.cu, moe_fwd_sm90.cu, moe_bwd_sm90.cu)")
     seen.clear()
     assert str(kernels.build(check_only=True, arch="sm_80")).endswith("(ag_gemm.cu, gemm_rs.cu, runtime.cu)")
     assert seen == [("kosmos", "sm_80")]

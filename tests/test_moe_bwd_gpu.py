@@ -93,15 +93,20 @@ def test_liger_backward_or_its_reason():
 
 
 # ----------------------------------------------------------------------------- the KOSMOS kernel
+# Both builds of the kernels (KosmosConfig.math_wgs: joint, ping-pong math warpgroups).
+MATHS = ["joint", "pingpong"]
+
+
 @pytest.mark.hopper
+@pytest.mark.parametrize("math", MATHS)
 @pytest.mark.parametrize("routing", ["uniform", "zipf:1.2"])
 @pytest.mark.parametrize("preset", ["deepseek-v3", "qwen3-235b-a22b"])
-def test_kosmos_world1_presets(preset, routing):
-    _run("moe-bwd", "kosmos", preset, 2048, 1, "nvlink", routing)
+def test_kosmos_world1_presets(preset, routing, math):
+    _run("moe-bwd", "kosmos", preset, 2048, 1, "nvlink", routing, knobs=f"math_wgs={math}")
 
 
 @pytest.mark.hopper
-@pytest.mark.parametrize("math", ["joint", "pingpong"])
+@pytest.mark.parametrize("math", MATHS)
 def test_kosmos_step(math):
     """Forward kernel (either build, KosmosConfig.math_wgs) then backward: the backward reads the
     forward's saved routing and gate/up pre-activations."""
@@ -111,18 +116,20 @@ def test_kosmos_step(math):
 @pytest.mark.hopper
 @pytest.mark.parametrize("preset,T,world", [("qwen3-235b-a22b", 1024, 2), ("qwen3-235b-a22b", 1024, 4),
                                             ("qwen3-235b-a22b", 512, 8), ("deepseek-v3", 512, 2)])
-def test_kosmos_local_fabric(preset, T, world):
+@pytest.mark.parametrize("math", MATHS)
+def test_kosmos_local_fabric(preset, T, world, math):
     """W ranks in one launch (deepseek-v3 at W 2 only: its stacked weights at W 8 do not fit beside the
     forward's arranged copies)."""
-    row = _run("moe-bwd", "kosmos", preset, T, world, "local", "zipf:1.2")
+    row = _run("moe-bwd", "kosmos", preset, T, world, "local", "zipf:1.2", knobs=f"math_wgs={math}")
     assert row["dispatch_bytes"] > 0
 
 
 @pytest.mark.hopper
 @pytest.mark.parametrize("preset", ["deepseek-v3", "qwen3-235b-a22b"])
-def test_kosmos_host_fabric(preset):
+@pytest.mark.parametrize("math", MATHS)
+def test_kosmos_host_fabric(preset, math):
     """The rank-0 view at W 8: the peers' rows in and out through pinned host memory from inside the launch."""
-    row = _run("moe-bwd", "kosmos", preset, 1024, 8, "host", "zipf:1.2")
+    row = _run("moe-bwd", "kosmos", preset, 1024, 8, "host", "zipf:1.2", knobs=f"math_wgs={math}")
     assert row["dispatch_bytes"] > 0
 
 
@@ -144,10 +151,12 @@ def _kosmos_runner(preset="qwen3-235b-a22b", T=512, **kw):
 
 
 @pytest.mark.hopper
-def test_kosmos_watchdog_names_the_waiting_item():
+@pytest.mark.parametrize("math", MATHS)
+def test_kosmos_watchdog_names_the_waiting_item(math):
     from kosmos_bench.impls.kosmos import WatchdogError
 
-    p, op, inputs, state, runner = _kosmos_runner(timeout_s=0.2, debug_skip_gather=True)
+    p, op, inputs, state, runner = _kosmos_runner(timeout_s=0.2, debug_skip_gather=True, math=math)
+    assert runner.math == runner.fwd.math == math
     try:
         runner.run()
         with pytest.raises(WatchdogError, match=r"backward watchdog: (DH|DXR|DWR|DX|WG2|WG1|FOLD|LOGITS) item \d+ "
@@ -164,10 +173,11 @@ def test_kosmos_watchdog_names_the_waiting_item():
 
 
 @pytest.mark.hopper
-def test_kosmos_one_kernel_launch_per_backward():
+@pytest.mark.parametrize("math", MATHS)
+def test_kosmos_one_kernel_launch_per_backward(math):
     from torch.profiler import ProfilerActivity, profile
 
-    _, _, _, _, runner = _kosmos_runner("deepseek-v3", 512)
+    _, _, _, _, runner = _kosmos_runner("deepseek-v3", 512, math=math)
     try:
         runner.run()
         runner.check()

@@ -26,9 +26,9 @@ BM = 128
 bf = torch.bfloat16
 
 
-def _lib():
+def _lib(math="joint"):
     try:
-        return moe_bwd_sm90.load()
+        return moe_bwd_sm90.load(math)
     except libs.ToolchainMissing as e:
         pytest.skip(str(e))
 
@@ -50,15 +50,17 @@ def test_args_layout_matches_the_c_struct():
                                                   (384 * 4, 512, 384, 256, 128, 8, 4, 128, 0),
                                                   (40, 256, 256, 0, 4, 2, 2, 4, 0),
                                                   (384, 512, 256, 256, 256, 8, 1, 32, 2713)])  # host view
-def test_item_counts_match_the_kernel_layout(T, H, F, Fs, E, k, W, Et, R):
-    """The claim sequence's counts per kind, C (kernel Layout) against the Python mirror."""
-    lib = _lib()
+@pytest.mark.parametrize("math", ["joint", "pingpong"])
+def test_item_counts_match_the_kernel_layout(T, H, F, Fs, E, k, W, Et, R, math):
+    """The claim sequence's counts per kind, C (kernel Layout) against the Python mirror, for
+    both builds (the ping-pong one's 128-wide n-tiles: twice the DH / DX / wgrad tiles)."""
+    lib = _lib(math)
     a = moe_bwd_sm90.MoeBwdArgs()
     f = a.f
     f.T, f.H, f.F, f.Fs, f.E, f.topk, f.E_tiles, f.peer_rows = T, H, F, Fs, E, k, Et, R
     f.route_blocks, f.tiles_max = -(-T // BM), moe_sm90.tiles_max(T, k, Et, R)
     a.W, a.T1, a.E8 = W, T // W, moe_bwd_sm90.e8(E)
-    want = moe_bwd_sm90.item_counts(T, H, F, Fs, E, k, W, Et, R)
+    want = moe_bwd_sm90.item_counts(T, H, F, Fs, E, k, W, Et, R, math)
     got = {name: lib.kosmos_moe_bwd_item_count(ctypes.byref(a), i) for i, name in enumerate(moe_bwd_sm90.KINDS)}
     assert got == want
     assert lib.kosmos_moe_bwd_item_count(ctypes.byref(a), len(moe_bwd_sm90.KINDS)) == -1
@@ -234,7 +236,7 @@ def fake_gpu(monkeypatch):
     from kosmos_bench.impls import kosmos_moe
 
     monkeypatch.setattr(kosmos_moe.K, "load", lambda math="joint": _FakeLib())
-    monkeypatch.setattr(moe_bwd_sm90, "load", lambda: _FakeLib())
+    monkeypatch.setattr(moe_bwd_sm90, "load", lambda math="joint": _FakeLib())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: type("S", (), {"cuda_stream": 0})())
 

@@ -473,7 +473,8 @@ struct BuilderSm90 {
   CUTLASS_DEVICE uint8_t* epilogue_smem() { return smem_.epilogue; }
 
   // The pipeline states, for a kernel that runs two builder types (A row- and column-major)
-  // over ONE SharedStorage and mainloop ring (csrc/moe_bwd_sm90.cu): the loader hands the
+  // over ONE SharedStorage and mainloop ring (the MoE backward's cooperative form; its ping-pong
+  // form does the same with PingpongBuilderSm90's pair): the loader hands the
   // write state, the math warps the read state, to the builder of the next tile's type.
   // Both types must have the same stages, tile shape and SharedStorage size (the kernel
   // static_asserts it); a tile is produced and consumed by the same type.
@@ -629,8 +630,9 @@ struct BuilderSm90 {
 
 // ---------------------------------------------------------------------------------------------
 // PingpongBuilderSm90: the ping-pong form (CUTLASS's KernelTmaWarpSpecializedPingpong schedule,
-// inside a persistent item loop). Its own type, so BuilderSm90's instantiations (the GEMM, AG and
-// GEMM+RS kernels, the MoE backward) are untouched.
+// inside a persistent item loop), used by both MoE kernels (the backward with a column-major-A
+// twin for its wgrad tiles). Its own type, so BuilderSm90's instantiations (the GEMM, AG and
+// GEMM+RS kernels) are untouched.
 //
 //   * each math warpgroup (128 threads) computes whole kBM x kBN tiles alone (kBM = 128: two
 //     m64n(kBN)k16 wgmmas per k16 step: kAccum = kBM * kBN / 128 fp32 accumulators a thread, 128 at kBN 128);
@@ -649,9 +651,17 @@ struct BuilderSm90 {
 // Accumulator of a warpgroup's tile (thread t = 0..127 of the warpgroup, value v = 64*h + a,
 // h = the m64 half, a = 0..kBN/2-1; PTX ISA wgmma m64nNk16 layout):
 //   row = 64*h + 16*(t/32) + (t%32)/4 + 8*((a/2)%2),   col = 8*(a/4) + 2*(t%4) + a%2.
-// Requirements as BuilderSm90 (produce_grouped's), A and B row-major.
-template <int kBN_ = 128, int kNumStages_ = 6>
+// Requirements as BuilderSm90 (produce_grouped's). B row-major; A row-major (LayoutA_ RowMajor,
+// the forward and the backward's dgrad GEMMs) or column-major (ColumnMajor: A is read
+// transposed, M contiguous, an M x K view of a K x M row-major tensor: the backward's wgrad
+// GEMMs, tokens as K). The two A layouts of one (kBN, kNumStages) have the same stage bytes,
+// SharedStorage and pipeline, so a kernel may run both over ONE SharedStorage and ring, handing
+// the pipeline states across (write_state / read_state), as it does with BuilderSm90.
+template <int kBN_ = 128, int kNumStages_ = 6, class LayoutA_ = cutlass::layout::RowMajor>
 struct PingpongBuilderSm90 {
+  using LayoutA = LayoutA_;
+  static constexpr bool kAColMajor = cute::is_same_v<LayoutA, cutlass::layout::ColumnMajor>;
+  static_assert(kAColMajor || cute::is_same_v<LayoutA, cutlass::layout::RowMajor>, "A row- or column-major");
   static constexpr int kBM = 128;
   static constexpr int kBN = kBN_;
   static constexpr int kBK = 64;
@@ -666,7 +676,7 @@ struct PingpongBuilderSm90 {
   using TileShape = cute::Shape<cute::Int<kBM>, cute::Int<kBN>, cute::Int<kBK>>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, dtype_t, cutlass::layout::RowMajor, 8, dtype_t,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, dtype_t, LayoutA, 8, dtype_t,
       cutlass::layout::RowMajor, 8, float, TileShape, ClusterShape, cutlass::gemm::collective::StageCount<kNumStages>,
       cutlass::gemm::KernelTmaWarpSpecializedPingpong>::CollectiveOp;
   using StrideA = typename Mainloop::StrideA;
@@ -675,6 +685,9 @@ struct PingpongBuilderSm90 {
   using MainloopPipeline = typename Mainloop::MainloopPipeline;
   using PipelineState = typename Mainloop::PipelineState;
   static_assert(cute::size(TiledMma{}) == kWgThreads, "ping-pong: one math warpgroup per tile");
+  static_assert(kAColMajor ? cute::is_same_v<StrideA, cute::Stride<cute::Int<1>, int64_t, int64_t>>
+                           : cute::is_same_v<StrideA, cute::Stride<int64_t, cute::Int<1>, int64_t>>,
+                "A row-major (K contiguous) or column-major (M contiguous)");
 
   static constexpr int kEpiRowBytes = 144;
   static constexpr int kEpiWarpBytes = 16 * kEpiRowBytes;
@@ -694,12 +707,18 @@ struct PingpongBuilderSm90 {
   }
 
   // Host: mainloop params for produce_grouped (as BuilderSm90::make_grouped_params): A viewed as
-  // (rows_a, K, batches_a), batch stride a_batch_stride elements; B as (N, K, batches_b), batch l
-  // the K x N row-major matrix at B + l * K * N.
+  // (rows_a, K, batches_a), batch stride a_batch_stride elements (row-major: row stride K;
+  // column-major: element (m, k) at k * rows_a + m); B as (N, K, batches_b), batch l the K x N
+  // row-major matrix at B + l * K * N.
   static typename Mainloop::Params make_grouped_params(const void* A, int rows_a, int batches_a,
                                                        int64_t a_batch_stride, const void* B, int N, int K,
                                                        int batches_b) {
-    StrideA dA = cute::make_stride(int64_t(K), cute::Int<1>{}, a_batch_stride);
+    StrideA dA;
+    if constexpr (kAColMajor) {
+      dA = cute::make_stride(cute::Int<1>{}, int64_t(rows_a), a_batch_stride);
+    } else {
+      dA = cute::make_stride(int64_t(K), cute::Int<1>{}, a_batch_stride);
+    }
     StrideB dB = cute::make_stride(cute::Int<1>{}, int64_t(N), int64_t(K) * N);
     typename Mainloop::Arguments args{static_cast<const dtype_t*>(A), dA, static_cast<const dtype_t*>(B), dB};
     auto pa = Mainloop::to_underlying_arguments(cute::make_shape(rows_a, N, K, batches_a), args, nullptr);
@@ -717,9 +736,11 @@ struct PingpongBuilderSm90 {
   CUTLASS_DEVICE static void prefetch(typename Mainloop::Params const& mp) { Mainloop::prefetch_tma_descriptors(mp); }
 
   // Loader (one whole warp of warpgroup 0): the k-blocks of tile rows m_blk*kBM.. of batch l_a of
-  // A (rows_a x K) and columns n_blk*kBN.. of batch l_b of B (K x N); num_k_blk k-blocks.
+  // A (rows_a x K) and columns n_blk*kBN.. of batch l_b of B (K x N); num_k_blk k-blocks from
+  // k-block k0 on (a wgrad tile over one expert's segment of the token rows, tokens as K).
   CUTLASS_DEVICE void produce_grouped(typename Mainloop::Params const& mp, int rows_a, int batches_a, int l_a,
-                                      int m_blk, int N, int K, int num_k_blk, int batches_b, int l_b, int n_blk) {
+                                      int m_blk, int N, int K, int num_k_blk, int batches_b, int l_b, int n_blk,
+                                      int k0 = 0) {
     using namespace cute;
     if (cute::elect_one_sync()) {
       Tensor sA = make_tensor(make_smem_ptr(smem_.tensors.smem_A.data()), typename Mainloop::SmemLayoutA{});
@@ -742,14 +763,21 @@ struct PingpongBuilderSm90 {
         pipeline_.producer_acquire(st);
         auto* bar = pipeline_.producer_get_barrier(st);
         int const stage = st.index();
-        copy(mp.tma_load_a.with(*bar, uint16_t(0)), tAgA(_, _, _, k), tAsA(_, _, _, stage));
-        copy(mp.tma_load_b.with(*bar, uint16_t(0)), tBgB(_, _, _, k), tBsB(_, _, _, stage));
+        copy(mp.tma_load_a.with(*bar, uint16_t(0)), tAgA(_, _, _, k0 + k), tAsA(_, _, _, stage));
+        copy(mp.tma_load_b.with(*bar, uint16_t(0)), tBgB(_, _, _, k0 + k), tBsB(_, _, _, stage));
         ++st;
       }
     }
     __syncwarp();
     write_state_.advance(num_k_blk);
   }
+
+  // The pipeline states, for a kernel that runs both A layouts over one SharedStorage and ring
+  // (csrc/moe_bwd_sm90.cu): the loader hands the write state, each math warpgroup its read state,
+  // to the builder of the next tile's type (a tile is produced and consumed, or skipped, by the
+  // same type; skip_k only advances the state, so either type may skip).
+  CUTLASS_DEVICE PipelineState& write_state() { return write_state_; }
+  CUTLASS_DEVICE PipelineState& read_state() { return read_state_; }
 
   // Loader: before the CTA exits, wait until the math warpgroups released every stage.
   CUTLASS_DEVICE void produce_tail() {

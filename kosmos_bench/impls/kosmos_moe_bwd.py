@@ -72,7 +72,8 @@ class MoeBwdRunner:
         self.fwd = MoeRunner(shape, ctx, inputs, ranks=ranks, fabric="host" if host else "local",
                              timeout_s=self.timeout_s, grid=grid, spin_ns=spin_ns, trace_cap=trace_cap, save_preact=True,
                              queue_order=queue_order, math=math)
-        self.lib = K.load()
+        self.math = math
+        self.lib = K.load(math)
         dev, fa = self.dev, self.fwd.args
         W, T1 = len(ranks), shape.T
         T, H, F, Fs, E, k, Et = fa.T, fa.H, fa.F, fa.Fs, fa.E, fa.topk, fa.E_tiles

@@ -122,7 +122,11 @@ MOE_SM90_PP = Library("kosmos_moe_pp_sm90", ("moe_fwd_sm90.cu",),
 # The MoE backward (one launch per backward; reads the forward's saved state: kernels/moe_bwd_sm90.py).
 MOE_BWD_SM90 = Library("kosmos_moe_bwd_sm90", ("moe_bwd_sm90.cu",), flags=("--expt-relaxed-constexpr",), cutlass=True,
                        arches=("sm_90a",))
-LIBRARIES = (KOSMOS, AG_SM90, SM90_GEMM, MOE_SM90, AG_SM90_BT, AG_SM90_AT, MOE_BWD_SM90, MOE_SM90_PP)
+# The same backward with ping-pong math warpgroups (KosmosConfig.math_wgs pingpong; csrc/moe_bwd_sm90.cu).
+MOE_BWD_SM90_PP = Library("kosmos_moe_bwd_pp_sm90", ("moe_bwd_sm90.cu",),
+                          flags=("--expt-relaxed-constexpr", "-DKOSMOS_MOE_PINGPONG=1"), cutlass=True,
+                          arches=("sm_90a",))
+LIBRARIES = (KOSMOS, AG_SM90, SM90_GEMM, MOE_SM90, AG_SM90_BT, AG_SM90_AT, MOE_BWD_SM90, MOE_SM90_PP, MOE_BWD_SM90_PP)
 
 
 @dataclass

@@ -21,6 +21,10 @@ from .abi import declare_runner, struct_mismatches
 from . import moe_sm90 as fwd
 
 LIB = libs.MOE_BWD_SM90
+# Two builds of the kernel, one per math-warpgroup schedule (KosmosConfig.math_wgs, as the
+# forward's: kernels/moe_sm90.py), and the n-tile width (kBN) of each.
+LIBS = {"joint": libs.MOE_BWD_SM90, "pingpong": libs.MOE_BWD_SM90_PP}
+BN = {"joint": 256, "pingpong": 128}
 ABI_VERSION = 3
 BM = fwd.BM
 TOK_BLOCK = fwd.TOK_BLOCK
@@ -73,14 +77,16 @@ def ctr_words(T: int, topk: int, E_tiles: int, peer_rows: int = 0) -> int:
 
 
 def item_counts(T: int, H: int, F: int, Fs: int, E: int, topk: int, W: int, E_tiles: int | None = None,
-                peer_rows: int = 0) -> dict[str, int]:
+                peer_rows: int = 0, math: str = "joint") -> dict[str, int]:
     """Claims per kind of the claim sequence (the kernel's Layout, mirrored: a CPU test compares
     them); E_tiles: the experts with tiles here (default E; the host view: rank 0's), peer_rows:
-    the view's peer rows. Without peers the movers gather: no GATHER claims."""
+    the view's peer rows, math: the build (its n-tile width, :data:`BN`). Without peers the
+    movers gather: no GATHER claims."""
     cd = lambda a, b: -(-a // b)  # noqa: E731
     Et = E if E_tiles is None else E_tiles
     nb, tb, tm, pb = cd(T, BM), cd(T, TOK_BLOCK), fwd.tiles_max(T, topk, Et, peer_rows), cd(peer_rows, TOK_BLOCK)
-    nF, nH, nFs = cd(F, 256), cd(H, 256), cd(Fs, 256)
+    bn = BN[math]
+    nF, nH, nFs = cd(F, bn), cd(H, bn), cd(Fs, bn)
     mH, mF2, mFs2, mE = cd(H, BM), cd(2 * F, BM), cd(2 * Fs, BM), cd(e8(E), BM)
     sh = 1 if Fs else 0
     movers_gather = Et == E and peer_rows == 0
@@ -109,9 +115,12 @@ def _declare(lib: C.CDLL) -> C.CDLL:
     return lib
 
 
-def load() -> C.CDLL:
-    """The loaded library (built on first use when no cached build matches the sources)."""
-    return LIB.load(declare=_declare)
+def load(math: str = "joint") -> C.CDLL:
+    """The loaded library of build `math` (:data:`LIBS`; built on first use when no cached build
+    matches the sources)."""
+    if math not in LIBS:
+        raise ValueError(f"math_wgs {math!r}: expected one of {', '.join(LIBS)}")
+    return LIBS[math].load(declare=_declare)
 
 
 def last_error(lib: C.CDLL) -> str:

@@ -195,7 +195,7 @@ FIELDS: dict[str, Knob] = {k.name: k for k in (
          "shards (schedule.wgrad_groups). H100 host W=8: two shards a group 10.90 vs 11.61 ms at 405b FC1, "
          "6.03 vs 5.92 at 16384 x 53248, three or four lose everywhere (docs/notes/wgrad-groups.md)."),
     Knob("math_wgs", _choice("joint", "pingpong"), "joint | pingpong", "-",
-         "MoE forward kernel (ops moe, moe-bwd's saved forward, moe-step): the two math warpgroups on one "
+         "MoE kernels (op moe; moe-bwd and moe-step: both kernels of the build): the two math warpgroups on one "
          "128 x 256 tile, each tile's epilogue with the tensor cores idle (joint), or a warpgroup a 128 x 128 "
          "tile taking turns for the MMAs, one's epilogue under the other's mainloop (pingpong; "
          "libs.MOE_SM90_PP, docs/notes/pingpong-plan.md). Pingpong is built and CPU-checked, not yet run "
