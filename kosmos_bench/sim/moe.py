@@ -24,7 +24,9 @@ profile (every row says so in `sim_model`):
   and no launch gaps; torch-moe-overlap pipelines the transfers with the expert GEMMs per
   source rank (the first chunk's transfer exposed); kosmos runs one launch where movers
   overlap builders (policy self: movers take the WGs the link needs while data moves;
-  fixed:k keeps k WGs movers for the whole call). Queue order is not modelled here.
+  fixed:k keeps k WGs movers for the whole call). Queue order is not modelled here, nor the
+  math warpgroups' schedule (math_wgs: both builds priced at the joint build's measured tile rate,
+  the profile's moe kernel_efficiency, until the ping-pong one is measured).
 * ops moe-bwd / moe-step (the torch pipelines through autograd): the backward is the forward's
   account with every GEMM twice (dgrad + wgrad: router, expert grouped GEMMs, shared expert),
   BWD_MEM times its memory passes and launches, and the same transfers (the output gradients
@@ -51,7 +53,8 @@ ROUTE_SAMPLE = 1024  # tokens of rank 0 routed on the CPU to estimate the expert
 MEM_EFFICIENCY = 0.7  # elementwise / gather passes reach ~70% of peak HBM bandwidth
 EAGER_KERNELS = 30  # kernel launches of the eager pipeline per rank (router .. fold)
 BWD_MEM = 2.0  # autograd's elementwise backward reads the saved activations and the gradient, writes one
-MODEL = "moe closed-form (sim/moe.py): per-expert tiles, fabric bytes, HBM passes; queue order not modelled"
+MODEL = ("moe closed-form (sim/moe.py): per-expert tiles, fabric bytes, HBM passes; queue order and math_wgs "
+         "not modelled")
 
 
 @dataclasses.dataclass
