@@ -1255,8 +1255,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fwd_sm90_kernel(const __grid_
               fence_proxy_async_global();  // generic-proxy writes of other CTAs (acquired) -> this warp's TMA reads
               if (lane == 0) ring.push(item);
               __syncwarp();
-              if (kind == KOSMOS_MOE_ROUTE) {
-#if KOSMOS_MOE_PINGPONG  // one pass per 128 experts (route_passes), one item
+              if (kind == KOSMOS_MOE_ROUTE) {  // ping-pong: one pass per 128 experts (route_passes), one item
+#if KOSMOS_MOE_PINGPONG
                 for (int p = 0; p < route_passes(a); ++p)
                   builder.produce_grouped(P.route, a.T, 1, 0, i, 256, a.H, a.H / kBK, 1, 0, p);
 #else
