@@ -765,25 +765,7 @@ __device__ __forceinline__ bool a_col_major(int kind) {
          kind == KOSMOS_MOE_BWD_WG2 || kind == KOSMOS_MOE_BWD_WG1;
 }
 
-// The math warpgroups' MMA turn (CUTLASS's ping-pong order, on named barriers; as the forward's):
-// item j's owner waits for item j - 1's owner (the other warpgroup) to have issued its last
-// wgmma, and hands the turn on once its own are issued, so the tensor cores run one warpgroup's
-// mainloop while the other's epilogue runs. Every item takes and gives exactly once (GATHER /
-// FOLD / a tile without k-blocks: both at once); after the last item the warpgroup whose turn
-// it is consumes the pending arrival (finish). The wait is intra-CTA: the other warpgroup only
-// needs its tile's stages (TMA, issued by the loader in ring order) to reach its give, never
-// another CTA's counters (the scheduler waited for those before pushing the item).
-struct Turn {
-  int wg;
-  __device__ __forceinline__ void take(int j) const {
-    if (j > 0) named_bar_sync(kBarTurn0 + wg, 2 * BuilderN::kWgThreads);
-  }
-  __device__ __forceinline__ void give() const { moe::named_bar_arrive(kBarTurn0 + (wg ^ 1), 2 * BuilderN::kWgThreads); }
-  // j: the ring index of the end marker (items 0..j-1 ran)
-  __device__ __forceinline__ void finish(int j) const {
-    if ((j & 1) == wg) take(j);
-  }
-};
+using MmaTurn = moe::Turn<kBarTurn0, BuilderN::kWgThreads>;  // moe_common.cuh
 
 // The math warpgroups (module doc): every item of the ring in order; item j is warpgroup j % 2's.
 __device__ __forceinline__ void math_loop(const Ctx& c, const Layout& L, Shared& s, BuilderN& bn, BuilderT& bt, Ring& ring,
@@ -792,7 +774,7 @@ __device__ __forceinline__ void math_loop(const Ctx& c, const Layout& L, Shared&
   const KosmosMoeArgs& f = a.f;
   const int m = int(threadIdx.x) - 128;  // math thread 0..255
   const int wg = m / BuilderN::kWgThreads, t = m % BuilderN::kWgThreads;
-  const Turn turn{wg};
+  const MmaTurn turn{wg};
   const int T = f.T, H = f.H, F = f.F, Fs = f.Fs;
   int j = 0;  // ring index of the item
   for (;; ++j) {

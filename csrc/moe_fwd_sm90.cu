@@ -641,24 +641,7 @@ __device__ __forceinline__ int item_kblocks(const KosmosMoeArgs& a, int kind) {
   }
 }
 
-// The math warpgroups' MMA turn (CUTLASS's ping-pong order, on named barriers): item j's owner
-// waits for item j - 1's owner (the other warpgroup) to have issued its last wgmma, and hands the
-// turn on once its own are issued, so the tensor cores run one warpgroup's mainloop while the
-// other's epilogue runs. Every item takes and gives exactly once (FOLD: both at once); after the
-// last item the warpgroup whose turn it is consumes the pending arrival (finish). The wait is
-// intra-CTA: the other warpgroup only needs its tile's stages (TMA, issued by the loader in ring
-// order) to reach its give, never another CTA's counters.
-struct Turn {
-  int wg;
-  __device__ __forceinline__ void take(int j) const {
-    if (j > 0) named_bar_sync(kBarTurn0 + wg, 2 * Builder::kWgThreads);
-  }
-  __device__ __forceinline__ void give() const { named_bar_arrive(kBarTurn0 + (wg ^ 1), 2 * Builder::kWgThreads); }
-  // j: the ring index of the end marker (items 0..j-1 ran)
-  __device__ __forceinline__ void finish(int j) const {
-    if ((j & 1) == wg) take(j);
-  }
-};
+using MmaTurn = moe::Turn<kBarTurn0, Builder::kWgThreads>;  // moe_common.cuh
 
 // ROUTE logits (the item's warpgroup, thread t): pass p's columns (experts 128p..) of the tile's
 // rows to a.logits (fp32). Thread t holds rows 64h + acc_row(t, a) of both m64 halves h.
@@ -843,7 +826,7 @@ __device__ void math_loop(const Ctx& c, const Layout& L, const Params& P, Shared
   const int m = int(threadIdx.x) - 128;  // math thread 0..255
   const int wg = m / Builder::kWgThreads, t = m % Builder::kWgThreads;
   const int bar = kBarWg0 + wg;
-  const Turn turn{wg};
+  const MmaTurn turn{wg};
   const auto give = [&] { turn.give(); };
   int j = 0;  // ring index of the item
   for (;; ++j) {

@@ -20,6 +20,27 @@ __device__ __forceinline__ void named_bar_sync(int id, int n) { asm volatile("ba
 // arriving warpgroup hands it on, the other's bar.sync completes the count).
 __device__ __forceinline__ void named_bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 
+// The ping-pong math warpgroups' MMA turn (both MoE kernels' ping-pong builds; CUTLASS's ping-pong
+// order, on named barriers kBarTurn0 + wg): item j's owner waits for item j - 1's owner (the other
+// warpgroup) to have issued its last wgmma, and hands the turn on once its own are issued, so the
+// tensor cores run one warpgroup's mainloop while the other's epilogue runs. Every item takes and
+// gives exactly once (items without a mainloop: both at once); after the last item the warpgroup
+// whose turn it is consumes the pending arrival (finish). The wait is intra-CTA: the other
+// warpgroup only needs its tile's stages (TMA, issued by the loader in ring order) to reach its
+// give, never another CTA's counters (the scheduler waited for those before pushing the item).
+template <int kBarTurn0, int kWgThreads>
+struct Turn {
+  int wg;
+  __device__ __forceinline__ void take(int j) const {
+    if (j > 0) named_bar_sync(kBarTurn0 + wg, 2 * kWgThreads);
+  }
+  __device__ __forceinline__ void give() const { named_bar_arrive(kBarTurn0 + (wg ^ 1), 2 * kWgThreads); }
+  // j: the ring index of the end marker (items 0..j-1 ran)
+  __device__ __forceinline__ void finish(int j) const {
+    if ((j & 1) == wg) take(j);
+  }
+};
+
 __device__ __forceinline__ int ldcg(const int32_t* p) { return __ldcg(p); }
 
 // The movers' lead's value v to all n movers through the shared word `slot` (barrier `bar`):
